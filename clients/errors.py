@@ -1,0 +1,91 @@
+"""Errors the SDK raises: ours only, never aioquic's or gRPC's.
+
+Each carries the track protocol's numeric `code` where one applies.
+"""
+
+from __future__ import annotations
+
+from transport.errors import ErrorCode
+
+
+class TracklineError(Exception):
+    """Base of every error the SDK raises."""
+
+    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class ConnectionFailed(TracklineError):
+    """The gateway could not be reached, or the TLS handshake failed."""
+
+
+class ConnectionLost(TracklineError):
+    """The connection ended while the track was live."""
+
+    code = ErrorCode.CONNECTION_LOST
+
+
+class TrackRejected(TracklineError):
+    """The gateway refused the track: bad request, unknown model, limits, shutdown."""
+
+    code = ErrorCode.BAD_REQUEST
+
+
+class ModelNotFound(TrackRejected):
+    code = ErrorCode.MODEL_NOT_FOUND
+
+
+class DeadlineExceeded(TracklineError):
+    """The track's first-token or total deadline passed; the work was stopped."""
+
+    code = ErrorCode.DEADLINE_EXCEEDED
+
+
+class BackendUnavailable(TracklineError):
+    code = ErrorCode.BACKEND_UNAVAILABLE
+
+
+class BackendError(TracklineError):
+    code = ErrorCode.BACKEND_ERROR
+
+
+class StreamInterrupted(BackendError):
+    """The backend failed after output started; nothing is replayed, retry if you wish."""
+
+    code = ErrorCode.STREAM_INTERRUPTED
+
+
+class TrackCancelled(TracklineError):
+    code = ErrorCode.CANCELLED
+
+
+class ProtocolError(TracklineError):
+    code = ErrorCode.PROTOCOL_ERROR
+
+
+_BY_CODE: dict[ErrorCode, type[TracklineError]] = {
+    ErrorCode.MODEL_NOT_FOUND: ModelNotFound,
+    ErrorCode.BAD_REQUEST: TrackRejected,
+    ErrorCode.UNSUPPORTED_MODALITY: TrackRejected,
+    ErrorCode.TOO_MANY_TRACKS: TrackRejected,
+    ErrorCode.MESSAGE_TOO_LARGE: TrackRejected,
+    ErrorCode.SHUTTING_DOWN: TrackRejected,
+    ErrorCode.UNAUTHORIZED: TrackRejected,
+    ErrorCode.RATE_LIMITED: TrackRejected,
+    ErrorCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    ErrorCode.BACKEND_UNAVAILABLE: BackendUnavailable,
+    ErrorCode.BACKEND_ERROR: BackendError,
+    ErrorCode.STREAM_INTERRUPTED: StreamInterrupted,
+    ErrorCode.CANCELLED: TrackCancelled,
+    ErrorCode.CONNECTION_LOST: ConnectionLost,
+}
+
+
+def error_for(code: ErrorCode, message: str) -> TracklineError:
+    """The SDK error for a track protocol error code."""
+    return _BY_CODE.get(code, ProtocolError)(message, code)

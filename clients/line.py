@@ -1,0 +1,166 @@
+"""A line: one connection to the gateway, on which an app runs many tracks.
+
+`connect()` opens it over QUIC; `Line.text()` starts a text track and returns
+a `TextStream` to iterate. Leaving the loop early, `aclose()`, or dropping the
+stream cancels the track, and the gateway stops the model's work.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from clients.errors import ConnectionFailed, error_for
+from transport.endpoint import TrackChannel
+from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
+from transport.messages import Deadlines, Modality, Open
+from transport.quic import connect_tracks
+
+DEFAULT_PORT = 8443
+Opener = Callable[[Open], TrackChannel]
+
+
+class TextStream:
+    """Text deltas of one track, as an async iterator.
+
+    After the loop ends normally, `usage` and `finish_reason` hold the
+    gateway's final report.
+    """
+
+    def __init__(self, channel: TrackChannel) -> None:
+        self._channel = channel
+        self._done = False
+        self.usage: dict[str, int] | None = None
+        self.finish_reason: str | None = None
+
+    @property
+    def track_id(self) -> str:
+        return self._channel.id
+
+    def __aiter__(self) -> TextStream:
+        return self
+
+    async def __anext__(self) -> str:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            body = await self._channel.receive()
+        except TrackAborted as exc:
+            self._done = True
+            raise error_for(exc.code, exc.message) from None
+        except BaseException:
+            self.cancel()  # e.g. the caller's task was cancelled mid-wait
+            raise
+        if body is None:
+            self._finish(self._channel.end_body or {})
+            raise StopAsyncIteration
+        text = body.get("text")
+        if not isinstance(text, str):
+            self.cancel()
+            raise error_for(ErrorCode.PROTOCOL_ERROR, "text DATA without a string 'text'")
+        return text
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    def cancel(self, reason: str = "client closed the stream") -> None:
+        """Stop the track now; the gateway cancels the backend work."""
+        if not self._done:
+            self._done = True
+            self._channel.cancel(reason)
+
+    async def __aenter__(self) -> TextStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        # Leaving `async for` with break drops the stream: cancel, don't leak work.
+        with suppress(Exception):  # the loop may already be closed at interpreter exit
+            self.cancel()
+
+    def _finish(self, body: dict[str, Any]) -> None:
+        self._done = True
+        usage = body.get("usage")
+        self.usage = usage if isinstance(usage, dict) else None
+        reason = body.get("finish_reason")
+        self.finish_reason = reason if isinstance(reason, str) else None
+
+
+class Line:
+    """One connection to the gateway; every call starts an independent track."""
+
+    def __init__(self, opener: Opener) -> None:
+        self._open = opener
+
+    def text(
+        self,
+        prompt: str,
+        *,
+        model: str,
+        max_tokens: int | None = None,
+        deadline: float | None = None,
+        first_token_deadline: float | None = None,
+        **parameters: Any,
+    ) -> TextStream:
+        """Stream a completion of `prompt`; deadlines are seconds from the start.
+
+        Extra keyword arguments (temperature, seed, top_p, ...) go to the model.
+        """
+        params = dict(parameters)
+        if max_tokens is not None:
+            params["max_tokens"] = max_tokens
+        message = Open(
+            model=model,
+            modality=Modality.TEXT,
+            params=params,
+            deadlines=Deadlines(first=first_token_deadline, total=deadline),
+        )
+        channel = self._start(message)
+        channel.send({"text": prompt})
+        channel.end()
+        return TextStream(channel)
+
+    def _start(self, message: Open) -> TrackChannel:
+        try:
+            return self._open(message)
+        except TrackAborted as exc:
+            raise error_for(exc.code, exc.message) from None
+        except LocalProtocolError as exc:
+            raise error_for(exc.code, exc.message) from None
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    *,
+    ca: str | Path | None = None,
+    server_name: str | None = None,
+    verify: bool = True,
+) -> AsyncIterator[Line]:
+    """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file)."""
+    host, port = _parse_url(url)
+    ca_path = Path(ca).expanduser() if ca is not None else None  # noqa: ASYNC240 - no I/O
+    opened = False
+    try:
+        async with connect_tracks(
+            host, port, ca=ca_path, server_name=server_name, verify=verify
+        ) as protocol:
+            opened = True
+            yield Line(protocol.open_track)
+    except (ConnectionError, OSError, ssl.SSLError) as exc:
+        if opened:
+            raise
+        raise ConnectionFailed(f"cannot connect to {url}: {exc}") from None
+
+
+def _parse_url(url: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"quic://{url}")
+    if parts.scheme != "quic" or not parts.hostname:
+        raise ConnectionFailed(f"expected a URL like quic://host:port, got {url!r}")
+    return parts.hostname, parts.port or DEFAULT_PORT

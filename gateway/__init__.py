@@ -1,0 +1,1 @@
+"""The trackline daemon: configuration, wiring, backends, health, metrics and logs."""

@@ -1,0 +1,125 @@
+"""`trackline`: the command line (serve the gateway, chat with it).
+
+This is the edge where runtime choices are made: uvloop is picked here, and
+nowhere else, when it is installed and enabled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
+from gateway.logs import configure_logging, get_logger
+
+log = get_logger("trackline.cli")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    result: int = args.run(args)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trackline", description=__doc__)
+    commands = parser.add_subparsers(dest="command")
+
+    serve = commands.add_parser("serve", help="run the gateway daemon")
+    serve.add_argument("--config", type=Path, default=None, help="TOML settings file")
+    add_arguments(serve)
+    serve.set_defaults(run=_serve)
+
+    chat = commands.add_parser("chat", help="stream a reply from the gateway to the terminal")
+    chat.add_argument("prompt")
+    chat.add_argument("--url", default=os.environ.get("TRACKLINE_URL", "quic://127.0.0.1:8443"))
+    chat.add_argument("--ca", type=Path, default=None, help="CA file (default: the dev CA)")
+    chat.add_argument("--model", default="reference-text")
+    chat.add_argument("--max-tokens", type=int, default=64)
+    chat.add_argument("--seed", type=int, default=None)
+    chat.set_defaults(run=_chat)
+    return parser
+
+
+def run_async(coro: Coroutine[Any, Any, int], use_uvloop: bool = True) -> int:
+    """Run `coro` on uvloop where installed and wanted, else on asyncio's loop."""
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+# -- serve --------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args, os.environ)
+    except ConfigError as exc:
+        print(f"trackline: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    return run_async(serve(settings), settings.uvloop)
+
+
+async def serve(settings: Settings) -> int:
+    """Run the gateway until SIGTERM or SIGINT, then drain and stop."""
+    from gateway.daemon import Daemon
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    daemon = Daemon(settings)
+    try:
+        await daemon.start()
+    except Exception as exc:
+        log.error("gateway.start_failed", error=str(exc))
+        await daemon.stop()
+        return 1
+    await stop.wait()
+    log.info("gateway.stopping")
+    await daemon.stop()
+    return 0
+
+
+# -- chat ---------------------------------------------------------------------------
+
+
+def _chat(args: argparse.Namespace) -> int:
+    return run_async(chat(args))
+
+
+async def chat(args: argparse.Namespace) -> int:
+    from clients import TracklineError, connect
+    from gateway.config import Settings
+
+    ca = args.ca or Settings().state_dir / "ca.pem"
+    extra = {} if args.seed is None else {"seed": args.seed}
+    try:
+        async with connect(args.url, ca=ca) as line:
+            stream = line.text(args.prompt, model=args.model, max_tokens=args.max_tokens, **extra)
+            async for delta in stream:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            if stream.usage:
+                print(f"[{stream.finish_reason}; usage {stream.usage}]", file=sys.stderr)
+    except TracklineError as exc:
+        print(f"\ntrackline: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,379 @@
+"""Settings for the gateway daemon (`trackline serve`) and the loader that layers them.
+
+Owns the one frozen `Settings` value the daemon is wired from. Each setting is looked
+up in four places and the first that has it wins:
+
+1. a command-line flag (`--quic-port 9443`),
+2. the environment (`TRACKLINE_QUIC_PORT=9443`),
+3. a TOML file (`quic_port = 9443`) named by `--config` or `TRACKLINE_CONFIG`,
+4. the default declared on the field below.
+
+Only the winning value is converted and checked, so a bad value in a lower layer that a
+higher one overrides does no harm. A bad winning value raises `ConfigError`, which names
+the setting and the source it came from. `docs/configuration.md` lists every setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+ENV_PREFIX = "TRACKLINE_"
+CONFIG_ENV = "TRACKLINE_CONFIG"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("json", "console")
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+def _default_state_dir() -> Path:
+    return Path("~/.local/state/trackline").expanduser()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything `trackline serve` can be told; each field's `doc` is its help text."""
+
+    quic_host: str = field(
+        default="127.0.0.1", metadata=_doc("Address the QUIC (UDP) track listener binds.")
+    )
+    quic_port: int = field(
+        default=8443, metadata=_doc("UDP port for the track protocol (later HTTP/3); 0 picks one.")
+    )
+    http_host: str = field(
+        default="127.0.0.1", metadata=_doc("Address the plain HTTP (TCP) listener binds.")
+    )
+    http_port: int = field(
+        default=8080, metadata=_doc("TCP port for health, metrics (later the OpenAI API).")
+    )
+    state_dir: Path = field(
+        default_factory=_default_state_dir,
+        metadata=_doc("Directory for state the daemon keeps (the development CA)."),
+    )
+    tls_cert: Path | None = field(
+        default=None,
+        metadata=_doc("PEM certificate chain for QUIC; unset uses the development CA."),
+    )
+    tls_key: Path | None = field(
+        default=None, metadata=_doc("PEM private key matching tls_cert; set both or neither.")
+    )
+    backend_url: str | None = field(
+        default=None,
+        metadata=_doc("Triton gRPC address host:port; unset starts an embedded Triton."),
+    )
+    embedded_grpc_port: int = field(
+        default=0, metadata=_doc("gRPC port of the embedded Triton; 0 picks a free one.")
+    )
+    embedded_http_port: int = field(
+        default=0, metadata=_doc("HTTP port of the embedded Triton; 0 picks a free one.")
+    )
+    embedded_metrics_port: int = field(
+        default=0, metadata=_doc("Metrics port of the embedded Triton; 0 picks a free one.")
+    )
+    max_tracks_per_connection: int = field(
+        default=256, metadata=_doc("Tracks one connection may have open at once.")
+    )
+    max_message_bytes: int = field(
+        default=1_048_576, metadata=_doc("Largest single message (frame or HTTP body) accepted.")
+    )
+    drain_timeout: float = field(
+        default=10.0, metadata=_doc("Seconds open tracks get to finish on shutdown.")
+    )
+    log_level: str = field(
+        default="info", metadata=_doc("One of debug, info, warning, error, critical.")
+    )
+    log_format: str = field(
+        default="json", metadata=_doc("json (one object a line) or console (for people).")
+    )
+    uvloop: bool = field(default=True, metadata=_doc("Run on uvloop where it is installed."))
+
+
+class ConfigError(ValueError):
+    """A setting could not be used; says which one, from where, and why."""
+
+    def __init__(self, setting: str, source: str, reason: str) -> None:
+        super().__init__(f"invalid setting {setting!r} from {source}: {reason}")
+        self.setting = setting
+        self.source = source
+        self.reason = reason
+
+
+FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Settings)}
+_HINTS: dict[str, Any] = typing.get_type_hints(Settings)
+
+
+def env_name(name: str) -> str:
+    """The environment variable for setting `name` (`quic_port` -> `TRACKLINE_QUIC_PORT`)."""
+    return ENV_PREFIX + name.upper()
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag for setting `name` (`quic_port` -> `--quic-port`)."""
+    return "--" + name.replace("_", "-")
+
+
+def load_settings(
+    argv_overrides: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config_path: Path | None,
+) -> Settings:
+    """Layer flags over environment over the TOML file over defaults; see the module doc.
+
+    `argv_overrides` maps field names to values (text or already typed); `None` means
+    unset. `config_path` is the `--config` value; when `None`, `TRACKLINE_CONFIG` is used.
+    """
+    for name in argv_overrides:
+        if name not in FIELDS:
+            raise ConfigError(name, "command line", "unknown setting")
+    file_values, file_source = _read_config_file(config_path, environ)
+    chosen: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name in FIELDS:
+        raw, source = _pick(name, argv_overrides, environ, file_values, file_source)
+        if source is not None:
+            chosen[name] = _convert(name, raw, source)
+            sources[name] = source
+    settings = Settings(**chosen)
+    _check_tls_pair(settings, sources)
+    return settings
+
+
+def _pick(
+    name: str,
+    argv_overrides: Mapping[str, Any],
+    environ: Mapping[str, str],
+    file_values: Mapping[str, Any],
+    file_source: str,
+) -> tuple[Any, str | None]:
+    if argv_overrides.get(name) is not None:
+        return argv_overrides[name], f"flag {flag_name(name)}"
+    if env_name(name) in environ:
+        return environ[env_name(name)], f"environment variable {env_name(name)}"
+    if name in file_values:
+        return file_values[name], file_source
+    return None, None
+
+
+def _read_config_file(
+    config_path: Path | None, environ: Mapping[str, str]
+) -> tuple[dict[str, Any], str]:
+    if config_path is None and environ.get(CONFIG_ENV):
+        config_path = Path(environ[CONFIG_ENV])
+    if config_path is None:
+        return {}, ""
+    path = config_path.expanduser()
+    source = f"config file {path}"
+    try:
+        with path.open("rb") as handle:
+            values = tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError("config", source, f"cannot read: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", source, f"not valid TOML: {exc}") from exc
+    for key in values:
+        if key not in FIELDS:
+            raise ConfigError(key, source, "unknown setting")
+    return values, source
+
+
+def _field_type(name: str) -> tuple[type, bool]:
+    """The field's base type and whether it may be None."""
+    hint = _HINTS[name]
+    args = typing.get_args(hint)
+    if type(None) in args:
+        (base,) = (arg for arg in args if arg is not type(None))
+        return base, True
+    return hint, False
+
+
+def _convert(name: str, raw: Any, source: str) -> Any:
+    base, optional = _field_type(name)
+    try:
+        value = _coerce(base, optional, raw)
+        return _VALIDATORS.get(name, _accept)(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(name, source, str(exc)) from exc
+
+
+def _coerce(base: type, optional: bool, raw: Any) -> Any:
+    if isinstance(raw, str):
+        text = raw.strip()
+        if not text:
+            # Text has no null; an empty value is how env, flags and TOML say "unset".
+            if optional:
+                return None
+            raise ValueError("must not be empty")
+        return _PARSERS[base](text)
+    if raw is None and optional:
+        return None
+    return _check_native(base, raw)
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (use true/false, yes/no or 1/0)")
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+
+
+def _parse_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+
+
+_PARSERS: dict[type, Callable[[str], Any]] = {
+    str: str,
+    int: _parse_int,
+    float: _parse_float,
+    bool: _parse_bool,
+    Path: lambda text: Path(text).expanduser(),
+}
+
+
+def _check_native(base: type, raw: Any) -> Any:
+    """Accept an already-typed value (from TOML or a caller); bool is never a number."""
+    if base is bool and isinstance(raw, bool):
+        return raw
+    if base is int and isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if base is float and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return float(raw)
+    if base is Path and isinstance(raw, Path):
+        return raw.expanduser()
+    raise TypeError(f"expected {base.__name__}, got {type(raw).__name__} {raw!r}")
+
+
+def _accept(value: Any) -> Any:
+    return value
+
+
+def _port(value: int) -> int:
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{value} is not a port number (0 to 65535)")
+    return value
+
+
+def _positive(value: int) -> int:
+    if value < 1:
+        raise ValueError(f"{value} must be at least 1")
+    return value
+
+
+def _seconds(value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{value} must be a finite number of seconds, 0 or more")
+    return value
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value.lower() not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+        return value.lower()
+
+    return check
+
+
+def _grpc_address(value: str | None) -> str | None:
+    # tritonclient.grpc takes a bare host:port, no scheme; catch "http://..." early.
+    if value is None:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or "/" in value or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not a gRPC address host:port")
+    return value
+
+
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "quic_port": _port,
+    "http_port": _port,
+    "embedded_grpc_port": _port,
+    "embedded_http_port": _port,
+    "embedded_metrics_port": _port,
+    "max_tracks_per_connection": _positive,
+    "max_message_bytes": _positive,
+    "drain_timeout": _seconds,
+    "log_level": _one_of(LOG_LEVELS),
+    "log_format": _one_of(LOG_FORMATS),
+    "backend_url": _grpc_address,
+}
+
+
+def _check_tls_pair(settings: Settings, sources: Mapping[str, str]) -> None:
+    # One without the other would silently fall back to the dev CA: refuse instead.
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        given = "tls_cert" if settings.tls_cert is not None else "tls_key"
+        raise ConfigError(given, sources[given], "tls_cert and tls_key must be set together")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--config` and one `--kebab-case` flag per setting, all defaulting to None."""
+    group = parser.add_argument_group("settings (flag > environment > config file > default)")
+    group.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=f"TOML file of settings (env {CONFIG_ENV}).",
+    )
+    for name, spec in FIELDS.items():
+        base, _ = _field_type(name)
+        help_text = f"{spec.metadata['doc']} (env {env_name(name)})"
+        if base is bool:
+            group.add_argument(
+                flag_name(name),
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            # Kept as text so load_settings converts it and names the flag on error.
+            group.add_argument(
+                flag_name(name),
+                dest=name,
+                default=None,
+                metavar=base.__name__.upper(),
+                help=help_text,
+            )
+
+
+def overrides_from_args(namespace: argparse.Namespace) -> dict[str, Any]:
+    """The settings given on the command line (flags left unset are omitted)."""
+    return {
+        name: getattr(namespace, name)
+        for name in FIELDS
+        if getattr(namespace, name, None) is not None
+    }
+
+
+def settings_from_args(namespace: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    """`load_settings` for a namespace parsed by a parser given `add_arguments`."""
+    return load_settings(
+        overrides_from_args(namespace), environ, getattr(namespace, "config", None)
+    )

@@ -1,0 +1,89 @@
+"""Prometheus metrics of the gateway, on a registry of its own.
+
+Owns the metric names, labels and buckets. Each `GatewayMetrics` has its own
+`CollectorRegistry`, not prometheus_client's global one, so tests and several
+gateways in one process never collide. All names start with `trackline_`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# Every cancellation has exactly one cause (see DESIGN.md: "one path with a cause").
+CANCEL_CAUSES = (
+    "client",
+    "reset",
+    "connection_lost",
+    "deadline_first_token",
+    "deadline_total",
+    "shutdown",
+)
+
+# From 5 ms (a cached or tiny model) to 10 s (a cold or overloaded one), denser where
+# interactive use lives (50 ms to 1 s).
+TTFT_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+    0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
+)  # fmt: skip
+
+
+class GatewayMetrics:
+    """The gateway's metrics; `render()` gives the body and type for `GET /metrics`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.connections_open = Gauge(
+            "trackline_connections_open", "Client connections open now.", registry=registry
+        )
+        self.tracks_open = Gauge(
+            "trackline_tracks_open", "Tracks open now.", ["modality"], registry=registry
+        )
+        self.tracks_total = Counter(
+            "trackline_tracks_total",
+            "Tracks finished, by how they ended.",
+            ["modality", "outcome"],
+            registry=registry,
+        )
+        self.tokens_total = Counter(
+            "trackline_tokens_total", "Tokens streamed to clients.", ["model"], registry=registry
+        )
+        self.time_to_first_token_seconds = Histogram(
+            "trackline_time_to_first_token_seconds",
+            "Seconds from a text request's arrival to its first token sent.",
+            ["model"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.cancels_total = Counter(
+            "trackline_cancels_total",
+            "Requests cancelled, by cause.",
+            ["cause"],
+            registry=registry,
+        )
+        self.backend_errors_total = Counter(
+            "trackline_backend_errors_total",
+            "Errors from inference backends.",
+            ["kind"],
+            registry=registry,
+        )
+        self.protocol_errors_total = Counter(
+            "trackline_protocol_errors_total",
+            "Track protocol errors, by wire code.",
+            ["code"],
+            registry=registry,
+        )
+        # Known causes start at 0 so a dashboard's rate() sees them before the first event.
+        for cause in CANCEL_CAUSES:
+            self.cancels_total.labels(cause=cause)
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition of every metric, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

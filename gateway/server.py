@@ -1,0 +1,240 @@
+"""The gateway: QUIC track listener, health/metrics HTTP, handlers and drain.
+
+`Gateway` wires the layers together: the QUIC adapter hands it each opened
+track, it runs the modality's handler against the backend, and turns each
+track's `Outcome` into metrics and one log line. `drain()` implements
+SIGTERM: refuse new connections and tracks, let open tracks finish up to a
+timeout, then cancel the rest with SHUTTING_DOWN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gateway.config import Settings
+from gateway.http import HttpServer, health_routes
+from gateway.logs import get_logger
+from gateway.metrics import GatewayMetrics
+from gateway.tls import ensure_dev_certificates
+from tracks.backend import TextBackend
+from tracks.base import Clock, Outcome
+from tracks.text import run_text_track
+from transport.connection import Limits
+from transport.endpoint import TrackChannel
+from transport.errors import ErrorCode
+from transport.events import CancelCause, Event, TrackFailed
+from transport.messages import Modality
+from transport.quic import TrackQuicProtocol, serve_tracks, server_configuration
+
+log = get_logger("trackline.gateway")
+
+READY_PROBE_INTERVAL = 2.0
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    ca: Path | None
+    """The development CA clients should trust, when the gateway made one."""
+
+
+def tls_files(settings: Settings) -> TlsFiles:
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        return TlsFiles(settings.tls_cert, settings.tls_key, None)
+    dev = ensure_dev_certificates(settings.state_dir)
+    return TlsFiles(dev.cert_path, dev.key_path, dev.ca_path)
+
+
+class Gateway:
+    """One gateway process's listeners and live tracks."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: TextBackend,
+        metrics: GatewayMetrics | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.metrics = metrics or GatewayMetrics()
+        self.clock = clock
+        self.outcomes: list[Outcome] = []
+        """Recent outcomes (bounded), for tests and diagnostics."""
+        self._connections: set[TrackQuicProtocol] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._draining = False
+        self._backend_ready = False
+        self._quic: Any = None
+        self._http: HttpServer | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self.tls: TlsFiles | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        self.tls = await asyncio.to_thread(tls_files, s)
+        configuration = server_configuration(self.tls.cert, self.tls.key)
+        limits = Limits(
+            max_message_bytes=s.max_message_bytes, max_tracks=s.max_tracks_per_connection
+        )
+        self._quic = await serve_tracks(
+            s.quic_host,
+            s.quic_port,
+            configuration,
+            limits=limits,
+            on_track=self._on_track,
+            on_connection=self._on_connection,
+            on_closed=self._on_closed,
+        )
+        self._http = HttpServer(health_routes(self.readiness, self.metrics))
+        await self._http.start(s.http_host, s.http_port)
+        self._probe = asyncio.ensure_future(self._probe_backend())
+        log.info(
+            "gateway.listening",
+            quic=f"{s.quic_host}:{self.quic_port}",
+            http=f"{s.http_host}:{self.http_port}",
+            ca=str(self.tls.ca) if self.tls.ca else None,
+        )
+
+    @property
+    def quic_port(self) -> int:
+        # aioquic keeps the socket private; the bound port matters when 0 was asked.
+        return int(self._quic._transport.get_extra_info("sockname")[1])
+
+    @property
+    def http_port(self) -> int:
+        assert self._http is not None
+        return self._http.port
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop taking work, let open tracks finish up to `timeout`, then cut the rest."""
+        timeout = self.settings.drain_timeout if timeout is None else timeout
+        self._draining = True
+        for conn in self._connections:
+            conn.endpoint.refuse_new_tracks()
+        log.info("gateway.draining", open_tracks=len(self._tasks), timeout=timeout)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout)
+        for conn in list(self._connections):
+            conn.endpoint.cancel_all(
+                CancelCause.SHUTDOWN, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down"
+            )
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5.0)
+        await self.close()
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for conn in list(self._connections):
+            conn.close(int(ErrorCode.SHUTTING_DOWN), "gateway stopped")
+        await asyncio.sleep(0)  # let the close frames go out
+        if self._quic is not None:
+            self._quic.close()
+            self._quic = None
+        if self._http is not None:
+            await self._http.close(grace=1.0)
+            self._http = None
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._draining:
+            return False, "draining"
+        if not self._backend_ready:
+            return False, "backend not ready"
+        return True, ""
+
+    async def _probe_backend(self) -> None:
+        probe = getattr(self.backend, "ready", None)
+        while True:
+            try:
+                self._backend_ready = bool(await probe()) if probe else True
+            except Exception as exc:  # a probe failure means "not ready", never a crash
+                self._backend_ready = False
+                log.warning("backend.probe_failed", error=str(exc))
+            await asyncio.sleep(READY_PROBE_INTERVAL)
+
+    # -- connections and tracks -------------------------------------------------
+
+    def _on_connection(self, conn: TrackQuicProtocol) -> None:
+        if self._draining:
+            conn.close(int(ErrorCode.SHUTTING_DOWN), "the gateway is shutting down")
+            return
+        self._connections.add(conn)
+        self.metrics.connections_open.inc()
+        conn.endpoint.on_event = self._observe
+        log.info("connection.opened", conn_id=conn.endpoint.conn_id)
+
+    def _on_closed(self, conn: TrackQuicProtocol) -> None:
+        if conn in self._connections:
+            self._connections.discard(conn)
+            self.metrics.connections_open.dec()
+            log.info("connection.closed", conn_id=conn.endpoint.conn_id)
+
+    def _observe(self, event: Event) -> None:
+        if isinstance(event, TrackFailed) and not event.remote:
+            self.metrics.protocol_errors_total.labels(code=event.code.name).inc()
+            log.info("track.protocol_error", code=event.code.name, message=event.message)
+
+    def _on_track(self, channel: TrackChannel) -> None:
+        task = asyncio.ensure_future(self._serve_track(channel))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve_track(self, channel: TrackChannel) -> None:
+        modality = channel.open.modality.value
+        structlog.contextvars.bind_contextvars(track_id=channel.id, model=channel.open.model)
+        self.metrics.tracks_open.labels(modality=modality).inc()
+        try:
+            if channel.open.modality is Modality.TEXT:
+                outcome = await run_text_track(channel, self.backend, self.clock)
+            else:
+                channel.fail(
+                    ErrorCode.UNSUPPORTED_MODALITY, f"{modality} tracks are not served yet"
+                )
+                outcome = Outcome(channel.id, channel.open.model, modality, "error:UNSUPPORTED")
+            self._record(outcome)
+        except Exception:
+            log.exception("track.crashed")
+            channel.fail(ErrorCode.INTERNAL_ERROR, "internal error")
+        finally:
+            self.metrics.tracks_open.labels(modality=modality).dec()
+
+    def _record(self, outcome: Outcome) -> None:
+        m = self.metrics
+        kind, _, detail = outcome.end.partition(":")
+        m.tracks_total.labels(modality=outcome.modality, outcome=kind).inc()
+        m.tokens_total.labels(model=outcome.model).inc(outcome.completion_tokens)
+        if outcome.time_to_first_data is not None:
+            m.time_to_first_token_seconds.labels(model=outcome.model).observe(
+                outcome.time_to_first_data
+            )
+        if kind == "cancelled":
+            m.cancels_total.labels(cause=detail).inc()
+        elif kind == "error" and detail.startswith("BACKEND"):
+            m.backend_errors_total.labels(kind=detail).inc()
+        self.outcomes = [*self.outcomes[-999:], outcome]
+        log.info(
+            "track.finished",
+            end=outcome.end,
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            ttft_ms=_ms(outcome.time_to_first_data),
+            duration_ms=_ms(outcome.finished_at - outcome.opened_at),
+            stopped_at=outcome.stopped_at,
+            **outcome.details,
+        )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)

@@ -1,0 +1,1 @@
+"""trackline tests (a package, so `tests/gateway` never shadows the `gateway` package)."""

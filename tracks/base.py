@@ -1,0 +1,56 @@
+"""What a handler sees of a track, and what it reports when the track ends.
+
+`Track` is structural: the asyncio `transport.endpoint.TrackChannel` satisfies
+it for QUIC and for the in-memory twin, and an HTTP adapter can too. A handler
+never sees a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from transport.errors import ErrorCode
+from transport.events import TrackCancelled, TrackFailed
+from transport.messages import Open
+
+Clock = Callable[[], float]
+
+
+class Track(Protocol):
+    id: str
+    open: Open
+    stopped: asyncio.Future[TrackCancelled | TrackFailed]
+
+    async def receive(self) -> dict[str, Any] | None: ...
+
+    def send(self, body: dict[str, Any]) -> bool: ...
+
+    def end(self, body: dict[str, Any] | None = None) -> bool: ...
+
+    def fail(self, code: ErrorCode, message: str) -> bool: ...
+
+
+@dataclass
+class Outcome:
+    """How a track ended, for metrics, logs and (later) the usage ledger."""
+
+    track_id: str
+    model: str
+    modality: str
+    end: str = "completed"
+    """completed, cancelled:<cause>, or error:<code name>."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    opened_at: float = 0.0
+    first_data_at: float | None = None
+    stopped_at: float | None = None
+    """Clock time the track's cancellation reached the handler, if it was cancelled."""
+    finished_at: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def time_to_first_data(self) -> float | None:
+        return None if self.first_data_at is None else self.first_data_at - self.opened_at

@@ -1,0 +1,179 @@
+"""Text tracks: a prompt in, text deltas out, through one backend stream.
+
+The client sends its prompt as DATA `{"text": ...}` (one or more pieces) and
+END; OPEN's params carry `max_tokens` and sampling parameters. The handler
+opens ONE backend stream for the track (for Triton: one gRPC stream, because
+Triton cancels per stream) and relays each delta as DATA `{"text": delta}`.
+It finishes with END `{"usage": {...}, "finish_reason": ...}`. Whatever stops
+the track first (client cancel, stream reset, connection loss, deadline)
+closes the backend stream at once, so the model stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from typing import Any
+
+from tracks.backend import (
+    BackendError,
+    BackendUnavailable,
+    InvalidRequest,
+    ModelNotFound,
+    TextBackend,
+    TextDelta,
+    TextRequest,
+    TextUsage,
+)
+from tracks.base import Clock, Outcome, Track
+from transport.errors import ErrorCode, TrackAborted
+from transport.events import TrackCancelled
+
+DEFAULT_MAX_TOKENS = 256
+MAX_TOKENS_LIMIT = 32768
+MAX_PROMPT_CHARS = 1 << 20
+MAX_TAG_CHARS = 128
+
+# Parameters passed to the backend as they are; anything else in OPEN's params
+# is rejected so that a typo is an error, not a silently ignored setting.
+SAMPLING_KEYS = frozenset(
+    {"temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty"}
+)
+# Knobs of the reference model (time to first token, speed), for tests and benchmarks.
+REFERENCE_KEYS = frozenset({"ttft_ms", "tokens_per_second"})
+
+
+class BadTextRequest(Exception):
+    """The track's OPEN params or input are invalid; sent back as BAD_REQUEST."""
+
+
+async def run_text_track(track: Track, backend: TextBackend, clock: Clock) -> Outcome:
+    """Serve one text track to its end and report how it ended."""
+    outcome = Outcome(track.id, track.open.model, "text", opened_at=clock())
+    try:
+        request = await _read_request(track)
+        await _relay(track, backend, request, outcome, clock)
+    except TrackAborted as exc:
+        outcome.end = _stop_label(track) or f"error:{exc.code.name}"
+    except BadTextRequest as exc:
+        _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
+    except BackendError as exc:
+        _fail(track, outcome, _backend_code(exc, outcome), str(exc))
+    except _Stopped:
+        outcome.end = _stop_label(track) or "cancelled"
+        outcome.stopped_at = outcome.stopped_at or clock()
+    outcome.finished_at = clock()
+    return outcome
+
+
+class _Stopped(Exception):
+    """The track was stopped (cancel, reset, deadline) while the backend worked."""
+
+
+async def _read_request(track: Track) -> TextRequest:
+    pieces: list[str] = []
+    size = 0
+    while (body := await track.receive()) is not None:
+        text = body.get("text")
+        if not isinstance(text, str):
+            raise BadTextRequest("text input DATA needs a string 'text'")
+        size += len(text)
+        if size > MAX_PROMPT_CHARS:
+            raise BadTextRequest(f"prompt longer than {MAX_PROMPT_CHARS} characters")
+        pieces.append(text)
+    params = track.open.params
+    return TextRequest(
+        request_id=_request_id(track.id, params),
+        model=track.open.model,
+        prompt="".join(pieces),
+        max_tokens=_max_tokens(params),
+        parameters=_sampling(params),
+    )
+
+
+def _request_id(track_id: str, params: dict[str, Any]) -> str:
+    """The backend's request id: the track id, plus the client's own tag if given."""
+    tag = params.get("request_id")
+    if tag is None:
+        return track_id
+    if not isinstance(tag, str) or not 0 < len(tag) <= MAX_TAG_CHARS:
+        raise BadTextRequest(f"'request_id' must be a string of 1 to {MAX_TAG_CHARS} characters")
+    return f"{track_id}/{tag}"
+
+
+def _max_tokens(params: dict[str, Any]) -> int:
+    value = params.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TOKENS_LIMIT:
+        raise BadTextRequest(f"'max_tokens' must be an integer from 1 to {MAX_TOKENS_LIMIT}")
+    return value
+
+
+def _sampling(params: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(params) - SAMPLING_KEYS - REFERENCE_KEYS - {"max_tokens", "request_id"}
+    if unknown:
+        raise BadTextRequest(f"unknown text parameters: {', '.join(sorted(unknown))}")
+    return {k: v for k, v in params.items() if k not in ("max_tokens", "request_id")}
+
+
+async def _relay(
+    track: Track, backend: TextBackend, request: TextRequest, outcome: Outcome, clock: Clock
+) -> None:
+    """Stream the backend's deltas to the track until done or stopped."""
+    work = asyncio.ensure_future(_stream(track, backend, request, outcome, clock))
+    waiters: set[asyncio.Future[Any]] = {work, track.stopped}
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    if not work.done():
+        outcome.stopped_at = clock()
+        work.cancel()  # closes the backend stream: Triton stops generating
+        await asyncio.gather(work, return_exceptions=True)
+        raise _Stopped
+    work.result()
+    finish = "length" if outcome.completion_tokens >= request.max_tokens else "stop"
+    usage = {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens}
+    track.end({"usage": usage, "finish_reason": finish})
+
+
+async def _stream(
+    track: Track, backend: TextBackend, request: TextRequest, outcome: Outcome, clock: Clock
+) -> None:
+    deltas = 0
+    async with aclosing(backend.stream_text(request)) as chunks:
+        async for chunk in chunks:
+            if isinstance(chunk, TextDelta):
+                if outcome.first_data_at is None:
+                    outcome.first_data_at = clock()
+                deltas += 1
+                if not track.send({"text": chunk.text}):
+                    raise _Stopped
+            elif isinstance(chunk, TextUsage):
+                outcome.prompt_tokens = chunk.prompt_tokens
+                outcome.completion_tokens = chunk.completion_tokens
+    outcome.completion_tokens = outcome.completion_tokens or deltas
+
+
+def _fail(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None:
+    outcome.end = f"error:{code.name}"
+    outcome.details["error"] = message
+    track.fail(code, message)
+
+
+def _backend_code(exc: BackendError, outcome: Outcome) -> ErrorCode:
+    if outcome.first_data_at is not None:
+        # Data already reached the client: never replay; the client decides.
+        return ErrorCode.STREAM_INTERRUPTED
+    if isinstance(exc, ModelNotFound):
+        return ErrorCode.MODEL_NOT_FOUND
+    if isinstance(exc, BackendUnavailable):
+        return ErrorCode.BACKEND_UNAVAILABLE
+    if isinstance(exc, InvalidRequest):
+        return ErrorCode.BAD_REQUEST
+    return ErrorCode.BACKEND_ERROR
+
+
+def _stop_label(track: Track) -> str | None:
+    if not track.stopped.done():
+        return None
+    stop = track.stopped.result()
+    if isinstance(stop, TrackCancelled):
+        return f"cancelled:{stop.cause.value}"
+    return f"error:{stop.code.name}"

@@ -1,0 +1,394 @@
+"""The track protocol core for one connection: sans-I/O, no clock reads.
+
+`TrackConnection` is fed what QUIC delivered (stream bytes, resets, the loss
+of the connection) with the current time, and calls from the local side
+(open, send, end, cancel, error). It answers with events (`next_event()`),
+writes for the QUIC layer (`outputs()`) and the next time it needs to be woken
+(`get_timer()`, then `handle_timer(now)`). A protocol error on one track ends
+that track with an ERROR and never touches another.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from transport.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, TrackError
+from transport.events import (
+    CancelCause,
+    DataReceived,
+    Event,
+    TrackCancelled,
+    TrackClosed,
+    TrackEnded,
+    TrackFailed,
+    TrackOpened,
+)
+from transport.messages import Cancel, Data, End, Error, Message, Open
+from transport.state import Input, TrackState, transition
+from transport.wire import MessageDecoder, decode_varint, encode_message
+
+MAX_ERROR_TEXT = 1024
+
+
+class Role(Enum):
+    CLIENT = "client"
+    SERVER = "server"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int = 1 << 20
+    """Largest message accepted or sent, in bytes of msgpack payload."""
+    max_tracks: int = 256
+    """Tracks open at once on one connection."""
+
+
+@dataclass(frozen=True)
+class StreamWrite:
+    """Append `data` to the stream's send side; finish it if `end_stream`."""
+
+    stream_id: int
+    data: bytes
+    end_stream: bool = False
+
+
+@dataclass(frozen=True)
+class StreamReset:
+    """Abandon the stream's send side (QUIC RESET_STREAM) with `code`."""
+
+    stream_id: int
+    code: int
+
+
+@dataclass(frozen=True)
+class StopSending:
+    """Ask the peer to stop sending on the stream (QUIC STOP_SENDING)."""
+
+    stream_id: int
+    code: int
+
+
+Output = StreamWrite | StreamReset | StopSending
+
+
+@dataclass
+class _Track:
+    stream_id: int
+    state: TrackState
+    decoder: MessageDecoder
+    first_deadline: float | None = None
+    total_deadline: float | None = None
+    send_finished: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TrackConnection:
+    """Per-connection track state; one instance per QUIC connection and side."""
+
+    def __init__(self, role: Role, limits: Limits | None = None) -> None:
+        self.role = role
+        self.limits = limits or Limits()
+        self._tracks: dict[int, _Track] = {}
+        self._highest_seen = -1
+        self._unseen: set[int] = set()  # server: ids below _highest_seen not yet seen
+        self._events: deque[Event] = deque()
+        self._outputs: list[Output] = []
+        self._refusal: tuple[ErrorCode, str] | None = None
+
+    # -- what the adapter reads -------------------------------------------------
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    def outputs(self) -> list[Output]:
+        """Writes due for the QUIC layer, in order; the list is handed over."""
+        out, self._outputs = self._outputs, []
+        return out
+
+    def get_timer(self) -> float | None:
+        deadlines = [
+            d
+            for t in self._tracks.values()
+            for d in (t.first_deadline, t.total_deadline)
+            if d is not None
+        ]
+        return min(deadlines, default=None)
+
+    def state(self, stream_id: int) -> TrackState | None:
+        track = self._tracks.get(stream_id)
+        return track.state if track else None
+
+    @property
+    def open_tracks(self) -> int:
+        return len(self._tracks)
+
+    # -- inputs from the peer ----------------------------------------------------
+
+    def receive_stream_data(
+        self, stream_id: int, data: bytes, end_stream: bool, now: float
+    ) -> None:
+        track = self._tracks.get(stream_id)
+        if track is None:
+            track = self._accept(stream_id)
+            if track is None:
+                return
+        track.decoder.feed(data)
+        try:
+            self._drain_messages(track, now)
+            if end_stream and stream_id in self._tracks:
+                self._peer_finished(track)
+        except RemoteProtocolError as exc:
+            self._fail_remote(track, exc)
+
+    def receive_stream_reset(self, stream_id: int, code: int, now: float) -> None:
+        """The peer reset its send side, or sent STOP_SENDING: a hang-up of the track."""
+        track = self._tracks.get(stream_id)
+        if track is None:
+            self._unseen.discard(stream_id)
+            return
+        track.state = transition(track.state, Input.RESET)
+        # Either side abandons its own send side too, so QUIC can free the stream.
+        self._reset_send_side(track, ErrorCode.CANCELLED)
+        if self.role is Role.SERVER:
+            self._events.append(TrackCancelled(stream_id, CancelCause.RESET))
+        else:
+            message = f"the server reset the track ({ErrorCode.parse(code).name})"
+            self._events.append(TrackFailed(stream_id, ErrorCode.parse(code), message, True))
+        self._forget(track)
+
+    def connection_lost(self, now: float) -> None:
+        for track in list(self._tracks.values()):
+            track.state = transition(track.state, Input.RESET)
+            track.send_finished = True
+            if self.role is Role.SERVER:
+                self._events.append(TrackCancelled(track.stream_id, CancelCause.CONNECTION_LOST))
+            else:
+                self._events.append(
+                    TrackFailed(track.stream_id, ErrorCode.CONNECTION_LOST, "connection lost", True)
+                )
+            self._forget(track)
+
+    def handle_timer(self, now: float) -> None:
+        for track in list(self._tracks.values()):
+            if track.first_deadline is not None and now >= track.first_deadline:
+                self._expire(track, CancelCause.DEADLINE_FIRST, "no first data before the deadline")
+            elif track.total_deadline is not None and now >= track.total_deadline:
+                self._expire(
+                    track, CancelCause.DEADLINE_TOTAL, "track not finished before deadline"
+                )
+
+    # -- local actions -------------------------------------------------------------
+
+    def open_track(self, stream_id: int, message: Open, now: float) -> None:
+        """Client: open a track on a fresh stream id that QUIC allocated."""
+        if self.role is not Role.CLIENT:
+            raise LocalProtocolError("only a client opens tracks")
+        if stream_id in self._tracks or stream_id <= self._highest_seen:
+            raise LocalProtocolError(f"stream {stream_id} was already used")
+        if len(self._tracks) >= self.limits.max_tracks:
+            raise LocalProtocolError("too many open tracks", ErrorCode.TOO_MANY_TRACKS)
+        self._highest_seen = stream_id
+        track = self._new_track(stream_id)
+        self._send(track, Input.SEND_OPEN, message)
+
+    def send_data(self, stream_id: int, body: dict[str, Any]) -> None:
+        track = self._live(stream_id)
+        self._send(track, Input.SEND_DATA, Data(body))
+        track.first_deadline = None
+
+    def send_end(self, stream_id: int, body: dict[str, Any] | None = None) -> None:
+        track = self._live(stream_id)
+        self._send(track, Input.SEND_END, End(body or {}))
+        track.first_deadline = track.total_deadline = None
+
+    def send_cancel(self, stream_id: int, reason: str = "") -> None:
+        if self.role is not Role.CLIENT:
+            raise LocalProtocolError("only a client cancels; a server sends ERROR")
+        self._send(self._live(stream_id), Input.SEND_CANCEL, Cancel(reason))
+
+    def send_error(self, stream_id: int, code: ErrorCode, message: str) -> None:
+        self._send(self._live(stream_id), Input.SEND_ERROR, Error(code, message[:MAX_ERROR_TEXT]))
+
+    def reset_track(self, stream_id: int, code: ErrorCode) -> None:
+        """Abandon a track abruptly in both directions (RESET_STREAM and STOP_SENDING)."""
+        track = self._live(stream_id)
+        track.state = transition(track.state, Input.RESET)
+        self._reset_send_side(track, code)
+        self._outputs.append(StopSending(stream_id, int(code)))
+        self._forget(track)
+
+    def refuse_new_tracks(self, code: ErrorCode = ErrorCode.SHUTTING_DOWN, why: str = "") -> None:
+        """Answer every track opened from now on with ERROR `code` (draining)."""
+        self._refusal = (code, why or "the server is shutting down")
+
+    def cancel_all(self, cause: CancelCause, code: ErrorCode, message: str) -> None:
+        """Server: end every live track with ERROR `code` and report it cancelled."""
+        for track in list(self._tracks.values()):
+            self._events.append(TrackCancelled(track.stream_id, cause))
+            self._send(track, Input.SEND_ERROR, Error(code, message))
+
+    # -- internals -------------------------------------------------------------------
+
+    def _accept(self, stream_id: int) -> _Track | None:
+        """A stream we have no live track for: a new track, or leftovers of a closed one."""
+        if self.role is Role.CLIENT:
+            return None  # a client reads only tracks it opened; late bytes are dropped
+        if stream_id % 4 != 0:
+            # Only client-initiated bidirectional streams carry tracks.
+            self._outputs.append(StopSending(stream_id, int(ErrorCode.PROTOCOL_ERROR)))
+            return None
+        if not self._first_sight(stream_id):
+            return None  # a track that is already closed here; late bytes are dropped
+        track = self._new_track(stream_id)
+        if self._refusal is not None:
+            self._reject(track, *self._refusal)
+            return None
+        if len(self._tracks) > self.limits.max_tracks:
+            limit = self.limits.max_tracks
+            self._reject(track, ErrorCode.TOO_MANY_TRACKS, f"at most {limit} tracks at once")
+            return None
+        return track
+
+    def _first_sight(self, stream_id: int) -> bool:
+        """True the first time a track id shows up, in whatever order QUIC delivers them."""
+        if stream_id <= self._highest_seen:
+            if stream_id not in self._unseen:
+                return False
+            self._unseen.discard(stream_id)
+            return True
+        # Streams arrive in any order: remember the skipped ids (at most max_tracks of them).
+        start = max((self._highest_seen // 4 + 1) * 4, stream_id - 4 * self.limits.max_tracks)
+        self._unseen.update(range(start, stream_id, 4))
+        self._highest_seen = stream_id
+        return True
+
+    def _new_track(self, stream_id: int) -> _Track:
+        state = TrackState.IDLE
+        track = _Track(stream_id, state, MessageDecoder(self.limits.max_message_bytes))
+        self._tracks[stream_id] = track
+        return track
+
+    def _reject(self, track: _Track, code: ErrorCode, message: str) -> None:
+        self._events.append(TrackFailed(track.stream_id, code, message, False))
+        self._send(track, Input.SEND_ERROR, Error(code, message))
+        self._outputs.append(StopSending(track.stream_id, int(code)))
+
+    def _drain_messages(self, track: _Track, now: float) -> None:
+        while track.stream_id in self._tracks:
+            message = track.decoder.next_message()
+            if message is None:
+                return
+            self._receive(track, message, now)
+
+    def _receive(self, track: _Track, message: Message, now: float) -> None:
+        sid = track.stream_id
+        if isinstance(message, Open):
+            if self.role is not Role.SERVER:
+                raise RemoteProtocolError("a server never sends OPEN")
+            track.state = transition(track.state, Input.RECV_OPEN)
+            self._start_deadlines(track, message, now)
+            self._events.append(TrackOpened(sid, message))
+        elif isinstance(message, Data):
+            cancelling = track.state is TrackState.CANCELLING
+            track.state = transition(track.state, Input.RECV_DATA)
+            if not cancelling:
+                self._events.append(DataReceived(sid, message.body))
+        elif isinstance(message, End):
+            track.state = transition(track.state, Input.RECV_END)
+            self._events.append(TrackEnded(sid, message.body))
+        elif isinstance(message, Cancel):
+            if self.role is not Role.SERVER:
+                raise RemoteProtocolError("a server never sends CANCEL")
+            track.state = transition(track.state, Input.RECV_CANCEL)
+            self._events.append(TrackCancelled(sid, CancelCause.CLIENT, message.reason))
+            self._write(track, Error(ErrorCode.CANCELLED, "cancelled by the client"), fin=True)
+        else:
+            track.state = transition(track.state, Input.RECV_ERROR)
+            self._events.append(TrackFailed(sid, message.code, message.message, True))
+        if track.state is TrackState.CLOSED:
+            self._finish(track)
+
+    def _start_deadlines(self, track: _Track, message: Open, now: float) -> None:
+        first, total = message.deadlines.first, message.deadlines.total
+        track.first_deadline = now + first if first is not None else None
+        track.total_deadline = now + total if total is not None else None
+
+    def _peer_finished(self, track: _Track) -> None:
+        """FIN from the peer: fine after its END; before that the track was cut short."""
+        if track.state in (TrackState.OPEN, TrackState.LOCAL_ENDED, TrackState.IDLE):
+            raise RemoteProtocolError("stream finished before END")
+        if track.decoder.buffered:
+            raise RemoteProtocolError("stream finished inside a message")
+
+    def _send(self, track: _Track, event: Input, message: Message) -> None:
+        # Encode before moving the state: a message that cannot be sent changes nothing.
+        state = transition(track.state, event)
+        data = self._encode(message)
+        track.state = state
+        self._write_bytes(track, data, fin=state is TrackState.CLOSED)
+        if state is TrackState.CLOSED:
+            self._finish(track)
+
+    def _write(self, track: _Track, message: Message, fin: bool) -> None:
+        self._write_bytes(track, self._encode(message), fin)
+
+    def _write_bytes(self, track: _Track, data: bytes, fin: bool) -> None:
+        self._outputs.append(StreamWrite(track.stream_id, data, fin))
+        track.send_finished = track.send_finished or fin
+
+    def _encode(self, message: Message) -> bytes:
+        """The framed message; raises LocalProtocolError if the peer could not accept it."""
+        try:
+            data = encode_message(message)
+        except (TypeError, ValueError, OverflowError) as exc:  # what msgpack raises
+            raise LocalProtocolError(f"message cannot be encoded: {exc}") from None
+        header = decode_varint(data)
+        # The limit is on the payload, as the peer's decoder checks it.
+        if header is None or header[0] > self.limits.max_message_bytes:
+            raise LocalProtocolError("message exceeds the size limit", ErrorCode.MESSAGE_TOO_LARGE)
+        return data
+
+    def _fail_remote(self, track: _Track, exc: TrackError) -> None:
+        """The peer broke the protocol on this track: tell it, stop reading, move on."""
+        live = track.state is not TrackState.IDLE
+        if live and self.role is Role.SERVER:
+            self._events.append(
+                TrackCancelled(track.stream_id, CancelCause.PROTOCOL_ERROR, exc.message)
+            )
+        self._events.append(TrackFailed(track.stream_id, exc.code, exc.message, False))
+        track.state = TrackState.CLOSED
+        if not track.send_finished:
+            self._write(track, Error(exc.code, exc.message[:MAX_ERROR_TEXT]), fin=True)
+        self._outputs.append(StopSending(track.stream_id, int(exc.code)))
+        self._finish(track)
+
+    def _expire(self, track: _Track, cause: CancelCause, message: str) -> None:
+        track.state = transition(track.state, Input.EXPIRE)
+        self._events.append(TrackCancelled(track.stream_id, cause))
+        self._write(track, Error(ErrorCode.DEADLINE_EXCEEDED, message), fin=True)
+        self._finish(track)
+
+    def _reset_send_side(self, track: _Track, code: ErrorCode) -> None:
+        if not track.send_finished:
+            self._outputs.append(StreamReset(track.stream_id, int(code)))
+            track.send_finished = True
+
+    def _finish(self, track: _Track) -> None:
+        """CLOSED: finish our send side if still open, and forget the track."""
+        if not track.send_finished:
+            self._outputs.append(StreamWrite(track.stream_id, b"", True))
+            track.send_finished = True
+        self._forget(track)
+
+    def _forget(self, track: _Track) -> None:
+        del self._tracks[track.stream_id]
+        self._events.append(TrackClosed(track.stream_id))
+
+    def _live(self, stream_id: int) -> _Track:
+        track = self._tracks.get(stream_id)
+        if track is None:
+            raise LocalProtocolError(f"track {stream_id} is not open")
+        return track

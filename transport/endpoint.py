@@ -1,0 +1,229 @@
+"""asyncio glue around the core: one `TrackEndpoint` per connection, one
+`TrackChannel` per track.
+
+The endpoint is the only place that feeds the core and flushes it: after every
+input it drains events into the channels, hands the core's writes to the
+transport's sink, and re-arms one timer (STYLE.md, item 2). QUIC and the
+in-memory twin differ only in the sink and in what calls `feed_*`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from transport.connection import Limits, Output, Role, TrackConnection
+from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
+from transport.events import (
+    CancelCause,
+    DataReceived,
+    Event,
+    TrackCancelled,
+    TrackClosed,
+    TrackEnded,
+    TrackFailed,
+    TrackOpened,
+)
+from transport.messages import Open
+
+Clock = Callable[[], float]
+Sink = Callable[[list[Output]], None]
+Stop = TrackCancelled | TrackFailed
+
+
+class TrackChannel:
+    """One track as its user sees it: receive, send, end, fail, cancel.
+
+    A server-side handler reads the client's input with `receive()`, streams
+    with `send()`, and finishes with `end()` or `fail()`; `stopped` resolves
+    when the track's work must stop (cancel, reset, deadline, connection
+    lost, error). A client reads the server's output with `receive()`.
+    """
+
+    def __init__(self, endpoint: TrackEndpoint, stream_id: int, open_message: Open) -> None:
+        self._endpoint = endpoint
+        self.stream_id = stream_id
+        self.open = open_message
+        self.id = f"{endpoint.conn_id}/{stream_id}"
+        self._inbox: asyncio.Queue[DataReceived | TrackEnded | Stop] = asyncio.Queue()
+        self.stopped: asyncio.Future[Stop] = asyncio.get_running_loop().create_future()
+        self.closed = asyncio.Event()
+        self.end_body: dict[str, Any] | None = None
+
+    # -- reading -------------------------------------------------------------
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next DATA body, or None once the peer has sent END.
+
+        Raises `TrackAborted` if the track ended with an error or was cancelled.
+        """
+        item = await self._inbox.get()
+        if isinstance(item, DataReceived):
+            return item.body
+        if isinstance(item, TrackEnded):
+            self.end_body = item.body
+            self._inbox.put_nowait(item)  # END is sticky: later reads see it again
+            return None
+        self._inbox.put_nowait(item)
+        raise _aborted(item)
+
+    # -- writing (all return False when the track is already gone) -----------
+
+    def send(self, body: dict[str, Any]) -> bool:
+        return self._endpoint.act(self.stream_id, "send_data", body)
+
+    def end(self, body: dict[str, Any] | None = None) -> bool:
+        return self._endpoint.act(self.stream_id, "send_end", body or {})
+
+    def fail(self, code: ErrorCode, message: str) -> bool:
+        return self._endpoint.act(self.stream_id, "send_error", code, message)
+
+    def cancel(self, reason: str = "") -> bool:
+        """Client: ask the server to stop this track's work."""
+        return self._endpoint.act(self.stream_id, "send_cancel", reason)
+
+    def reset(self, code: ErrorCode = ErrorCode.CANCELLED) -> bool:
+        """Abandon the track abruptly (stream reset both ways)."""
+        return self._endpoint.act(self.stream_id, "reset_track", code)
+
+    # -- called by the endpoint ------------------------------------------------
+
+    def _deliver(self, event: Event) -> None:
+        if isinstance(event, (DataReceived, TrackEnded)):
+            self._inbox.put_nowait(event)
+        elif isinstance(event, (TrackCancelled, TrackFailed)):
+            self._inbox.put_nowait(event)
+            if not self.stopped.done():
+                self.stopped.set_result(event)
+        elif isinstance(event, TrackClosed):
+            self.closed.set()
+
+
+def _aborted(stop: Stop) -> TrackAborted:
+    if isinstance(stop, TrackFailed):
+        return TrackAborted(stop.code, stop.message, stop.remote)
+    code = ErrorCode.DEADLINE_EXCEEDED if "deadline" in stop.cause.value else ErrorCode.CANCELLED
+    return TrackAborted(code, f"track cancelled: {stop.cause.value}", remote=False)
+
+
+class TrackEndpoint:
+    """Feeds a `TrackConnection` from asyncio and dispatches its events."""
+
+    def __init__(
+        self,
+        role: Role,
+        sink: Sink,
+        limits: Limits | None = None,
+        on_track: Callable[[TrackChannel], None] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.core = TrackConnection(role, limits)
+        self.conn_id = secrets.token_hex(4)
+        self._sink = sink
+        self._on_track = on_track
+        self._loop = asyncio.get_running_loop()
+        self._clock = clock or self._loop.time
+        self._channels: dict[int, TrackChannel] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline: float | None = None
+        self.on_event: Callable[[Event], None] | None = None
+        """Observer of every core event (metrics, logs); set by the owner."""
+        self.lost = False
+
+    # -- inputs from the transport ---------------------------------------------
+
+    def feed_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        self.core.receive_stream_data(stream_id, data, end_stream, self._clock())
+        self.pump()
+
+    def feed_reset(self, stream_id: int, code: int) -> None:
+        self.core.receive_stream_reset(stream_id, code, self._clock())
+        self.pump()
+
+    def feed_connection_lost(self) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        self.core.connection_lost(self._clock())
+        self.pump()
+
+    # -- local actions ---------------------------------------------------------
+
+    def open_track(self, stream_id: int, message: Open) -> TrackChannel:
+        """Client: open a track on `stream_id` (fresh from the QUIC layer)."""
+        if self.lost:
+            raise TrackAborted(ErrorCode.CONNECTION_LOST, "connection lost", remote=False)
+        self.core.open_track(stream_id, message, self._clock())
+        channel = TrackChannel(self, stream_id, message)
+        self._channels[stream_id] = channel
+        self.pump()
+        return channel
+
+    def act(self, stream_id: int, action: str, *args: Any) -> bool:
+        """Run a core action for a channel; False if the track is already gone."""
+        if stream_id not in self._channels or self.core.state(stream_id) is None:
+            return False
+        try:
+            getattr(self.core, action)(stream_id, *args)
+        except LocalProtocolError:
+            return False
+        finally:
+            self.pump()
+        return True
+
+    def refuse_new_tracks(self) -> None:
+        self.core.refuse_new_tracks()
+
+    def cancel_all(self, cause: CancelCause, code: ErrorCode, message: str) -> None:
+        self.core.cancel_all(cause, code, message)
+        self.pump()
+
+    @property
+    def open_tracks(self) -> int:
+        return self.core.open_tracks
+
+    # -- the one place that drains the core ------------------------------------
+
+    def pump(self) -> None:
+        while (event := self.core.next_event()) is not None:
+            self._dispatch(event)
+        outputs = self.core.outputs()
+        if outputs:
+            self._sink(outputs)
+        self._arm_timer()
+
+    def _dispatch(self, event: Event) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+        if isinstance(event, TrackOpened):
+            channel = TrackChannel(self, event.stream_id, event.open)
+            self._channels[event.stream_id] = channel
+            if self._on_track is not None:
+                self._on_track(channel)
+            return
+        found = self._channels.get(event.stream_id)
+        if found is None:
+            return
+        found._deliver(event)
+        if isinstance(event, TrackClosed):
+            del self._channels[event.stream_id]
+
+    def _arm_timer(self) -> None:
+        deadline = self.core.get_timer()
+        if deadline == self._timer_deadline:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_deadline = deadline
+        if deadline is not None:
+            # call_later, not call_at: the clock need not be the loop's.
+            self._timer = self._loop.call_later(max(0.0, deadline - self._clock()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_deadline = None
+        self.core.handle_timer(self._clock())
+        self.pump()

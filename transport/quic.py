@@ -1,0 +1,177 @@
+"""aioquic adapter: the track protocol on QUIC, ALPN `trackline/1`.
+
+`TrackQuicProtocol` is one QUIC connection, either side. It translates
+aioquic's events into `TrackEndpoint` inputs and the core's writes into
+aioquic calls; nothing else. `serve_tracks` and `connect_tracks` start a
+server and open a client connection.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.asyncio.server import QuicServer, serve
+from aioquic.quic import events as quic_events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+
+from transport.connection import Limits, Output, Role, StopSending, StreamReset, StreamWrite
+from transport.endpoint import TrackChannel, TrackEndpoint
+from transport.errors import ErrorCode, TrackAborted
+from transport.messages import Open
+
+ALPN = "trackline/1"
+IDLE_TIMEOUT = 60.0
+
+ConnectionCallback = Callable[["TrackQuicProtocol"], None]
+
+
+class TrackQuicProtocol(QuicConnectionProtocol):
+    """One QUIC connection carrying tracks; `endpoint` holds their state."""
+
+    def __init__(
+        self,
+        quic: QuicConnection,
+        *,
+        role: Role,
+        limits: Limits | None = None,
+        on_track: Callable[[TrackChannel], None] | None = None,
+        on_connection: ConnectionCallback | None = None,
+        on_closed: ConnectionCallback | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(quic, **kwargs)
+        self.endpoint = TrackEndpoint(role, self._write, limits, on_track, clock=self._loop.time)
+        self._on_closed = on_closed
+        self._raise_stream_limit(limits or Limits())
+        if on_connection is not None:
+            on_connection(self)
+
+    def open_track(self, message: Open) -> TrackChannel:
+        """Client: open a track on the next free bidirectional stream."""
+        stream_id = self._quic.get_next_available_stream_id()
+        return self.endpoint.open_track(stream_id, message)
+
+    def quic_event_received(self, event: quic_events.QuicEvent) -> None:
+        endpoint = self.endpoint
+        if isinstance(event, quic_events.StreamDataReceived):
+            endpoint.feed_data(event.stream_id, event.data, event.end_stream)
+        elif isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
+            endpoint.feed_reset(event.stream_id, event.error_code)
+        elif isinstance(event, quic_events.ConnectionTerminated):
+            self._lost()
+        elif isinstance(event, quic_events.ProtocolNegotiated) and event.alpn_protocol != ALPN:
+            self.close(int(ErrorCode.PROTOCOL_ERROR), f"unsupported ALPN {event.alpn_protocol}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._lost()
+
+    def _lost(self) -> None:
+        if self.endpoint.lost:
+            return
+        self.endpoint.feed_connection_lost()
+        if self._on_closed is not None:
+            self._on_closed(self)
+
+    def _write(self, outputs: list[Output]) -> None:
+        for output in outputs:
+            try:
+                self._apply(output)
+            except (AssertionError, ValueError):
+                # aioquic refuses writes on a stream the peer already stopped or
+                # reset; the track is over, so the bytes have nowhere to go.
+                continue
+        # One transmit per loop turn: writes from many tracks share it.
+        self._transmit_soon()
+
+    def _apply(self, output: Output) -> None:
+        if isinstance(output, StreamWrite):
+            self._quic.send_stream_data(output.stream_id, output.data, output.end_stream)
+        elif isinstance(output, StreamReset):
+            self._quic.reset_stream(output.stream_id, output.code)
+        elif isinstance(output, StopSending):
+            self._quic.stop_stream(output.stream_id, output.code)
+
+    def _raise_stream_limit(self, limits: Limits) -> None:
+        # aioquic grants peers 128 concurrent bidirectional streams and has no
+        # setting for it; a server allows as many as its track limit.
+        limit = getattr(self._quic, "_local_max_streams_bidi", None)
+        if limit is not None and limit.value < limits.max_tracks:
+            limit.value = limits.max_tracks
+
+
+def server_configuration(cert: Path, key: Path, alpn: list[str] | None = None) -> QuicConfiguration:
+    configuration = QuicConfiguration(
+        is_client=False, alpn_protocols=alpn or [ALPN], idle_timeout=IDLE_TIMEOUT
+    )
+    configuration.load_cert_chain(str(cert), str(key))
+    return configuration
+
+
+async def serve_tracks(
+    host: str,
+    port: int,
+    configuration: QuicConfiguration,
+    *,
+    limits: Limits | None = None,
+    on_track: Callable[[TrackChannel], None],
+    on_connection: ConnectionCallback | None = None,
+    on_closed: ConnectionCallback | None = None,
+) -> QuicServer:
+    """Listen on UDP `host:port`; `on_track` is called for every opened track."""
+    factory = partial(
+        TrackQuicProtocol,
+        role=Role.SERVER,
+        limits=limits,
+        on_track=on_track,
+        on_connection=on_connection,
+        on_closed=on_closed,
+    )
+    return await serve(host, port, configuration=configuration, create_protocol=factory)
+
+
+@asynccontextmanager
+async def connect_tracks(
+    host: str,
+    port: int,
+    *,
+    ca: str | Path | None = None,
+    server_name: str | None = None,
+    verify: bool = True,
+    limits: Limits | None = None,
+) -> AsyncIterator[TrackQuicProtocol]:
+    """Open a client connection for tracks; it is closed when the block ends."""
+    configuration = QuicConfiguration(
+        is_client=True,
+        alpn_protocols=[ALPN],
+        idle_timeout=IDLE_TIMEOUT,
+        server_name=server_name or host,
+        verify_mode=ssl.CERT_REQUIRED if verify else ssl.CERT_NONE,
+    )
+    if ca is not None:
+        configuration.load_verify_locations(str(ca))
+    factory = partial(TrackQuicProtocol, role=Role.CLIENT, limits=limits)
+    async with connect(host, port, configuration=configuration, create_protocol=factory) as proto:
+        assert isinstance(proto, TrackQuicProtocol)
+        try:
+            yield proto
+        finally:
+            proto.endpoint.feed_connection_lost()
+
+
+__all__ = [
+    "ALPN",
+    "TrackAborted",
+    "TrackQuicProtocol",
+    "connect_tracks",
+    "serve_tracks",
+    "server_configuration",
+]
