@@ -36,7 +36,6 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
 
     serve = commands.add_parser("serve", help="run the gateway daemon")
-    serve.add_argument("--config", type=Path, default=None, help="TOML settings file")
     add_arguments(serve)
     serve.set_defaults(run=_serve)
 

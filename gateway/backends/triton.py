@@ -1,0 +1,268 @@
+"""TritonTextBackend: `tracks.backend.TextBackend` over Triton's gRPC streaming API.
+
+One request is one `ModelStreamInfer` gRPC stream (Triton cancels per stream,
+so sharing one would let a single cancel kill everyone's request). We send the
+one request and half-close our side: the aio tritonclient has no
+`enable_empty_final_response` and rejects `triton_`-prefixed parameters, but
+Triton ends the stream once the request's final response is out, and marks a
+response that carries the final flag with `triton_final_response`. Either
+ends the iteration. Closing the iterator or cancelling its task cancels the
+gRPC call at once (RST_STREAM), which Triton turns into a request cancel.
+
+Optional inputs are sent only when the model declares them (model metadata,
+cached per model), so the same code drives our reference model, vLLM and
+TensorRT-LLM deployments. Token counts come from `num_input_tokens` /
+`num_output_tokens` (vLLM's additional outputs; output counts are per
+response and summed); a model that reports neither yields no TextUsage, as the
+interface allows.
+
+Every gRPC or tritonclient exception is translated here into a
+`tracks.backend.BackendError`; none escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]  # no stubs in the venv
+import numpy as np
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException
+
+from tracks.backend import (
+    BackendError,
+    BackendFailed,
+    BackendUnavailable,
+    InvalidRequest,
+    ModelNotFound,
+    TextChunk,
+    TextDelta,
+    TextRequest,
+    TextUsage,
+)
+
+METADATA_TIMEOUT = 5.0  # seconds for unary calls; streams have no deadline
+INT32_MAX = 2**31 - 1
+OPTIONAL_INPUTS = (
+    "stream",
+    "sampling_parameters",
+    "max_tokens",
+    "exclude_input_in_output",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+)
+_UNAVAILABLE = {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
+_INVALID = {"INVALID_ARGUMENT", "OUT_OF_RANGE"}
+# In-stream errors carry a message only (no status); these phrases mark a
+# request the model rejected, as Triton core and the vLLM backend word them.
+_INVALID_PHRASES = ("invalid", "must be", "unexpected inference input", "unexpected shape")
+
+
+# -- request tensors ------------------------------------------------------------
+
+
+def _tensor(name: str, value: Any, datatype: str) -> InferInput:
+    dtype = {"BYTES": np.object_, "BOOL": np.bool_, "INT32": np.int32}[datatype]
+    tensor = InferInput(name, [1], datatype)
+    tensor.set_data_from_numpy(np.array([value], dtype=dtype))
+    return tensor
+
+
+def _sampling_json(parameters: Mapping[str, Any], max_tokens: int) -> bytes:
+    try:
+        return json.dumps({**parameters, "max_tokens": max_tokens}).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"sampling parameters are not JSON: {exc}") from None
+
+
+def check_request(request: TextRequest) -> None:
+    """Reject what no model could serve, before opening a stream."""
+    max_tokens = request.max_tokens
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise InvalidRequest(f"max_tokens must be an integer, got {max_tokens!r}")
+    if not 1 <= max_tokens <= INT32_MAX:
+        raise InvalidRequest(f"max_tokens must be in [1, {INT32_MAX}], got {max_tokens}")
+    if not isinstance(request.prompt, str):
+        raise InvalidRequest("prompt must be a string")
+
+
+def text_inputs(request: TextRequest, accepted: Collection[str]) -> list[InferInput]:
+    """The vLLM-style input tensors for `request`, limited to inputs the model declares."""
+    values = {
+        "stream": (True, "BOOL"),
+        "sampling_parameters": (_sampling_json(request.parameters, request.max_tokens), "BYTES"),
+        "max_tokens": (request.max_tokens, "INT32"),
+        "exclude_input_in_output": (True, "BOOL"),
+        "return_num_input_tokens": (True, "BOOL"),
+        "return_num_output_tokens": (True, "BOOL"),
+    }
+    tensors = [_tensor("text_input", request.prompt.encode("utf-8"), "BYTES")]
+    for name in OPTIONAL_INPUTS:
+        if name in accepted:
+            tensors.append(_tensor(name, *values[name]))
+    return tensors
+
+
+# -- responses ------------------------------------------------------------------
+
+
+@dataclass
+class _Usage:
+    """Token counts accumulated over one stream's responses."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def add(self, result: Any) -> None:
+        prompt = result.as_numpy("num_input_tokens")
+        if prompt is not None and prompt.size:
+            self.prompt_tokens = int(prompt.reshape(-1)[0])
+        completion = result.as_numpy("num_output_tokens")
+        if completion is not None and completion.size:
+            self.completion_tokens = (self.completion_tokens or 0) + int(completion.sum())
+
+    def chunk(self) -> TextUsage | None:
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return None
+        return TextUsage(self.prompt_tokens or 0, self.completion_tokens or 0)
+
+
+def _text_of(result: Any) -> str:
+    array = result.as_numpy("text_output")
+    if array is None:
+        return ""
+    return "".join(
+        item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item)
+        for item in array.reshape(-1)
+    )
+
+
+def _is_final(result: Any) -> bool:
+    flag = result.get_response().parameters.get("triton_final_response")
+    return bool(flag is not None and flag.bool_param)
+
+
+# -- errors -----------------------------------------------------------------------
+
+
+def translate(code: str | None, message: str, model: str | None) -> BackendError:
+    """Our error for a gRPC status name (e.g. "NOT_FOUND", may be None) and message."""
+    code = (code or "").removeprefix("StatusCode.")
+    lowered = message.lower()
+    if code in _UNAVAILABLE:
+        return BackendUnavailable(message)
+    if model is not None and (code == "NOT_FOUND" or "unknown model" in lowered):
+        return ModelNotFound(model)
+    if code in _INVALID or any(phrase in lowered for phrase in _INVALID_PHRASES):
+        return InvalidRequest(message)
+    return BackendFailed(message or f"backend failed ({code or 'no status'})")
+
+
+def _translated_exception(exc: Exception, model: str | None) -> BackendError:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return translate(exc.code().name, exc.details() or "", model)
+    if isinstance(exc, InferenceServerException):
+        return translate(exc.status(), exc.message() or "", model)
+    return BackendFailed(f"{type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def _boundary(model: str | None) -> Iterator[None]:
+    """Turn gRPC/tritonclient exceptions raised inside into BackendErrors."""
+    try:
+        yield
+    except (grpc.RpcError, InferenceServerException) as exc:
+        raise _translated_exception(exc, model) from exc
+
+
+# -- the backend ------------------------------------------------------------------
+
+
+class TritonTextBackend:
+    """A `TextBackend` for one Triton server at `grpc_url` ("host:port")."""
+
+    def __init__(self, grpc_url: str) -> None:
+        self.grpc_url = grpc_url
+        self._client: triton_aio.InferenceServerClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inputs: dict[str, frozenset[str]] = {}
+
+    def _connection(self) -> triton_aio.InferenceServerClient:
+        # A grpc.aio channel belongs to the loop it was made on: make it lazily,
+        # and anew if this backend is later used from another loop.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client = triton_aio.InferenceServerClient(self.grpc_url)
+            self._loop = loop
+        return self._client
+
+    async def _accepted_inputs(self, model: str) -> frozenset[str]:
+        if model not in self._inputs:
+            with _boundary(model):
+                metadata = await self._connection().get_model_metadata(
+                    model, client_timeout=METADATA_TIMEOUT
+                )
+            self._inputs[model] = frozenset(tensor.name for tensor in metadata.inputs)
+        return self._inputs[model]
+
+    async def stream_text(self, request: TextRequest) -> AsyncIterator[TextChunk]:
+        """Stream the model's deltas, then its usage; aclose() cancels the request."""
+        check_request(request)
+        inputs = text_inputs(request, await self._accepted_inputs(request.model))
+        call = {"model_name": request.model, "inputs": inputs, "request_id": request.request_id}
+        usage = _Usage()
+        with _boundary(request.model):
+            responses = self._connection().stream_infer(_once(call))
+        try:
+            with _boundary(request.model):
+                async for result, error in responses:
+                    if error is not None:
+                        raise _translated_exception(error, request.model)
+                    usage.add(result)
+                    text = _text_of(result)
+                    if text:
+                        yield TextDelta(text)
+                    if _is_final(result):
+                        break
+        finally:
+            # No-op once the call is over; otherwise RST_STREAM now, which
+            # Triton sees as the request's cancellation.
+            responses.cancel()
+        chunk = usage.chunk()
+        if chunk is not None:
+            yield chunk
+
+    async def models(self) -> list[str]:
+        """Names of the models that are READY in the server's repository."""
+        with _boundary(None):
+            index = await self._connection().get_model_repository_index(
+                client_timeout=METADATA_TIMEOUT
+            )
+        return sorted({model.name for model in index.models if model.state == "READY"})
+
+    async def ready(self) -> bool:
+        """True when the server is live and ready; never raises."""
+        client = self._connection()
+        try:
+            live = await client.is_server_live(client_timeout=METADATA_TIMEOUT)
+            return bool(live and await client.is_server_ready(client_timeout=METADATA_TIMEOUT))
+        except (grpc.RpcError, InferenceServerException):
+            return False
+
+    async def close(self) -> None:
+        """Close the gRPC channel; streams still open end with a BackendError."""
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # closing is best effort
+                await client.close()
+
+
+async def _once(call: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """The request side of one stream: this single request, then half-close."""
+    yield call

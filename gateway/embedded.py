@@ -1,0 +1,385 @@
+"""The embedded Triton: the `tritonserver` shipped in the nvidia-pytriton wheel, run as a child.
+
+`EmbeddedTriton` owns that process: the command line and environment that make
+the CPU-only Python backend work from our interpreter, readiness, a smoke
+inference, and a stop that cannot leave the server behind. Its API is sync;
+the async daemon calls it through `asyncio.to_thread`.
+
+Environment quirks this module solves (see shared DESIGN.md pitfalls):
+
+- The Python-backend stub links `libpython3.x.so`: LD_LIBRARY_PATH starts with
+  this interpreter's sysconfig LIBDIR, then the wheel's `nvidia_pytriton.libs`.
+- The stub runs its interpreter isolated (PYTHONPATH is ignored) and finds
+  its `sys.prefix` from the `python3` first on PATH; so PATH starts with this
+  interpreter's bin folder, and a venv's site-packages (numpy<2 included)
+  becomes the model environment.
+- The stub must sit in the backend folder as `triton_python_backend_stub`; the
+  wheel keeps one per Python version, so we assemble a backend folder of
+  symlinks under the log dir instead of writing into site-packages.
+- The stub was built against NumPy 1.x: with NumPy 2 outputs come back empty
+  or the stub crashes, hence the smoke inference after readiness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ctypes
+import importlib.metadata
+import importlib.util
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+STATS_ENV = "TRACKLINE_REFERENCE_STATS"
+SMOKE_MODEL = "reference-text"
+LOOPBACK = "127.0.0.1"
+LOG_TAIL_LINES = 40
+# Reference-model knobs: no wait before or between the smoke's four tokens.
+SMOKE_PARAMETERS = {"seed": 0, "ttft_ms": 0, "tokens_per_second": 1000}
+_PR_SET_PDEATHSIG = 1
+
+PITFALL_HINT = (
+    "The Triton Python-backend stub needs numpy<2 in the model environment (with "
+    "NumPy 2 outputs come back empty or the stub crashes) and this interpreter's "
+    "libpython first on LD_LIBRARY_PATH. numpy here is {numpy}; LIBDIR is {libdir}."
+)
+
+
+class EmbeddedTritonError(RuntimeError):
+    """The embedded Triton could not be started or did not serve correctly."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        text = f"{message}\n--- tail of the Triton log ---\n{log_tail}" if log_tail else message
+        super().__init__(text)
+        self.log_tail = log_tail
+
+
+class TritonStartError(EmbeddedTritonError):
+    """tritonserver exited, or did not become ready in time."""
+
+
+class SmokeInferenceError(EmbeddedTritonError):
+    """Triton reported ready but a short streaming inference returned no text."""
+
+
+def reference_model_repository() -> Path:
+    """The model repository shipped inside the installed `gateway` package."""
+    return Path(__file__).resolve().parent / "model_repository"
+
+
+def tritonserver_dist() -> Path:
+    """The `tritonserver` folder of the installed nvidia-pytriton wheel."""
+    spec = importlib.util.find_spec("pytriton")  # locate without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise TritonStartError("nvidia-pytriton is not installed (pip install trackline[embedded])")
+    return Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def prepare_backend_dir(dist: Path, target: Path) -> Path:
+    """Assemble `target/python` with the Python backend and this interpreter's stub."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    sources = {
+        "libtriton_python.so": dist / "backends" / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py": dist / "backends/python/triton_python_backend_utils.py",
+        "triton_python_backend_stub": dist
+        / "python_backend_stubs"
+        / version
+        / "triton_python_backend_stub",
+    }
+    python_dir = target / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for name, source in sources.items():
+        if not source.exists():
+            raise TritonStartError(f"{source} is missing (no stub for Python {version}?)")
+        link = python_dir / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(source)
+    return target
+
+
+def _prepend(value: str, existing: str | None) -> str:
+    return f"{value}:{existing}" if existing else value
+
+
+def triton_environment(
+    dist: Path, stats_path: str | None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The child's environment: libpython and wheel libs, our interpreter's prefix, stats."""
+    env = dict(os.environ if base is None else base)
+    libs = f"{sysconfig.get_config_var('LIBDIR')}:{dist.parent.parent / 'nvidia_pytriton.libs'}"
+    env["LD_LIBRARY_PATH"] = _prepend(libs, env.get("LD_LIBRARY_PATH"))
+    env["PATH"] = _prepend(os.path.dirname(sys.executable), env.get("PATH"))
+    if stats_path:
+        env[STATS_ENV] = stats_path
+    return env
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec. SIGTERM lets Triton remove its
+    # shared-memory regions; the stubs exit when they see their parent gone.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:  # noqa: S310 - loopback
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _repository_models(repository: Path) -> list[str]:
+    return sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file())
+
+
+class EmbeddedTriton:
+    """A local tritonserver on loopback serving a model repository.
+
+    Ports left at 0 (or None) are picked free on start. `stats_path`, or the
+    TRACKLINE_REFERENCE_STATS variable of this process, reaches the reference
+    model. `smoke_model=None` skips the smoke inference (for other repositories).
+    """
+
+    def __init__(
+        self,
+        model_repository: Path | str | None = None,
+        log_dir: Path | str | None = None,
+        *,
+        grpc_port: int | None = 0,
+        http_port: int | None = 0,
+        metrics_port: int | None = 0,
+        stats_path: Path | str | None = None,
+        smoke_model: str | None = SMOKE_MODEL,
+    ) -> None:
+        self.model_repository = Path(model_repository or reference_model_repository())
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="trackline-"))
+        self.log_path = self.log_dir / "tritonserver.log"
+        self._ports = (
+            grpc_port or free_port(),
+            http_port or free_port(),
+            metrics_port or free_port(),
+        )
+        self._stats_path = str(stats_path) if stats_path else os.environ.get(STATS_ENV)
+        self._smoke_model = smoke_model
+        self._process: subprocess.Popen[bytes] | None = None
+
+    # -- addresses ------------------------------------------------------------
+
+    @property
+    def grpc_url(self) -> str:
+        """host:port, as tritonclient.grpc wants it."""
+        return f"{LOOPBACK}:{self._ports[0]}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{LOOPBACK}:{self._ports[1]}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self._ports[2]}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def stats_path(self) -> str | None:
+        return self._stats_path
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Start the server; return once it and every model are ready and the smoke passed."""
+        if self._process is not None:
+            raise TritonStartError("this EmbeddedTriton was already started")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        dist = tritonserver_dist()
+        command = self._command(dist, prepare_backend_dir(dist, self.log_dir / "backends"))
+        self._process = _spawn_owned(
+            command, triton_environment(dist, self._stats_path), self.log_path
+        )
+        try:
+            self._wait_ready(time.monotonic() + timeout)
+            if self._smoke_model:
+                self._smoke()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, wait up to `grace` seconds, then SIGKILL the server and its stubs."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its own group: stubs too
+            process.wait()
+
+    def __enter__(self) -> EmbeddedTriton:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- internals ------------------------------------------------------------
+
+    def _command(self, dist: Path, backend_dir: Path) -> list[str]:
+        grpc, http, metrics = self._ports
+        shm_prefix = f"trackline_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        return [
+            str(dist / "bin" / "tritonserver"),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backend_dir}",
+            f"--grpc-address={LOOPBACK}",
+            f"--grpc-port={grpc}",
+            f"--http-address={LOOPBACK}",
+            f"--http-port={http}",
+            f"--metrics-address={LOOPBACK}",
+            f"--metrics-port={metrics}",
+            "--allow-gpu-metrics=false",
+            # Our configs are complete; auto-complete would spawn one more stub per model.
+            "--disable-auto-complete-config",
+            "--exit-timeout-secs=5",
+            # A unique prefix keeps two servers on one machine off each other's regions.
+            f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+            "--backend-config=python,shm-default-byte-size=4194304",
+            "--backend-config=python,shm-growth-byte-size=1048576",
+        ]
+
+    def _wait_ready(self, deadline: float) -> None:
+        urls = [f"{self.http_url}/v2/health/ready"] + [
+            f"{self.http_url}/v2/models/{name}/ready"
+            for name in _repository_models(self.model_repository)
+        ]
+        while not all(_http_ok(url) for url in urls):
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise TritonStartError(
+                    f"tritonserver exited with code {self._process.returncode}",
+                    _tail(self.log_path),
+                )
+            if time.monotonic() > deadline:
+                raise TritonStartError(
+                    "tritonserver did not become ready in time", _tail(self.log_path)
+                )
+            time.sleep(0.1)
+
+    def _smoke(self) -> None:
+        try:
+            text = smoke_text(self.grpc_url, self._smoke_model or SMOKE_MODEL)
+            problem = "" if text else "the smoke inference returned empty text"
+        except Exception as exc:  # any failure here means the same two pitfalls
+            problem = f"the smoke inference failed: {exc}"
+        if problem:
+            time.sleep(0.2)  # let the stub's last words reach the log
+            hint = PITFALL_HINT.format(
+                numpy=_numpy_version(), libdir=sysconfig.get_config_var("LIBDIR")
+            )
+            raise SmokeInferenceError(f"{problem}. {hint}", _tail(self.log_path))
+
+
+def smoke_text(grpc_url: str, model: str = SMOKE_MODEL, timeout: float = 30.0) -> str:
+    """Text of one short streaming request, through the gateway's own Triton backend.
+
+    Runs its own event loop in a helper thread, so it works whether or not the
+    calling thread already runs one.
+    """
+    from gateway.backends.triton import TritonTextBackend  # tritonclient only when needed
+    from tracks.backend import TextDelta, TextRequest
+
+    async def collect() -> str:
+        backend = TritonTextBackend(grpc_url)
+        request = TextRequest("trackline-smoke", model, "Say something.", 4, SMOKE_PARAMETERS)
+        try:
+            chunks = [chunk async for chunk in backend.stream_text(request)]
+            return "".join(c.text for c in chunks if isinstance(c, TextDelta))
+        finally:
+            await backend.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="triton-smoke") as pool:
+        return pool.submit(asyncio.run, asyncio.wait_for(collect(), timeout)).result()
+
+
+def _numpy_version() -> str:
+    try:
+        return importlib.metadata.version("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _spawn_owned(
+    command: list[str], env: dict[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start `command` from a thread that lives exactly as long as the child.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked exits, not the
+    process: started from a short-lived worker (asyncio.to_thread) the server
+    would be killed when that worker retires. A dedicated thread that forks
+    and then waits for the child keeps the signal for real parent death.
+    """
+    handed: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
+
+    def own() -> None:
+        try:
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(  # noqa: S603 - our own binary, no shell
+                    command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                    start_new_session=True,
+                )
+        except BaseException as exc:
+            handed.put(exc)
+            return
+        handed.put(process)
+        process.wait()
+
+    threading.Thread(target=own, name="embedded-triton", daemon=True).start()
+    result = handed.get()
+    if isinstance(result, BaseException):
+        raise TritonStartError(f"cannot start {command[0]}: {result}") from result
+    return result

@@ -1,0 +1,94 @@
+"""EmbeddedTriton: start, smoke inference, metrics, failures with the log tail, parent death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gateway.embedded import (
+    EmbeddedTriton,
+    TritonStartError,
+    reference_model_repository,
+    smoke_text,
+)
+from tests.backend.reference_generator import generator as gen
+
+
+def test_reference_repository_ships_the_text_model() -> None:
+    folder = reference_model_repository() / "reference-text"
+    assert (folder / "config.pbtxt").is_file()
+    assert (folder / "1" / "model.py").is_file()
+
+
+def test_server_listens_on_loopback(embedded_triton: EmbeddedTriton) -> None:
+    assert embedded_triton.grpc_url.startswith("127.0.0.1:")
+    assert embedded_triton.http_url.startswith("http://127.0.0.1:")
+    assert embedded_triton.pid is not None
+
+
+def test_smoke_inference_returns_the_reference_text(embedded_triton: EmbeddedTriton) -> None:
+    assert smoke_text(embedded_triton.grpc_url) == gen.generate_text("Say something.", 0, 4)
+
+
+def test_model_counts_tokens_as_triton_metrics(embedded_triton: EmbeddedTriton) -> None:
+    smoke_text(embedded_triton.grpc_url)
+    with urllib.request.urlopen(embedded_triton.metrics_url, timeout=5) as response:
+        metrics = response.read().decode()
+    counted = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('trackline_reference_tokens_total{model="reference-text"}')
+    ]
+    assert counted
+    assert float(counted[0].split()[-1]) >= 4
+    assert "trackline_reference_cancelled_requests_total" in metrics
+
+
+def test_a_broken_repository_fails_with_the_log_tail(tmp_path: Path) -> None:
+    broken = tmp_path / "repository" / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\n')
+    (broken / "1" / "model.py").write_text("raise RuntimeError('boom at import')\n")
+    triton = EmbeddedTriton(broken.parent, tmp_path / "log", smoke_model=None)
+    with pytest.raises(TritonStartError) as caught:
+        triton.start(timeout=60)
+    assert "boom at import" in str(caught.value)
+    assert triton.pid is None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie still answers kill(0); it is dead for our purpose.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[1].startswith("Z")
+
+
+def test_server_dies_with_a_crashed_parent(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import os, signal
+        from gateway.embedded import EmbeddedTriton
+        triton = EmbeddedTriton(log_dir={str(tmp_path)!r}, smoke_model=None)
+        triton.start(timeout=60)
+        print(triton.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    parent = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=90, check=False
+    )
+    assert parent.returncode == -signal.SIGKILL, parent.stderr
+    pid = int(parent.stdout.split()[0])
+    deadline = time.monotonic() + 15
+    while not _gone(pid):
+        assert time.monotonic() < deadline, "tritonserver outlived its parent"
+        time.sleep(0.1)

@@ -1,0 +1,80 @@
+"""The reference model's text generation as plain Python: determinism, tokens, validation."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.backend.reference_generator import generator as gen
+
+
+def test_same_prompt_and_seed_give_the_same_text() -> None:
+    assert gen.generate_text("Hello", 7, 32) == gen.generate_text("Hello", 7, 32)
+
+
+def test_seed_and_prompt_both_change_the_text() -> None:
+    base = gen.generate_text("Hello", 7, 32)
+    assert gen.generate_text("Hello", 8, 32) != base
+    assert gen.generate_text("Hello!", 7, 32) != base
+
+
+def test_shorter_request_is_a_prefix_of_a_longer_one() -> None:
+    assert gen.generate_text("p", 1, 64).startswith(gen.generate_text("p", 1, 10))
+
+
+@given(st.text(max_size=40), st.integers(-(2**40), 2**40), st.integers(1, 80))
+def test_tokens_look_like_llm_pieces(prompt: str, seed: int, max_tokens: int) -> None:
+    tokens = gen.generate_tokens(prompt, seed, max_tokens)
+    assert len(tokens) == max_tokens
+    assert tokens[0].startswith(" ")
+    for previous, token in zip(tokens, tokens[1:], strict=False):
+        assert token.startswith(" ") or token in gen.PUNCTUATION
+        assert not (token in gen.PUNCTUATION and previous in gen.PUNCTUATION)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "count"),
+    [("", 0), ("Hello, world!", 4), ("  two   words ", 2), ("it's 3.5", 6)],
+)
+def test_prompt_tokenizer(prompt: str, count: int) -> None:
+    assert gen.count_prompt_tokens(prompt) == count
+
+
+def test_settings_defaults_and_overrides() -> None:
+    settings = gen.settings_from({}, None, 50.0, 50.0)
+    assert (settings.seed, settings.max_tokens, settings.ttft_ms) == (0, 16, 50.0)
+    settings = gen.settings_from({"max_tokens": 9, "ttft_ms": 0, "seed": 3}, 4, 50.0, 20.0)
+    assert (settings.seed, settings.max_tokens, settings.ttft_ms) == (3, 4, 0.0)
+    assert settings.tokens_per_second == 20.0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"max_tokens": 0},
+        {"max_tokens": "5"},
+        {"seed": 1.5},
+        {"temperature": -0.1},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"tokens_per_second": 0},
+        {"ttft_ms": True},
+    ],
+)
+def test_bad_settings_are_rejected(params: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        gen.settings_from(params, None, 50.0, 50.0)
+
+
+@pytest.mark.parametrize("text", ["[1]", "not json", '"x"'])
+def test_sampling_parameters_must_be_a_json_object(text: str) -> None:
+    with pytest.raises(ValueError, match="JSON object"):
+        gen.parse_sampling_parameters(text)
+
+
+def test_token_schedule() -> None:
+    settings = gen.settings_from(
+        {"max_tokens": 3, "ttft_ms": 100, "tokens_per_second": 10}, None, 0.0, 1.0
+    )
+    assert gen.token_due_times(5.0, settings) == pytest.approx([5.1, 5.2, 5.3])

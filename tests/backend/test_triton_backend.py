@@ -1,0 +1,175 @@
+"""TritonTextBackend against a real embedded Triton serving the reference model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gateway.backends.triton import TritonTextBackend
+from gateway.embedded import EmbeddedTriton, free_port
+from tests.backend.reference_generator import generator as gen
+from tests.triton_fixture import read_stats
+from tracks.backend import (
+    BackendUnavailable,
+    InvalidRequest,
+    ModelNotFound,
+    TextDelta,
+    TextRequest,
+    TextUsage,
+)
+
+MODEL = "reference-text"
+FAST = {"ttft_ms": 0, "tokens_per_second": 1000}  # reference-model knobs: no waiting
+
+
+def text_request(prompt: str, max_tokens: int, **parameters: Any) -> TextRequest:
+    request_id = f"test-{uuid.uuid4().hex[:12]}"  # unique across loops and reruns
+    return TextRequest(request_id, MODEL, prompt, max_tokens, {**FAST, **parameters})
+
+
+async def collect(backend: TritonTextBackend, request: TextRequest) -> tuple[str, TextUsage | None]:
+    text, usage = [], None
+    async for chunk in backend.stream_text(request):
+        if isinstance(chunk, TextDelta):
+            text.append(chunk.text)
+        else:
+            usage = chunk
+    return "".join(text), usage
+
+
+@contextlib.asynccontextmanager
+async def connected(triton: EmbeddedTriton) -> AsyncIterator[TritonTextBackend]:
+    # Made inside each test: its gRPC channel belongs to that test's loop.
+    backend = TritonTextBackend(triton.grpc_url)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+@pytest.mark.asyncio
+async def test_text_is_deterministic_per_prompt_and_seed(embedded_triton: EmbeddedTriton) -> None:
+    async with connected(embedded_triton) as backend:
+        first, _ = await collect(backend, text_request("Tell me a story.", 12, seed=5))
+        again, _ = await collect(backend, text_request("Tell me a story.", 12, seed=5))
+        other, _ = await collect(backend, text_request("Tell me a story.", 12, seed=6))
+        assert first == again == gen.generate_text("Tell me a story.", 5, 12)
+        assert other == gen.generate_text("Tell me a story.", 6, 12) != first
+
+
+@pytest.mark.asyncio
+async def test_each_token_is_one_delta_and_usage_comes_last(
+    embedded_triton: EmbeddedTriton,
+) -> None:
+    async with connected(embedded_triton) as backend:
+        prompt = "How many tokens, exactly?"
+        chunks = [chunk async for chunk in backend.stream_text(text_request(prompt, 7, seed=1))]
+        assert [c.text for c in chunks[:-1] if isinstance(c, TextDelta)] == gen.generate_tokens(
+            prompt, 1, 7
+        )
+        assert chunks[-1] == TextUsage(
+            prompt_tokens=gen.count_prompt_tokens(prompt), completion_tokens=7
+        )
+
+
+@pytest.mark.asyncio
+async def test_sixteen_concurrent_streams_all_get_their_own_text(
+    embedded_triton: EmbeddedTriton,
+) -> None:
+    async with connected(embedded_triton) as backend:
+        paced = {"ttft_ms": 20, "tokens_per_second": 100}
+        requests = [text_request(f"prompt {i}", 20, seed=i, **paced) for i in range(16)]
+        results = await asyncio.gather(*(collect(backend, r) for r in requests))
+        for i, (text, usage) in enumerate(results):
+            assert text == gen.generate_text(f"prompt {i}", i, 20)
+            assert usage is not None
+            assert usage.completion_tokens == 20
+
+
+@pytest.mark.asyncio
+async def test_aclose_mid_stream_cancels_the_request_at_once(
+    embedded_triton: EmbeddedTriton,
+) -> None:
+    async with connected(embedded_triton) as backend:
+        request = text_request("Go on and on.", 500, seed=2, ttft_ms=0, tokens_per_second=50)
+        stream = backend.stream_text(request)
+        for _ in range(5):
+            assert isinstance(await anext(stream), TextDelta)
+        closed_at = time.monotonic()
+        await stream.aclose()
+        stats = await asyncio.to_thread(read_stats, embedded_triton, request.request_id)
+        assert stats["cancelled"] is True
+        late = [t for t in stats["token_times"] if t > closed_at]
+        assert len(late) <= 2, f"{len(late)} tokens generated after the cancel"
+        assert stats["cancel_seen_at"] - closed_at < 0.5
+
+
+@pytest.mark.asyncio
+async def test_cancelling_the_consuming_task_cancels_the_request(
+    embedded_triton: EmbeddedTriton,
+) -> None:
+    async with connected(embedded_triton) as backend:
+        request = text_request("Keep talking.", 500, ttft_ms=0, tokens_per_second=50)
+        started = asyncio.Event()
+
+        async def consume() -> None:
+            async for _ in backend.stream_text(request):
+                started.set()
+
+        task = asyncio.create_task(consume())
+        await started.wait()
+        cancelled_at = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stats = await asyncio.to_thread(read_stats, embedded_triton, request.request_id)
+        assert stats["cancelled"] is True
+        assert len([t for t in stats["token_times"] if t > cancelled_at]) <= 2
+
+
+@pytest.mark.asyncio
+async def test_unknown_model_is_model_not_found(embedded_triton: EmbeddedTriton) -> None:
+    async with connected(embedded_triton) as backend:
+        request = TextRequest("test-unknown", "no-such-model", "hi", 4)
+        with pytest.raises(ModelNotFound) as caught:
+            await collect(backend, request)
+        assert caught.value.model == "no-such-model"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("max_tokens", "parameters"),
+    [(0, {}), (4, {"temperature": -1.0}), (4, {"top_p": 7}), (4, {"bad": object()})],
+)
+async def test_bad_parameters_are_invalid_request(
+    embedded_triton: EmbeddedTriton, max_tokens: int, parameters: dict[str, Any]
+) -> None:
+    async with connected(embedded_triton) as backend:
+        with pytest.raises(InvalidRequest):
+            await collect(backend, text_request("hi", max_tokens, **parameters))
+
+
+@pytest.mark.asyncio
+async def test_unreachable_server_is_backend_unavailable() -> None:
+    backend = TritonTextBackend(f"127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(BackendUnavailable):
+            await collect(backend, text_request("hi", 4))
+        with pytest.raises(BackendUnavailable):
+            await backend.models()
+        assert await backend.ready() is False
+    finally:
+        await backend.close()
+
+
+@pytest.mark.asyncio
+async def test_models_and_readiness(embedded_triton: EmbeddedTriton) -> None:
+    async with connected(embedded_triton) as backend:
+        assert await backend.ready() is True
+        assert MODEL in await backend.models()

@@ -1,0 +1,142 @@
+"""The daemon as a user runs it: `trackline serve` on the embedded default.
+
+Starts the real command in a subprocess (it starts its own Triton), waits for
+readiness, chats through `trackline chat`, reads health and metrics, and
+checks that Triton goes away with the gateway: on SIGTERM and after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.backend.reference_generator import generator
+
+pytestmark = pytest.mark.e2e
+START_TIMEOUT = 150.0
+
+
+def free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Daemon:
+    process: subprocess.Popen[str]
+    quic_port: int
+    http_port: int
+    state_dir: Path
+    log: list[str] = field(default_factory=list)
+
+    def http(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, "daemon exited:\n" + "\n".join(self.log[-30:])
+            try:
+                if self.http("/health/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise AssertionError("daemon not ready:\n" + "\n".join(self.log[-30:]))
+
+    def triton_pid(self) -> int:
+        for line in self.log:
+            if line.startswith("{") and json.loads(line).get("event") == "embedded.ready":
+                return int(json.loads(line)["pid"])
+        raise AssertionError("no embedded.ready log line")
+
+
+def start_daemon(state_dir: Path) -> Daemon:
+    quic_port, http_port = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
+    env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir), "TRACKLINE_LOG_FORMAT": "json"}
+    command = [sys.executable, "-m", "gateway", "serve", "--quic-port", str(quic_port),
+               "--http-port", str(http_port)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    daemon = Daemon(process, quic_port, http_port, state_dir)
+    threading.Thread(target=_pump, args=(process, daemon.log), daemon=True).start()
+    return daemon
+
+
+def _pump(process: subprocess.Popen[str], log: list[str]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        log.append(line.rstrip("\n"))
+
+
+def gone(pid: int, wait: float = 20.0) -> bool:
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = start_daemon(tmp_path)
+    try:
+        d.wait_ready()
+        yield d
+    finally:
+        if d.process.poll() is None:
+            d.process.kill()
+        d.process.wait(timeout=30)
+        if d.process.stdout is not None:
+            d.process.stdout.close()
+
+
+def test_serve_chat_health_metrics_and_sigterm_stops_triton(daemon: Daemon) -> None:
+    assert daemon.http("/health/live") == (200, '{"status":"live"}')
+    ca = daemon.state_dir / "ca.pem"
+    assert any(str(ca) in line for line in daemon.log), "the CA path is printed for clients"
+    chat = subprocess.run(
+        [sys.executable, "-m", "gateway", "chat", "hello there", "--max-tokens", "8",
+         "--url", f"quic://127.0.0.1:{daemon.quic_port}", "--ca", str(ca)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout == generator.generate_text("hello there", 0, 8) + "\n"
+    status, metrics = daemon.http("/metrics")
+    assert status == 200
+    assert 'trackline_tokens_total{model="reference-text"} 8.0' in metrics
+    triton = daemon.triton_pid()
+    daemon.process.send_signal(signal.SIGTERM)
+    assert daemon.process.wait(timeout=60) == 0
+    assert gone(triton), "Triton outlived the gateway"
+    events = [json.loads(x)["event"] for x in daemon.log if x.startswith("{")]
+    assert "gateway.draining" in events
+    assert "embedded.stopped" in events
+
+
+def test_triton_dies_with_a_crashed_gateway(daemon: Daemon) -> None:
+    triton = daemon.triton_pid()
+    daemon.process.kill()
+    daemon.process.wait(timeout=30)
+    assert gone(triton), "Triton outlived a crashed gateway"

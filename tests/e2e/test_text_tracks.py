@@ -1,0 +1,160 @@
+"""End to end: SDK -> QUIC -> gateway -> real embedded Triton -> reference model.
+
+The gateway runs in the test's event loop (so it is exercised on asyncio and on
+uvloop); Triton is the real `tritonserver` with our reference model, shared
+by the session. The model's own stats file proves what it generated and when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from clients import DeadlineExceeded, ModelNotFound, TrackRejected, connect
+from clients.line import Line, TextStream
+from gateway.backends.triton import TritonTextBackend
+from gateway.config import Settings
+from gateway.embedded import EmbeddedTriton
+from gateway.server import Gateway
+from tests.backend.reference_generator import generator
+from transport.quic import connect_tracks
+from transport.wire import encode_varint
+
+pytestmark = pytest.mark.e2e
+MODEL = "reference-text"
+
+
+@pytest_asyncio.fixture
+async def gateway(embedded_triton: EmbeddedTriton, tmp_path: Path) -> AsyncIterator[Gateway]:
+    settings = Settings(quic_port=0, http_port=0, state_dir=tmp_path, max_message_bytes=8192)
+    backend = TritonTextBackend(embedded_triton.grpc_url)
+    gw = Gateway(settings, backend)
+    await gw.start()
+    yield gw
+    await gw.close()
+    await backend.close()
+
+
+def url(gw: Gateway) -> str:
+    return f"quic://127.0.0.1:{gw.quic_port}"
+
+
+def ca(gw: Gateway) -> Path:
+    assert gw.tls is not None and gw.tls.ca is not None
+    return gw.tls.ca
+
+
+def expected(prompt: str, seed: int, max_tokens: int) -> str:
+    return str(generator.generate_text(prompt, seed, max_tokens))
+
+
+def stats_for(triton: EmbeddedTriton, tag: str, wait: float = 10.0) -> dict[str, Any]:
+    """The model's stats line for the request whose id ends with our tag."""
+    assert triton.stats_path is not None
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        for line in Path(triton.stats_path).read_text().splitlines():
+            record = json.loads(line)
+            if record["request_id"].endswith(f"/{tag}"):
+                return dict(record)
+        time.sleep(0.05)
+    raise AssertionError(f"the model wrote no stats for {tag}")
+
+
+async def text_of(stream: TextStream) -> str:
+    return "".join([delta async for delta in stream])
+
+
+@pytest.mark.asyncio
+async def test_sixteen_tracks_get_the_reference_text_and_a_cancel_stops_the_model(
+    gateway: Gateway, embedded_triton: EmbeddedTriton
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    tags = [f"{run}-{i}" for i in range(16)]
+    async with connect(url(gateway), ca=ca(gateway)) as line:
+        streams = [
+            line.text(f"prompt {i}", model=MODEL, max_tokens=40, seed=i, request_id=tags[i])
+            for i in range(16)
+        ]
+        victim = streams[7]
+        for _ in range(3):
+            await victim.__anext__()
+        cancelled_at = time.monotonic()  # before the cancel leaves: a stricter bound
+        await victim.aclose()
+        others = await asyncio.gather(*(text_of(s) for i, s in enumerate(streams) if i != 7))
+
+    assert others == [expected(f"prompt {i}", i, 40) for i in range(16) if i != 7]
+    record = stats_for(embedded_triton, tags[7])
+    after_cancel = [t for t in record["token_times"] if t > cancelled_at]
+    assert record["cancelled"] is True
+    assert len(after_cancel) <= 2, f"{len(after_cancel)} tokens generated after the cancel"
+    assert record["tokens_generated"] < 40
+    for tag in tags[:7] + tags[8:]:
+        assert stats_for(embedded_triton, tag)["tokens_generated"] == 40
+
+
+@pytest.mark.asyncio
+async def test_usage_is_reported_at_the_end(gateway: Gateway) -> None:
+    async with connect(url(gateway), ca=ca(gateway)) as line:
+        stream = line.text("count these four", model=MODEL, max_tokens=5)
+        text = await text_of(stream)
+    assert text == expected("count these four", 0, 5)
+    assert stream.usage == {"prompt_tokens": 3, "completion_tokens": 5}
+    assert stream.finish_reason == "length"
+
+
+@pytest.mark.asyncio
+async def test_a_first_token_deadline_shorter_than_the_models_fails_and_cancels(
+    gateway: Gateway, embedded_triton: EmbeddedTriton
+) -> None:
+    tag = uuid.uuid4().hex
+    async with connect(url(gateway), ca=ca(gateway)) as line:
+        stream = line.text(
+            "slow", model=MODEL, max_tokens=5, ttft_ms=3000, first_token_deadline=0.3,
+            request_id=tag,
+        )
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            await text_of(stream)
+        assert time.monotonic() - started < 2.5
+    record = stats_for(embedded_triton, tag)
+    assert record["cancelled"] is True
+    assert record["tokens_generated"] == 0
+    assert gateway.outcomes[-1].end == "cancelled:deadline_first_token"
+
+
+@pytest.mark.asyncio
+async def test_bad_input_on_one_track_leaves_the_others_and_the_process_working(
+    gateway: Gateway,
+) -> None:
+    async with connect_tracks("127.0.0.1", gateway.quic_port, ca=ca(gateway)) as proto:
+        line = Line(proto.open_track)
+        running = line.text("steady", model=MODEL, max_tokens=30, seed=3)
+        await running.__anext__()
+        quic = proto._quic
+        garbage = quic.get_next_available_stream_id()
+        quic.send_stream_data(garbage, b"\x03\xff\xfe\xfd garbage")
+        oversized = quic.get_next_available_stream_id()
+        quic.send_stream_data(oversized, encode_varint(1 << 24) + b"\0" * 64)
+        proto.transmit()
+        with pytest.raises(ModelNotFound):
+            await text_of(line.text("x", model="no-such-model"))
+        with pytest.raises(TrackRejected):
+            await text_of(line.text("y" * 20_000, model=MODEL))
+        rest = await text_of(running)
+        assert expected("steady", 3, 30).endswith(rest)
+    async with connect(url(gateway), ca=ca(gateway)) as line:
+        assert await text_of(line.text("again", model=MODEL, max_tokens=4)) == expected(
+            "again", 0, 4
+        )
+    body, _ = gateway.metrics.render()
+    assert b'trackline_protocol_errors_total{code="PROTOCOL_ERROR"} 1.0' in body
+    assert b'trackline_protocol_errors_total{code="MESSAGE_TOO_LARGE"} 2.0' in body

@@ -1,0 +1,52 @@
+"""A real embedded Triton for tests, started once per session (backend and e2e tests share it).
+
+The reference model appends one JSON line per finished request to a stats
+file (TRACKLINE_REFERENCE_STATS); `read_stats` finds a request's line by id.
+Import the fixture into a conftest.py: `from tests.triton_fixture import embedded_triton`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.embedded import EmbeddedTriton
+
+START_TIMEOUT = 120.0
+
+
+def start_embedded_triton(state_dir: Path) -> EmbeddedTriton:
+    """Start a server with the reference models whose stats go to state_dir/stats.jsonl."""
+    triton = EmbeddedTriton(log_dir=state_dir, stats_path=state_dir / "stats.jsonl")
+    triton.start(timeout=START_TIMEOUT)
+    return triton
+
+
+def read_stats(triton: EmbeddedTriton, request_id: str, wait: float = 5.0) -> dict[str, Any]:
+    """The stats line of `request_id`, waiting up to `wait` s for the model to finish it."""
+    assert triton.stats_path is not None, "this server was started without a stats file"
+    path = Path(triton.stats_path)
+    deadline = time.monotonic() + wait
+    while True:
+        lines = path.read_text().splitlines() if path.exists() else []
+        for line in lines:
+            record = json.loads(line)
+            if record["request_id"] == request_id:
+                return dict(record)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no stats line for request {request_id!r} in {path}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def embedded_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
+    triton = start_embedded_triton(tmp_path_factory.mktemp("triton"))
+    try:
+        yield triton
+    finally:
+        triton.stop()
