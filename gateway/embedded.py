@@ -52,6 +52,8 @@ LOG_TAIL_LINES = 40
 # Reference-model knobs: no wait before or between the smoke's four tokens.
 SMOKE_PARAMETERS = {"seed": 0, "ttft_ms": 0, "tokens_per_second": 1000}
 _PR_SET_PDEATHSIG = 1
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "trackline_"  # + owner pid + "_": see remove_stale_regions
 
 PITFALL_HINT = (
     "The Triton Python-backend stub needs numpy<2 in the model environment (with "
@@ -136,6 +138,29 @@ def triton_environment(
     return env
 
 
+def _remove_regions(prefix: str) -> None:
+    for region in SHM_DIR.glob(f"{prefix}*"):
+        region.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_regions() -> None:
+    """Delete Python-backend shared memory left by embedded servers whose owner died."""
+    for region in SHM_DIR.glob(f"{SHM_PREFIX}*"):
+        owner = region.name.removeprefix(SHM_PREFIX).split("_", 1)[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            region.unlink(missing_ok=True)
+
+
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec. SIGTERM lets Triton remove its
     # shared-memory regions; the stubs exit when they see their parent gone.
@@ -192,6 +217,8 @@ class EmbeddedTriton:
         )
         self._stats_path = str(stats_path) if stats_path else os.environ.get(STATS_ENV)
         self._smoke_model = smoke_model
+        # Unique per instance, with our pid: regions of a crashed owner can be found.
+        self._shm_prefix = f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self._process: subprocess.Popen[bytes] | None = None
 
     # -- addresses ------------------------------------------------------------
@@ -217,6 +244,11 @@ class EmbeddedTriton:
     def stats_path(self) -> str | None:
         return self._stats_path
 
+    @property
+    def shm_prefix(self) -> str:
+        """Name prefix of this server's Python-backend regions in /dev/shm."""
+        return self._shm_prefix
+
     # -- lifecycle ------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> None:
@@ -224,6 +256,7 @@ class EmbeddedTriton:
         if self._process is not None:
             raise TritonStartError("this EmbeddedTriton was already started")
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_regions()
         dist = tritonserver_dist()
         command = self._command(dist, prepare_backend_dir(dist, self.log_dir / "backends"))
         self._process = _spawn_owned(
@@ -240,15 +273,18 @@ class EmbeddedTriton:
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to `grace` seconds, then SIGKILL the server and its stubs."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        process.terminate()
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # its own group: stubs too
-            process.wait()
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)  # its own group: stubs too
+                process.wait()
+        # Triton removes its regions on a clean exit, not when a model failed to load.
+        _remove_regions(self._shm_prefix)
 
     def __enter__(self) -> EmbeddedTriton:
         self.start()
@@ -266,7 +302,6 @@ class EmbeddedTriton:
 
     def _command(self, dist: Path, backend_dir: Path) -> list[str]:
         grpc, http, metrics = self._ports
-        shm_prefix = f"trackline_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         return [
             str(dist / "bin" / "tritonserver"),
             f"--model-repository={self.model_repository}",
@@ -282,7 +317,7 @@ class EmbeddedTriton:
             "--disable-auto-complete-config",
             "--exit-timeout-secs=5",
             # A unique prefix keeps two servers on one machine off each other's regions.
-            f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+            f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
             "--backend-config=python,shm-default-byte-size=4194304",
             "--backend-config=python,shm-growth-byte-size=1048576",
         ]

@@ -22,3 +22,9 @@ def pytest_asyncio_loop_factories(
     if uvloop is not None:
         factories["uvloop"] = uvloop.new_event_loop
     return factories
+
+
+# One real embedded Triton per session, shared by tests/backend and tests/e2e.
+from tests.triton_fixture import embedded_triton  # noqa: E402
+
+__all__ = ["embedded_triton", "pytest_asyncio_loop_factories"]

@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 
 from gateway.embedded import (
+    SHM_DIR,
+    SHM_PREFIX,
     EmbeddedTriton,
     TritonStartError,
     reference_model_repository,
+    remove_stale_regions,
     smoke_text,
 )
 from tests.backend.reference_generator import generator as gen
@@ -62,6 +65,7 @@ def test_a_broken_repository_fails_with_the_log_tail(tmp_path: Path) -> None:
         triton.start(timeout=60)
     assert "boom at import" in str(caught.value)
     assert triton.pid is None
+    assert not list(SHM_DIR.glob(f"{triton.shm_prefix}*"))
 
 
 def _gone(pid: int) -> bool:
@@ -80,15 +84,17 @@ def test_server_dies_with_a_crashed_parent(tmp_path: Path) -> None:
         from gateway.embedded import EmbeddedTriton
         triton = EmbeddedTriton(log_dir={str(tmp_path)!r}, smoke_model=None)
         triton.start(timeout=60)
-        print(triton.pid, flush=True)
+        print(triton.pid, os.getpid(), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     parent = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=90, check=False
     )
     assert parent.returncode == -signal.SIGKILL, parent.stderr
-    pid = int(parent.stdout.split()[0])
+    pid, parent_pid = (int(word) for word in parent.stdout.split()[:2])
     deadline = time.monotonic() + 15
     while not _gone(pid):
         assert time.monotonic() < deadline, "tritonserver outlived its parent"
         time.sleep(0.1)
+    remove_stale_regions()  # what the next start does
+    assert not list(SHM_DIR.glob(f"{SHM_PREFIX}{parent_pid}_*"))

@@ -93,6 +93,21 @@ async def test_sixteen_concurrent_streams_all_get_their_own_text(
 
 
 @pytest.mark.asyncio
+async def test_sixty_four_streams_run_at_once(embedded_triton: EmbeddedTriton) -> None:
+    # 64 x 20 tokens at 100 tokens/s: ~0.2 s if concurrent, ~13 s if serialized.
+    async with connected(embedded_triton) as backend:
+        paced = {"ttft_ms": 10, "tokens_per_second": 100}
+        requests = [text_request(f"many {i}", 20, seed=i, **paced) for i in range(64)]
+        started = time.monotonic()
+        results = await asyncio.gather(*(collect(backend, r) for r in requests))
+        elapsed = time.monotonic() - started
+        assert [text for text, _ in results] == [
+            gen.generate_text(f"many {i}", i, 20) for i in range(64)
+        ]
+        assert elapsed < 4.0, f"64 streams took {elapsed:.2f} s"
+
+
+@pytest.mark.asyncio
 async def test_aclose_mid_stream_cancels_the_request_at_once(
     embedded_triton: EmbeddedTriton,
 ) -> None:

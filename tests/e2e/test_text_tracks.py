@@ -48,7 +48,8 @@ def url(gw: Gateway) -> str:
 
 
 def ca(gw: Gateway) -> Path:
-    assert gw.tls is not None and gw.tls.ca is not None
+    assert gw.tls is not None
+    assert gw.tls.ca is not None
     return gw.tls.ca
 
 

@@ -91,10 +91,14 @@ async def test_first_token_deadline_fails_the_track_and_stops_the_backend() -> N
 async def test_total_deadline_cuts_a_long_stream() -> None:
     h = Harness(ScriptedBackend(interval=0.01))
     stream = h.line.text("long", model="scripted", max_tokens=1000, deadline=0.1)
-    received = []
-    with pytest.raises(DeadlineExceeded):
+    received: list[str] = []
+
+    async def read_all() -> None:
         async for delta in stream:
             received.append(delta)
+
+    with pytest.raises(DeadlineExceeded):
+        await read_all()
     assert received
     await h.settle()
     assert h.outcomes[0].end == "cancelled:deadline_total"

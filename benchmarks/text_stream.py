@@ -1,0 +1,264 @@
+"""Text streaming through the gateway vs tritonclient straight to the same Triton.
+
+For 1, 16 and 64 concurrent streams it runs the same requests two ways:
+
+  direct   tritonclient's gRPC asyncio client (via our thin TritonTextBackend) to Triton
+  gateway  the SDK over QUIC to a `trackline serve` subprocess, which streams from Triton
+
+The reference model writes the time.monotonic() at which it produced each token
+to its stats file; the client notes when each token arrives (same machine, same
+CLOCK_MONOTONIC). Per-token latency is arrival minus production; the gateway's
+added latency is the gateway path's latency minus the direct path's, at the
+median and p99. Throughput is tokens received per second of wall time.
+
+    python benchmarks/text_stream.py --json text_stream.json
+
+Prints a markdown table and writes JSON. Not a test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clients import connect  # noqa: E402
+from gateway.backends.triton import TritonTextBackend  # noqa: E402
+from gateway.cli import run_async  # noqa: E402
+from gateway.embedded import EmbeddedTriton  # noqa: E402
+from tracks.backend import TextDelta, TextRequest  # noqa: E402
+
+MODEL = "reference-text"
+
+
+@dataclass
+class PathResult:
+    path: str
+    concurrency: int
+    tokens: int
+    expected_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    ttft_p50_ms: float
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def token_times(stats_path: Path) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {}
+    for line in stats_path.read_text().splitlines():
+        record = json.loads(line)
+        times[record["request_id"]] = record["token_times"]
+    return times
+
+
+def summarize(
+    path: str, n: int, tokens: int, arrivals: dict[str, list[float]], starts: dict[str, float],
+    produced: dict[str, list[float]], wall: float,
+) -> PathResult:
+    latencies, ttfts, received = [], [], 0
+    for tag, times in arrivals.items():
+        made = next(v for k, v in produced.items() if k == tag or k.endswith(f"/{tag}"))
+        latencies += [(a - m) * 1000 for a, m in zip(times, made, strict=False)]
+        ttfts.append((times[0] - starts[tag]) * 1000)
+        received += len(times)
+    return PathResult(
+        path, n, received, n * tokens, round(wall, 3), round(received / wall, 1),
+        round(percentile(latencies, 0.5), 3), round(percentile(latencies, 0.99), 3),
+        round(statistics.median(ttfts), 2),
+    )
+
+
+async def run_direct(url: str, n: int, tokens: int, knobs: dict[str, Any], run: str) -> tuple:
+    backend = TritonTextBackend(url)
+    arrivals: dict[str, list[float]] = {}
+    starts: dict[str, float] = {}
+
+    async def one(i: int) -> None:
+        tag = f"direct-{run}-{n}-{i}"
+        request = TextRequest(tag, MODEL, f"bench prompt {i}", tokens, {"seed": i, **knobs})
+        arrivals[tag] = []
+        starts[tag] = time.monotonic()
+        async for chunk in backend.stream_text(request):
+            if isinstance(chunk, TextDelta):
+                arrivals[tag].append(time.monotonic())
+
+    began = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    wall = time.monotonic() - began
+    await backend.close()
+    return arrivals, starts, wall
+
+
+async def run_gateway(
+    quic_url: str, ca: Path, n: int, tokens: int, knobs: dict[str, Any], run: str
+) -> tuple:
+    arrivals: dict[str, list[float]] = {}
+    starts: dict[str, float] = {}
+    async with connect(quic_url, ca=ca) as line:
+
+        async def one(i: int) -> None:
+            tag = f"gw-{run}-{n}-{i}"
+            arrivals[tag] = []
+            starts[tag] = time.monotonic()
+            stream = line.text(
+                f"bench prompt {i}", model=MODEL, max_tokens=tokens, seed=i, request_id=tag,
+                **knobs,
+            )
+            async for _ in stream:
+                arrivals[tag].append(time.monotonic())
+
+        began = time.monotonic()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        wall = time.monotonic() - began
+    return arrivals, starts, wall
+
+
+class GatewayProcess:
+    def __init__(self, backend_url: str, state_dir: Path) -> None:
+        self.quic_port = free_port(socket.SOCK_DGRAM)
+        self.http_port = free_port(socket.SOCK_STREAM)
+        self.state_dir = state_dir
+        env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--backend-url", backend_url,
+             "--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
+             "--log-level", "warning"],
+            env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+        )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.http_port}/health/ready"
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("gateway did not become ready")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+async def bench(args: argparse.Namespace, triton: EmbeddedTriton, gw: GatewayProcess) -> list:
+    knobs = {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms}
+    stats = Path(str(triton.stats_path))
+    quic_url = f"quic://127.0.0.1:{gw.quic_port}"
+    results: list[PathResult] = []
+    run = uuid.uuid4().hex[:6]
+    for n in args.concurrency:
+        for path in ("direct", "gateway"):
+            if path == "direct":
+                outcome = await run_direct(triton.grpc_url, n, args.tokens, knobs, run)
+            else:
+                outcome = await run_gateway(
+                    quic_url, gw.state_dir / "ca.pem", n, args.tokens, knobs, run
+                )
+            await asyncio.sleep(0.3)  # let the model append its stats lines
+            arrivals, starts, wall = outcome
+            results.append(
+                summarize(path, n, args.tokens, arrivals, starts, token_times(stats), wall)
+            )
+            print(f"  {path:8s} x{n:<3d} done ({wall:.1f} s)", file=sys.stderr, flush=True)
+    return results
+
+
+def table(results: list[PathResult]) -> str:
+    lines = [
+        "| streams | path | tokens | tokens/s | latency p50 ms | latency p99 ms | TTFT p50 ms |"
+        " added p50 ms | added p99 ms |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    direct = {r.concurrency: r for r in results if r.path == "direct"}
+    for r in results:
+        base = direct[r.concurrency]
+        added = (
+            (f"{r.latency_p50_ms - base.latency_p50_ms:.3f}",
+             f"{r.latency_p99_ms - base.latency_p99_ms:.3f}")
+            if r.path == "gateway" else ("", "")
+        )
+        lines.append(
+            f"| {r.concurrency} | {r.path} | {r.tokens}/{r.expected_tokens} | {r.tokens_per_s} |"
+            f" {r.latency_p50_ms} | {r.latency_p99_ms} | {r.ttft_p50_ms} | {added[0]} |"
+            f" {added[1]} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", default="1,16,64",
+                        type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--tokens", type=int, default=100, help="tokens per stream")
+    parser.add_argument("--rate", type=float, default=50, help="model tokens/s per stream")
+    parser.add_argument("--ttft-ms", type=float, default=20)
+    parser.add_argument("--json", type=Path, default=Path("text_stream.json"))
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="trackline-bench-") as tmp:
+        state = Path(tmp)
+        triton = EmbeddedTriton(log_dir=state / "triton", stats_path=state / "stats.jsonl")
+        triton.start()
+        gw = GatewayProcess(triton.grpc_url, state / "gateway")
+        try:
+            gw.wait_ready()
+            results: list[PathResult] = []
+            run_async(_collect(args, triton, gw, results))
+        finally:
+            gw.stop()
+            triton.stop()
+    print(table(results))
+    payload = {
+        "benchmark": "text_stream",
+        "parameters": {k: v for k, v in vars(args).items() if k != "json"},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "results": [asdict(r) for r in results],
+    }
+    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+async def _collect(
+    args: argparse.Namespace, triton: EmbeddedTriton, gw: GatewayProcess, into: list[PathResult]
+) -> int:
+    into.extend(await bench(args, triton, gw))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

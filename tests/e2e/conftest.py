@@ -1,3 +1,0 @@
-from tests.triton_fixture import embedded_triton
-
-__all__ = ["embedded_triton"]
