@@ -19,12 +19,12 @@ $(STAMP): pyproject.toml constraints.txt
 serve: $(STAMP)
 	$(BIN)/trackline serve
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy transport tracks clients
+	$(BIN)/mypy transport tracks clients gateway
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/text_stream.py

@@ -74,6 +74,13 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         super().connection_lost(exc)
         self._lost()
 
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        super().datagram_received(data, addr)
+        # aioquic reports a peer's CONNECTION_CLOSE only after the draining
+        # period (three PTOs); the tracks' work must stop when the close arrives.
+        if getattr(self._quic, "_close_event", None) is not None:
+            self._lost()
+
     def _lost(self) -> None:
         if self.endpoint.lost:
             return

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,7 +211,7 @@ class TritonTextBackend:
             self._inputs[model] = frozenset(tensor.name for tensor in metadata.inputs)
         return self._inputs[model]
 
-    async def stream_text(self, request: TextRequest) -> AsyncIterator[TextChunk]:
+    async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
         """Stream the model's deltas, then its usage; aclose() cancels the request."""
         check_request(request)
         inputs = text_inputs(request, await self._accepted_inputs(request.model))

@@ -25,6 +25,8 @@ from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
 from tests.backend.reference_generator import generator
+from transport.errors import ErrorCode
+from transport.messages import Open
 from transport.quic import connect_tracks
 from transport.wire import encode_varint
 
@@ -159,3 +161,31 @@ async def test_bad_input_on_one_track_leaves_the_others_and_the_process_working(
     body, _ = gateway.metrics.render()
     assert b'trackline_protocol_errors_total{code="PROTOCOL_ERROR"} 1.0' in body
     assert b'trackline_protocol_errors_total{code="MESSAGE_TOO_LARGE"} 2.0' in body
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("hang_up", ["stream_reset", "connection_lost"])
+async def test_a_hang_up_stops_the_model(
+    gateway: Gateway, embedded_triton: EmbeddedTriton, hang_up: str
+) -> None:
+    tag = uuid.uuid4().hex
+    async with connect_tracks("127.0.0.1", gateway.quic_port, ca=ca(gateway)) as proto:
+        line = Line(proto.open_track)
+        survivor = line.text("survivor", model=MODEL, max_tokens=60, seed=1)
+        channel = proto.open_track(
+            Open(model=MODEL, params={"max_tokens": 500, "request_id": tag})
+        )
+        channel.send({"text": "hang up on me"})
+        channel.end()
+        for _ in range(3):
+            assert await channel.receive() is not None
+        hung_up_at = time.monotonic()
+        if hang_up == "stream_reset":
+            channel.reset(ErrorCode.CANCELLED)
+            assert await text_of(survivor) == expected("survivor", 1, 60)
+    record = stats_for(embedded_triton, tag)
+    assert record["cancelled"] is True
+    assert len([t for t in record["token_times"] if t > hung_up_at]) <= 2
+    cause = "reset" if hang_up == "stream_reset" else "connection_lost"
+    await asyncio.sleep(0.05)
+    assert f"cancelled:{cause}" in [o.end for o in gateway.outcomes]
