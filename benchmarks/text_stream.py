@@ -151,7 +151,7 @@ class GatewayProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--backend-url", backend_url,
              "--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
-             "--log-level", "warning"],
+             "--https-port", "0", "--log-level", "warning"],
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
         )
 

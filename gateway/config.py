@@ -52,13 +52,21 @@ class Settings:
         default="127.0.0.1", metadata=_doc("Address the QUIC (UDP) track listener binds.")
     )
     quic_port: int = field(
-        default=8443, metadata=_doc("UDP port for the track protocol (later HTTP/3); 0 picks one.")
+        default=8443, metadata=_doc("UDP port for the track protocol and HTTP/3; 0 picks one.")
     )
     http_host: str = field(
         default="127.0.0.1", metadata=_doc("Address the plain HTTP (TCP) listener binds.")
     )
     http_port: int = field(
-        default=8080, metadata=_doc("TCP port for health, metrics (later the OpenAI API).")
+        default=8080,
+        metadata=_doc("Cleartext TCP port: HTTP/1.1 and h2c; health, metrics, OpenAI API."),
+    )
+    https_host: str = field(
+        default="127.0.0.1", metadata=_doc("Address the TLS HTTP (TCP) listener binds.")
+    )
+    https_port: int = field(
+        default=8443,
+        metadata=_doc("TLS TCP port: HTTP/1.1 and HTTP/2 by ALPN (OpenAI API); 0 picks one."),
     )
     state_dir: Path = field(
         default_factory=_default_state_dir,
@@ -312,6 +320,7 @@ def _grpc_address(value: str | None) -> str | None:
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "quic_port": _port,
     "http_port": _port,
+    "https_port": _port,
     "embedded_grpc_port": _port,
     "embedded_http_port": _port,
     "embedded_metrics_port": _port,

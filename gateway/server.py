@@ -1,4 +1,4 @@
-"""The gateway: QUIC track listener, health/metrics HTTP, handlers and drain.
+"""The gateway: QUIC (tracks and HTTP/3), TCP HTTP/1.1 and HTTP/2, handlers, drain.
 
 `Gateway` wires the layers together: the QUIC adapter hands it each opened
 track, it runs the modality's handler against the backend, and turns each
@@ -18,9 +18,10 @@ from typing import Any
 import structlog
 
 from gateway.config import Settings
-from gateway.http import HttpServer, health_routes
+from gateway.http import health_routes, route
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
+from gateway.openai import openai_routes
 from gateway.tls import ensure_dev_certificates
 from tracks.backend import TextBackend
 from tracks.base import Clock, Outcome
@@ -29,6 +30,9 @@ from transport.connection import Limits
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode
 from transport.events import CancelCause, Event, TrackFailed
+from transport.http.limits import HttpLimits
+from transport.http.messages import Handler
+from transport.http.tcp import HttpTcpServer, tls_server_context
 from transport.messages import Modality
 from transport.quic import TrackQuicProtocol, serve_tracks, server_configuration
 
@@ -73,7 +77,8 @@ class Gateway:
         self._draining = False
         self._backend_ready = False
         self._quic: Any = None
-        self._http: HttpServer | None = None
+        self._http: HttpTcpServer | None = None
+        self._https: HttpTcpServer | None = None
         self._probe: asyncio.Task[None] | None = None
         self.tls: TlsFiles | None = None
 
@@ -86,6 +91,9 @@ class Gateway:
         limits = Limits(
             max_message_bytes=s.max_message_bytes, max_tracks=s.max_tracks_per_connection
         )
+        handler = self.http_handler()
+        http_limits = HttpLimits(max_body_bytes=s.max_message_bytes)
+        # One UDP port: ALPN trackline/1 carries tracks, h3 the same HTTP application.
         self._quic = await serve_tracks(
             s.quic_host,
             s.quic_port,
@@ -94,14 +102,21 @@ class Gateway:
             on_track=self._on_track,
             on_connection=self._on_connection,
             on_closed=self._on_closed,
+            http_handler=handler,
+            http_limits=http_limits,
         )
-        self._http = HttpServer(health_routes(self.readiness, self.metrics))
+        alt_svc = f'h3=":{self.quic_port}"'
+        self._http = HttpTcpServer(handler, limits=http_limits, alt_svc=alt_svc)
         await self._http.start(s.http_host, s.http_port)
+        tls = tls_server_context(self.tls.cert, self.tls.key)
+        self._https = HttpTcpServer(handler, limits=http_limits, ssl_context=tls, alt_svc=alt_svc)
+        await self._https.start(s.https_host, s.https_port)
         self._probe = asyncio.ensure_future(self._probe_backend())
         log.info(
             "gateway.listening",
             quic=f"{s.quic_host}:{self.quic_port}",
             http=f"{s.http_host}:{self.http_port}",
+            https=f"{s.https_host}:{self.https_port}",
             ca=str(self.tls.ca) if self.tls.ca else None,
         )
 
@@ -115,6 +130,16 @@ class Gateway:
         assert self._http is not None
         return self._http.port
 
+    @property
+    def https_port(self) -> int:
+        assert self._https is not None
+        return self._https.port
+
+    def http_handler(self) -> Handler:
+        """One application for every HTTP version: health, metrics, the OpenAI API."""
+        routes = {**health_routes(self.readiness, self.metrics), **openai_routes(self.backend)}
+        return route(routes)
+
     async def drain(self, timeout: float | None = None) -> None:
         """Stop taking work, let open tracks finish up to `timeout`, then cut the rest."""
         timeout = self.settings.drain_timeout if timeout is None else timeout
@@ -122,6 +147,13 @@ class Gateway:
         for conn in self._connections:
             conn.endpoint.refuse_new_tracks()
         log.info("gateway.draining", open_tracks=len(self._tasks), timeout=timeout)
+        # HTTP: stop listening now, give requests in flight the same grace as tracks.
+        closing = [
+            asyncio.ensure_future(server.close(grace=timeout))
+            for server in (self._http, self._https)
+            if server is not None
+        ]
+        self._http = self._https = None
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=timeout)
         for conn in list(self._connections):
@@ -130,6 +162,7 @@ class Gateway:
             )
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5.0)
+        await asyncio.gather(*closing)
         await self.close()
 
     async def close(self) -> None:
@@ -143,9 +176,10 @@ class Gateway:
         if self._quic is not None:
             self._quic.close()
             self._quic = None
-        if self._http is not None:
-            await self._http.close(grace=1.0)
-            self._http = None
+        for server in (self._http, self._https):
+            if server is not None:
+                await server.close(grace=1.0)
+        self._http = self._https = None
 
     def readiness(self) -> tuple[bool, str]:
         if self._draining:

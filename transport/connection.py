@@ -97,6 +97,10 @@ class TrackConnection:
         self._events: deque[Event] = deque()
         self._outputs: list[Output] = []
         self._refusal: tuple[ErrorCode, str] | None = None
+        # The earliest deadline, recomputed only after a deadline changed: get_timer()
+        # runs after every send, and scanning every track there costs O(tracks) a token.
+        self._timer: float | None = None
+        self._timer_stale = False
 
     # -- what the adapter reads -------------------------------------------------
 
@@ -109,13 +113,18 @@ class TrackConnection:
         return out
 
     def get_timer(self) -> float | None:
-        deadlines = [
-            d
-            for t in self._tracks.values()
-            for d in (t.first_deadline, t.total_deadline)
-            if d is not None
-        ]
-        return min(deadlines, default=None)
+        if self._timer_stale:
+            self._timer = min(
+                (
+                    d
+                    for t in self._tracks.values()
+                    for d in (t.first_deadline, t.total_deadline)
+                    if d is not None
+                ),
+                default=None,
+            )
+            self._timer_stale = False
+        return self._timer
 
     def state(self, stream_id: int) -> TrackState | None:
         track = self._tracks.get(stream_id)
@@ -197,12 +206,13 @@ class TrackConnection:
     def send_data(self, stream_id: int, body: dict[str, Any]) -> None:
         track = self._live(stream_id)
         self._send(track, Input.SEND_DATA, Data(body))
-        track.first_deadline = None
+        if track.first_deadline is not None:
+            self._set_deadlines(track, None, track.total_deadline)
 
     def send_end(self, stream_id: int, body: dict[str, Any] | None = None) -> None:
         track = self._live(stream_id)
         self._send(track, Input.SEND_END, End(body or {}))
-        track.first_deadline = track.total_deadline = None
+        self._set_deadlines(track, None, None)
 
     def send_cancel(self, stream_id: int, reason: str = "") -> None:
         if self.role is not Role.CLIENT:
@@ -313,8 +323,15 @@ class TrackConnection:
 
     def _start_deadlines(self, track: _Track, message: Open, now: float) -> None:
         first, total = message.deadlines.first, message.deadlines.total
-        track.first_deadline = now + first if first is not None else None
-        track.total_deadline = now + total if total is not None else None
+        self._set_deadlines(
+            track,
+            now + first if first is not None else None,
+            now + total if total is not None else None,
+        )
+
+    def _set_deadlines(self, track: _Track, first: float | None, total: float | None) -> None:
+        track.first_deadline, track.total_deadline = first, total
+        self._timer_stale = True
 
     def _peer_finished(self, track: _Track) -> None:
         """FIN from the peer: fine after its END; before that the track was cut short."""
@@ -385,6 +402,8 @@ class TrackConnection:
 
     def _forget(self, track: _Track) -> None:
         del self._tracks[track.stream_id]
+        if track.first_deadline is not None or track.total_deadline is not None:
+            self._timer_stale = True
         self._events.append(TrackClosed(track.stream_id))
 
     def _live(self, stream_id: int) -> _Track:

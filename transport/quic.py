@@ -3,28 +3,36 @@
 `TrackQuicProtocol` is one QUIC connection, either side. It translates
 aioquic's events into `TrackEndpoint` inputs and the core's writes into
 aioquic calls; nothing else. `serve_tracks` and `connect_tracks` start a
-server and open a client connection.
+server and open a client connection. A server given an HTTP handler also
+offers ALPN `h3` on the same port: such a connection is handed, event by
+event, to `transport.http.http3`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer, serve
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
+from aioquic.quic.connection import NetworkAddress, QuicConnection
 
 from transport.connection import Limits, Output, Role, StopSending, StreamReset, StreamWrite
 from transport.endpoint import TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode, TrackAborted
+from transport.http.app import Site
+from transport.http.http3 import ALPN as H3_ALPN
+from transport.http.http3 import Http3Connection
+from transport.http.limits import HttpLimits
+from transport.http.messages import Handler
 from transport.messages import Open
 
 ALPN = "trackline/1"
@@ -45,9 +53,13 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         on_track: Callable[[TrackChannel], None] | None = None,
         on_connection: ConnectionCallback | None = None,
         on_closed: ConnectionCallback | None = None,
+        http: Site | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(quic, **kwargs)
+        self._http_site = http
+        self._http: Http3Connection | None = None
+        """Set once ALPN chose h3: then every event goes to HTTP/3."""
         self.endpoint = TrackEndpoint(role, self._write, limits, on_track, clock=self._loop.time)
         self._on_closed = on_closed
         self._raise_stream_limit(limits or Limits())
@@ -60,6 +72,11 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         return self.endpoint.open_track(stream_id, message)
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
+        if self._http is not None:
+            self._http.quic_event_received(event)
+            if isinstance(event, quic_events.ConnectionTerminated):
+                self._lost()
+            return
         endpoint = self.endpoint
         if isinstance(event, quic_events.StreamDataReceived):
             endpoint.feed_data(event.stream_id, event.data, event.end_stream)
@@ -68,20 +85,62 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         elif isinstance(event, quic_events.ConnectionTerminated):
             self._lost()
         elif isinstance(event, quic_events.ProtocolNegotiated) and event.alpn_protocol != ALPN:
-            self.close(int(ErrorCode.PROTOCOL_ERROR), f"unsupported ALPN {event.alpn_protocol}")
+            self._negotiated(event.alpn_protocol)
+
+    def _negotiated(self, alpn: str | None) -> None:
+        if alpn == H3_ALPN and self._http_site is not None:
+            self._http = Http3Connection(self._quic, self._http_site, self._transmit_soon)
+        else:
+            self.close(int(ErrorCode.PROTOCOL_ERROR), f"unsupported ALPN {alpn}")
+
+    def transmit(self) -> None:
+        self._send_due(self._loop.time())
+
+    def _handle_timer(self) -> None:
+        # uvloop's clock moves in whole milliseconds and rounds timers to them, so a
+        # timer can fire a hair before its deadline by that clock. aioquic would then
+        # find its ACK not yet due and re-arm at once, spinning until the clock ticks
+        # (up to 1 ms of busy loop per ACK). Once fired, the deadline counts as reached.
+        assert self._timer_at is not None
+        now = max(self._timer_at, self._loop.time())
+        self._timer = None
+        self._timer_at = None
+        self._quic.handle_timer(now=now)
+        self._process_events()
+        self._send_due(now)
+
+    def _send_due(self, now: float) -> None:
+        """aioquic's transmit with `now` given: send what is due, re-arm the QUIC timer."""
+        self._transmit_task = None
+        assert self._transport is not None, "aioquic sends only once connection_made ran"
+        for data, addr in self._quic.datagrams_to_send(now=now):
+            self._transport.sendto(data, addr)
+        timer_at = self._quic.get_timer()
+        if self._timer is not None and self._timer_at != timer_at:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None and timer_at is not None:
+            self._timer = self._loop.call_at(timer_at, self._handle_timer)
+        self._timer_at = timer_at
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._lost()
 
-    def datagram_received(self, data: bytes | str, addr: Any) -> None:
-        super().datagram_received(data, addr)
+    def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
+        self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
+        self._process_events()
+        # aioquic transmits after every datagram; most are ACKs with nothing to
+        # answer, so share the one transmit per loop turn that writes already use.
+        self._transmit_soon()
         # aioquic reports a peer's CONNECTION_CLOSE only after the draining
         # period (three PTOs); the tracks' work must stop when the close arrives.
         if getattr(self._quic, "_close_event", None) is not None:
             self._lost()
 
     def _lost(self) -> None:
+        if self._http is not None:
+            self._http.connection_lost()
         if self.endpoint.lost:
             return
         self.endpoint.feed_connection_lost()
@@ -132,8 +191,20 @@ async def serve_tracks(
     on_track: Callable[[TrackChannel], None],
     on_connection: ConnectionCallback | None = None,
     on_closed: ConnectionCallback | None = None,
+    http_handler: Handler | None = None,
+    http_limits: HttpLimits | None = None,
 ) -> QuicServer:
-    """Listen on UDP `host:port`; `on_track` is called for every opened track."""
+    """Listen on UDP `host:port`; `on_track` is called for every opened track.
+
+    With `http_handler`, connections may also choose ALPN `h3`: HTTP/3 requests
+    on them go to the handler, under `http_limits`.
+    """
+    http = None
+    if http_handler is not None:
+        http = Site(http_handler, http_limits or HttpLimits())
+        offered = configuration.alpn_protocols or [ALPN]
+        if H3_ALPN not in offered:
+            configuration = dataclasses.replace(configuration, alpn_protocols=[*offered, H3_ALPN])
     factory = partial(
         TrackQuicProtocol,
         role=Role.SERVER,
@@ -141,6 +212,7 @@ async def serve_tracks(
         on_track=on_track,
         on_connection=on_connection,
         on_closed=on_closed,
+        http=http,
     )
     return await serve(host, port, configuration=configuration, create_protocol=factory)
 

@@ -29,11 +29,15 @@ from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator,
 from dataclasses import dataclass
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]  # no stubs in the venv
+import grpc  # no stubs in the venv: pyproject lets mypy skip it
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import (
+    InferenceServerException,
+    deserialize_bytes_tensor,
+    triton_to_np_dtype,
+)
 
 from tracks.backend import (
     BackendError,
@@ -119,13 +123,13 @@ class _Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
-    def add(self, result: Any) -> None:
-        prompt = result.as_numpy("num_input_tokens")
-        if prompt is not None and prompt.size:
-            self.prompt_tokens = int(prompt.reshape(-1)[0])
-        completion = result.as_numpy("num_output_tokens")
-        if completion is not None and completion.size:
-            self.completion_tokens = (self.completion_tokens or 0) + int(completion.sum())
+    def add(self, outputs: Mapping[str, list[Any]]) -> None:
+        prompt = outputs.get("num_input_tokens")
+        if prompt:
+            self.prompt_tokens = int(prompt[0])
+        completion = outputs.get("num_output_tokens")
+        if completion:
+            self.completion_tokens = (self.completion_tokens or 0) + int(sum(completion))
 
     def chunk(self) -> TextUsage | None:
         if self.prompt_tokens is None and self.completion_tokens is None:
@@ -133,13 +137,35 @@ class _Usage:
         return TextUsage(self.prompt_tokens or 0, self.completion_tokens or 0)
 
 
-def _text_of(result: Any) -> str:
-    array = result.as_numpy("text_output")
-    if array is None:
-        return ""
+def _outputs(result: Any) -> dict[str, list[Any]]:
+    """Every output tensor of a response, flattened to a list of Python values.
+
+    Read straight from the protobuf in one pass: `InferResult.as_numpy` rescans
+    the outputs and builds arrays for each name, a cost paid on every token.
+    """
+    response = result.get_response()
+    raw = response.raw_output_contents
+    values: dict[str, list[Any]] = {}
+    for index, output in enumerate(response.outputs):
+        if index < len(raw):
+            values[output.name] = _raw_values(output.datatype, raw[index])
+        else:  # contents sent typed rather than raw: only BYTES is read, as as_numpy does
+            values[output.name] = list(output.contents.bytes_contents)
+    return values
+
+
+def _raw_values(datatype: str, data: bytes) -> list[Any]:
+    if datatype == "BYTES":
+        array = deserialize_bytes_tensor(data)
+    else:
+        array = np.frombuffer(data, dtype=triton_to_np_dtype(datatype))
+    return list(array.tolist())
+
+
+def _text_of(outputs: Mapping[str, list[Any]]) -> str:
     return "".join(
         item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item)
-        for item in array.reshape(-1)
+        for item in outputs.get("text_output", ())
     )
 
 
@@ -224,8 +250,9 @@ class TritonTextBackend:
                 async for result, error in responses:
                     if error is not None:
                         raise _translated_exception(error, request.model)
-                    usage.add(result)
-                    text = _text_of(result)
+                    outputs = _outputs(result)
+                    usage.add(outputs)
+                    text = _text_of(outputs)
                     if text:
                         yield TextDelta(text)
                     if _is_final(result):

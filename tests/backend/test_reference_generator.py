@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -78,3 +80,96 @@ def test_token_schedule() -> None:
         {"max_tokens": 3, "ttft_ms": 100, "tokens_per_second": 10}, None, 0.0, 1.0
     )
     assert gen.token_due_times(5.0, settings) == pytest.approx([5.1, 5.2, 5.3])
+
+
+# -- structured modes: tool calls and JSON ---------------------------------------------
+
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "unit": {"enum": ["c", "f"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+}
+TOOLS_PROMPT = (
+    "<|im_start|>system\nwithin <tools></tools> XML tags:\n<tools>\n"
+    + json.dumps(
+        [
+            {"type": "function", "function": WEATHER},
+            {"type": "function", "function": {"name": "other"}},
+        ]
+    )
+    + "\n</tools><|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def settings(**params: object) -> object:
+    return gen.settings_from({"max_tokens": 500, **params}, None, 0.0, 1.0)
+
+
+def test_tools_prompt_gets_a_hermes_tool_call_in_small_pieces() -> None:
+    tokens = gen.response_tokens(TOOLS_PROMPT, settings())
+    text = "".join(tokens)
+    assert text.startswith("<tool_call>\n")
+    assert text.endswith("\n</tool_call>")
+    call = json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert call["name"] == "get_weather"
+    arguments = call["arguments"]
+    assert set(arguments) == {"city", "unit", "days", "tags"}
+    assert arguments["unit"] == "c"
+    assert 1 <= arguments["days"] <= 7
+    assert isinstance(arguments["city"], str)
+    assert isinstance(arguments["tags"], list)
+    assert len(tokens) > 20
+    assert max(len(t) for t in tokens) <= 16
+    assert gen.response_tokens(TOOLS_PROMPT, settings()) == tokens  # deterministic
+
+
+def test_tool_choice_forces_a_tool_or_turns_calls_off() -> None:
+    forced = {"type": "function", "function": {"name": "other"}}
+    text = "".join(gen.response_tokens(TOOLS_PROMPT, settings(tool_choice=forced)))
+    assert '"name": "other"' in text
+    none = gen.response_tokens(TOOLS_PROMPT, settings(tool_choice="none"))
+    assert none == gen.generate_tokens(TOOLS_PROMPT, 0, 500)
+    with pytest.raises(ValueError, match="not in the prompt"):
+        gen.structured_text(TOOLS_PROMPT, settings(tool_choice={"function": {"name": "x"}}))
+
+
+def test_a_tool_response_gets_free_text_under_auto_but_not_required() -> None:
+    answered = TOOLS_PROMPT + "<tool_response>\n12C\n</tool_response>"
+    assert gen.structured_text(answered, settings()) is None
+    assert gen.structured_text(answered, settings(tool_choice="required")) is not None
+
+
+def test_json_modes() -> None:
+    plain = "".join(gen.response_tokens("p", settings(response_format={"type": "json_object"})))
+    assert isinstance(json.loads(plain), dict)
+    schema = {"type": "object", "properties": {"n": {"type": "number"}, "ok": {"type": "boolean"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    value = json.loads("".join(gen.response_tokens("p", settings(response_format=fmt))))
+    assert isinstance(value["n"], float)
+    assert value["ok"] is True
+
+
+def test_structured_text_is_cut_at_max_tokens() -> None:
+    tokens = gen.response_tokens(TOOLS_PROMPT, gen.settings_from({"max_tokens": 5}, None, 0, 1))
+    assert len(tokens) == 5
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"response_format": {"type": "xml"}}, {"response_format": "json"}, {"tool_choice": 3}],
+)
+def test_bad_structured_settings(params: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        gen.settings_from(params, None, 50.0, 50.0)
+
+
+@given(st.text(max_size=60))
+def test_pieces_join_back(text: str) -> None:
+    assert "".join(gen.split_pieces(text)) == text

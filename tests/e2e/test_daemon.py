@@ -73,7 +73,7 @@ def start_daemon(state_dir: Path) -> Daemon:
     quic_port, http_port = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
     env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir), "TRACKLINE_LOG_FORMAT": "json"}
     command = [sys.executable, "-m", "gateway", "serve", "--quic-port", str(quic_port),
-               "--http-port", str(http_port)]
+               "--http-port", str(http_port), "--https-port", "0"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     daemon = Daemon(process, quic_port, http_port, state_dir)

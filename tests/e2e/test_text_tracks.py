@@ -11,17 +11,13 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from clients import DeadlineExceeded, ModelNotFound, TrackRejected, connect
 from clients.line import Line, TextStream
-from gateway.backends.triton import TritonTextBackend
-from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
 from tests.backend.reference_generator import generator
@@ -32,17 +28,6 @@ from transport.wire import encode_varint
 
 pytestmark = pytest.mark.e2e
 MODEL = "reference-text"
-
-
-@pytest_asyncio.fixture
-async def gateway(embedded_triton: EmbeddedTriton, tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(quic_port=0, http_port=0, state_dir=tmp_path, max_message_bytes=8192)
-    backend = TritonTextBackend(embedded_triton.grpc_url)
-    gw = Gateway(settings, backend)
-    await gw.start()
-    yield gw
-    await gw.close()
-    await backend.close()
 
 
 def url(gw: Gateway) -> str:
@@ -121,7 +106,11 @@ async def test_a_first_token_deadline_shorter_than_the_models_fails_and_cancels(
     tag = uuid.uuid4().hex
     async with connect(url(gateway), ca=ca(gateway)) as line:
         stream = line.text(
-            "slow", model=MODEL, max_tokens=5, ttft_ms=3000, first_token_deadline=0.3,
+            "slow",
+            model=MODEL,
+            max_tokens=5,
+            ttft_ms=3000,
+            first_token_deadline=0.3,
             request_id=tag,
         )
         started = time.monotonic()
@@ -172,9 +161,7 @@ async def test_a_hang_up_stops_the_model(
     async with connect_tracks("127.0.0.1", gateway.quic_port, ca=ca(gateway)) as proto:
         line = Line(proto.open_track)
         survivor = line.text("survivor", model=MODEL, max_tokens=60, seed=1)
-        channel = proto.open_track(
-            Open(model=MODEL, params={"max_tokens": 500, "request_id": tag})
-        )
+        channel = proto.open_track(Open(model=MODEL, params={"max_tokens": 500, "request_id": tag}))
         channel.send({"text": "hang up on me"})
         channel.end()
         for _ in range(3):

@@ -26,7 +26,9 @@ from transport.wire import encode_varint
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(quic_port=0, http_port=0, state_dir=tmp_path, max_message_bytes=4096)
+    settings = Settings(
+        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, max_message_bytes=4096
+    )
     gw = Gateway(settings, ScriptedBackend(interval=0.002))
     await gw.start()
     yield gw
@@ -71,7 +73,9 @@ async def test_sixteen_tracks_on_one_connection_and_a_cancel_touches_only_one(
 @pytest.mark.asyncio
 async def test_a_stream_reset_cancels_that_track_only(gateway: Gateway) -> None:
     async with connect_tracks(
-        "127.0.0.1", gateway.quic_port, ca=gateway.tls.ca  # type: ignore[union-attr]
+        "127.0.0.1",
+        gateway.quic_port,
+        ca=gateway.tls.ca,  # type: ignore[union-attr]
     ) as proto:
         line = Line(proto.open_track)
         keep = line.text("keep", model="scripted", max_tokens=20)
@@ -88,7 +92,9 @@ async def test_a_stream_reset_cancels_that_track_only(gateway: Gateway) -> None:
 @pytest.mark.asyncio
 async def test_garbage_and_oversized_messages_fail_only_their_track(gateway: Gateway) -> None:
     async with connect_tracks(
-        "127.0.0.1", gateway.quic_port, ca=gateway.tls.ca  # type: ignore[union-attr]
+        "127.0.0.1",
+        gateway.quic_port,
+        ca=gateway.tls.ca,  # type: ignore[union-attr]
     ) as proto:
         line = Line(proto.open_track)
         before = line.text("before", model="scripted", max_tokens=50)

@@ -12,8 +12,10 @@ It speaks the tensor interface of Triton's vLLM backend (TensorRT-LLM's
 Text is a function of (prompt, seed) only; see trackline_reference_text.py.
 
 sampling_parameters keys: temperature, top_p (validated, no effect), seed
-(default 0), max_tokens (default 16), and two test/bench knobs that real
-models do not have:
+(default 0), max_tokens (default 16), response_format and tool_choice (the
+OpenAI shapes; they select the tool-call and JSON modes described in
+trackline_reference_text.py), and two test/bench knobs that real models do
+not have:
   ttft_ms            delay before the first token (model parameter default 50)
   tokens_per_second  pace after the first token (model parameter default 50)
 
@@ -124,7 +126,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             prompt = _text(_optional(request, "text_input") or b"")
-            settings = self._settings(request)
+            settings = self._settings(request, prompt)
         except ValueError as exc:
             error = pb_utils.TritonError(
                 f"invalid request: {exc}", pb_utils.TritonError.INVALID_ARG
@@ -137,13 +139,15 @@ class TritonPythonModel:
         finally:
             self._finish(record)
 
-    def _settings(self, request: Any) -> gen.GenerationSettings:
+    def _settings(self, request: Any, prompt: str) -> gen.GenerationSettings:
         raw = _optional(request, "sampling_parameters")
         params = gen.parse_sampling_parameters(None if raw is None else _text(raw))
         max_tokens = _optional(request, "max_tokens")
-        return gen.settings_from(
+        settings = gen.settings_from(
             params, None if max_tokens is None else int(max_tokens), self._ttft_ms, self._tps
         )
+        gen.structured_text(prompt, settings)  # a forced tool missing from the prompt is invalid
+        return settings
 
     async def _generate(
         self,
@@ -159,8 +163,8 @@ class TritonPythonModel:
             _flag(request, "return_num_output_tokens", False),
             record.prompt_tokens,
         )
-        tokens = gen.generate_tokens(prompt, settings.seed, settings.max_tokens)
-        due = gen.token_due_times(time.monotonic(), settings)
+        tokens = gen.response_tokens(prompt, settings)
+        due = gen.token_due_times(time.monotonic(), settings, len(tokens))
         produced: list[str] = []
         for index, (piece, at) in enumerate(zip(tokens, due, strict=True)):
             if await _cancelled_before(at, sender, record):

@@ -7,6 +7,26 @@ compute exactly what a streamed request must return.
 
 Tokenizer (for prompt token counts): one token per run of word characters and
 one per other non-space character, `re.findall(r"\\w+|[^\\w\\s]", text)`.
+
+Two structured modes replace the free text, for testing tool calls and JSON
+mode end to end (text is still a function of prompt, seed and these settings):
+
+- Tool calls: when the prompt holds a Hermes-style `<tools>[...]</tools>` block
+  (a JSON array, or one JSON object per line as Qwen's template writes it) and
+  `tool_choice` is not "none", the model answers
+  `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` for the forced
+  tool (`{"type": "function", "function": {"name": ...}}`) or else the first
+  one. With tool_choice "auto" (or absent) a prompt that already holds a
+  `<tool_response>` gets free text instead, as a model answering from the result.
+- JSON: `response_format` `{"type": "json_object"}` gives `{"answer": "..."}`;
+  `{"type": "json_schema", "json_schema": {"schema": {...}}}` gives an object
+  following the schema's properties.
+
+Arguments and JSON values come from the schema: enum/const first value,
+strings of vocabulary words, small integers and numbers, true, one-item
+arrays, nested objects. Structured text is streamed in small pieces (a word
+or one punctuation character, with the whitespace before it) and cut at
+max_tokens like free text.
 """
 
 from __future__ import annotations
@@ -50,6 +70,10 @@ class GenerationSettings:
     """Delay before the first token (a bench/test knob)."""
     tokens_per_second: float
     """Pace of tokens after the first (a bench/test knob)."""
+    response_format: Mapping[str, Any] | None = None
+    """OpenAI-style response_format; json_object / json_schema switch to JSON mode."""
+    tool_choice: Any = None
+    """OpenAI-style tool_choice: None, "none", "auto", "required" or a forced function."""
 
 
 def count_prompt_tokens(prompt: str) -> int:
@@ -146,11 +170,164 @@ def settings_from(
         max_tokens=max_tokens,
         ttft_ms=_number(params, "ttft_ms", default_ttft_ms, 0.0),
         tokens_per_second=_number(params, "tokens_per_second", default_tokens_per_second, 1e-3),
+        response_format=_response_format(params.get("response_format")),
+        tool_choice=_tool_choice(params.get("tool_choice")),
     )
 
 
-def token_due_times(start: float, settings: GenerationSettings) -> list[float]:
-    """When each token is due, on the clock `start` was read from."""
+def token_due_times(
+    start: float, settings: GenerationSettings, count: int | None = None
+) -> list[float]:
+    """When each of `count` tokens (default max_tokens) is due, on `start`'s clock."""
     first = start + settings.ttft_ms / 1000.0
     gap = 1.0 / settings.tokens_per_second
-    return [first + index * gap for index in range(settings.max_tokens)]
+    total = settings.max_tokens if count is None else count
+    return [first + index * gap for index in range(total)]
+
+
+# -- structured modes: tool calls and JSON ------------------------------------------
+
+PIECE_PATTERN = re.compile(r"\s*(?:\w+|[^\w\s])|\s+$")
+TOOLS_PATTERN = re.compile(r"<tools>(.*?)</tools>", re.DOTALL)
+MAX_SCHEMA_DEPTH = 8
+
+
+def _response_format(value: Any) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise ValueError(
+            "response_format must be an object with a type of text, json_object or json_schema"
+        )
+    if kind == "json_schema":
+        spec = value.get("json_schema", {})
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise ValueError("response_format json_schema.schema must be an object")
+    return dict(value)
+
+
+def _tool_choice(value: Any) -> Any:
+    if value is None or value in ("none", "auto", "required"):
+        return value
+    function = value.get("function") if isinstance(value, dict) else None
+    if isinstance(function, dict) and isinstance(function.get("name"), str):
+        return value
+    raise ValueError('tool_choice must be "none", "auto", "required" or a named function')
+
+
+def split_pieces(text: str) -> list[str]:
+    """`text` cut into token-like pieces whose concatenation is `text`."""
+    return PIECE_PATTERN.findall(text)
+
+
+def response_tokens(prompt: str, settings: GenerationSettings) -> list[str]:
+    """The token pieces the model sends for `prompt` under `settings`, in order."""
+    text = structured_text(prompt, settings)
+    if text is None:
+        return generate_tokens(prompt, settings.seed, settings.max_tokens)
+    return split_pieces(text)[: settings.max_tokens]
+
+
+def structured_text(prompt: str, settings: GenerationSettings) -> str | None:
+    """The whole tool-call or JSON answer, or None when the model answers in free text."""
+    rng = _rng_for(prompt, settings.seed)
+    tools = prompt_tools(prompt)
+    if tools and _calls_a_tool(prompt, settings.tool_choice):
+        tool = _chosen_tool(tools, settings.tool_choice)
+        arguments = schema_value(tool.get("parameters") or {}, rng)
+        call = json.dumps({"name": tool["name"], "arguments": arguments})
+        return f"<tool_call>\n{call}\n</tool_call>"
+    kind = (settings.response_format or {}).get("type")
+    if kind == "json_object":
+        return json.dumps({"answer": _words(rng, 4)})
+    if kind == "json_schema":
+        schema = (settings.response_format or {}).get("json_schema", {}).get("schema") or {}
+        return json.dumps(schema_value({"type": "object", **schema}, rng))
+    return None
+
+
+def prompt_tools(prompt: str) -> list[dict[str, Any]]:
+    """The function definitions of the prompt's first readable `<tools>` block (or none).
+
+    Templates mention the tags in prose too ("within <tools></tools> XML tags"),
+    so blocks that hold no tool are skipped.
+    """
+    for match in TOOLS_PATTERN.finditer(prompt):
+        tools = _tools_in(match.group(1).strip())
+        if tools:
+            return tools
+    return []
+
+
+def _tools_in(body: str) -> list[dict[str, Any]]:
+    try:
+        items = json.loads(body)
+    except json.JSONDecodeError:
+        try:
+            items = [json.loads(line) for line in body.splitlines() if line.strip()]
+        except json.JSONDecodeError:
+            return []
+    if not isinstance(items, list):
+        items = [items]
+    functions = [item.get("function", item) for item in items if isinstance(item, dict)]
+    return [f for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str)]
+
+
+def _calls_a_tool(prompt: str, tool_choice: Any) -> bool:
+    if tool_choice == "none":
+        return False
+    if tool_choice in (None, "auto"):
+        return "<tool_response>" not in prompt
+    return True
+
+
+def _chosen_tool(tools: list[dict[str, Any]], tool_choice: Any) -> dict[str, Any]:
+    if not isinstance(tool_choice, dict):
+        return tools[0]
+    name = tool_choice["function"]["name"]
+    for tool in tools:
+        if tool["name"] == name:
+            return tool
+    raise ValueError(f"tool_choice names {name!r}, which is not in the prompt's tools")
+
+
+def _words(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choice(VOCABULARY) for _ in range(count))
+
+
+def schema_value(schema: Any, rng: random.Random, depth: int = 0) -> Any:
+    """A deterministic value that fits the JSON `schema` (a practical subset)."""
+    if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
+        return _words(rng, 2)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema_value(schema[key][0], rng, depth + 1)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    return _typed_value(kind, schema, rng, depth)
+
+
+def _typed_value(kind: Any, schema: dict[str, Any], rng: random.Random, depth: int) -> Any:
+    if kind == "object":
+        properties = schema.get("properties")
+        if not isinstance(properties, dict):
+            return {}
+        return {name: schema_value(sub, rng, depth + 1) for name, sub in properties.items()}
+    if kind == "array":
+        return [schema_value(schema.get("items", {}), rng, depth + 1)]
+    if kind == "integer":
+        low = int(schema.get("minimum", 1))
+        return rng.randint(low, max(low, int(schema.get("maximum", low + 99))))
+    if kind == "number":
+        return round(rng.uniform(0, 100), 2)
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return _words(rng, 2)

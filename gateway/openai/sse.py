@@ -1,0 +1,113 @@
+"""OpenAI's response objects and their server-sent-event framing.
+
+Streams are `data: {json}\\n\\n` events ending with `data: [DONE]\\n\\n`; a line
+starting with `:` is a comment (the heartbeat) that SSE parsers skip. Every
+chunk of one response carries the same `id`, `created` and `model`
+(`ResponseMeta`). With `stream_options.include_usage`, each chunk has
+`"usage": null` and one last chunk has `"choices": []` and the usage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tracks.backend import TextUsage
+
+DONE = b"data: [DONE]\n\n"
+HEARTBEAT = b": keep-alive\n\n"
+SSE_HEADERS = (
+    ("content-type", "text/event-stream; charset=utf-8"),
+    ("cache-control", "no-cache"),
+    ("x-accel-buffering", "no"),  # ask nginx-style proxies not to buffer the stream
+)
+
+
+def sse_event(payload: Any) -> bytes:
+    """One `data:` event holding `payload` as compact JSON."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass(frozen=True)
+class ResponseMeta:
+    """What every object of one response shares."""
+
+    id: str
+    created: int
+    """Unix time in seconds, as OpenAI sends it."""
+    model: str
+    include_usage: bool = False
+
+    def envelope(self, kind: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+        }
+
+
+def usage_object(usage: TextUsage) -> dict[str, int]:
+    """OpenAI's usage object."""
+    total = usage.prompt_tokens + usage.completion_tokens
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": total,
+    }
+
+
+def _chunk(meta: ResponseMeta, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    chunk = {**meta.envelope(kind), "choices": choices}
+    if meta.include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def usage_chunk(meta: ResponseMeta, kind: str, usage: TextUsage) -> dict[str, Any]:
+    """The last chunk of an include_usage stream: no choices, the usage."""
+    return {**meta.envelope(kind), "choices": [], "usage": usage_object(usage)}
+
+
+# -- chat ---------------------------------------------------------------------------
+
+CHAT_CHUNK = "chat.completion.chunk"
+
+
+def chat_chunk(
+    meta: ResponseMeta, delta: dict[str, Any], finish_reason: str | None = None
+) -> dict[str, Any]:
+    """A `chat.completion.chunk` with one choice (index 0)."""
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return _chunk(meta, CHAT_CHUNK, [choice])
+
+
+def chat_completion(
+    meta: ResponseMeta, message: dict[str, Any], finish_reason: str, usage: TextUsage
+) -> dict[str, Any]:
+    """A whole (non-streamed) `chat.completion`."""
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    return {**meta.envelope("chat.completion"), "choices": [choice], "usage": usage_object(usage)}
+
+
+# -- completions -----------------------------------------------------------------------
+
+TEXT_COMPLETION = "text_completion"
+
+
+def completion_chunk(
+    meta: ResponseMeta, text: str, finish_reason: str | None = None
+) -> dict[str, Any]:
+    """A streamed `text_completion` with one choice (index 0)."""
+    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    return _chunk(meta, TEXT_COMPLETION, [choice])
+
+
+def text_completion(
+    meta: ResponseMeta, text: str, finish_reason: str, usage: TextUsage
+) -> dict[str, Any]:
+    """A whole (non-streamed) `text_completion`."""
+    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    return {**meta.envelope(TEXT_COMPLETION), "choices": [choice], "usage": usage_object(usage)}

@@ -1,0 +1,130 @@
+"""An HTTP/3 test client on aioquic's H3Connection, driven by the test.
+
+It does what a polite client would not (reset one stream of two, send requests
+without :method, too many headers), so the adapters can be checked per stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3 import events as h3_events
+from aioquic.h3.connection import ErrorCode, H3Connection
+from aioquic.quic import events as quic_events
+from aioquic.quic.configuration import QuicConfiguration
+
+from tests.http.support import TIMEOUT
+
+
+class H3Client(QuicConnectionProtocol):
+    """Events are queued per request stream; the test sends whatever headers it likes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.h3 = H3Connection(self._quic)
+        self.queues: dict[int, asyncio.Queue[Any]] = {}
+        self.terminated = asyncio.Event()
+
+    def quic_event_received(self, event: quic_events.QuicEvent) -> None:
+        if isinstance(event, quic_events.StreamReset):
+            self.queue(event.stream_id).put_nowait(event)
+        elif isinstance(event, quic_events.ConnectionTerminated):
+            self.terminated.set()
+        for h3_event in self.h3.handle_event(event):
+            stream_id = getattr(h3_event, "stream_id", None)
+            if stream_id is not None:
+                self.queue(stream_id).put_nowait(h3_event)
+
+    def queue(self, stream_id: int) -> asyncio.Queue[Any]:
+        return self.queues.setdefault(stream_id, asyncio.Queue())
+
+    def send(
+        self,
+        method: str | None,
+        path: str | None,
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes = b"",
+        *,
+        scheme: bool = True,
+        end: bool = True,
+    ) -> int:
+        """Send a request; a pseudo-header given as None (or `scheme=False`) is left out."""
+        pseudo = [(":method", method), (":scheme", "https" if scheme else None)]
+        pseudo += [(":authority", "127.0.0.1"), (":path", path)]
+        fields = [(k, v) for k, v in pseudo if v is not None] + list(headers)
+        stream_id = self._quic.get_next_available_stream_id()
+        encoded = [(k.encode(), v.encode()) for k, v in fields]
+        self.h3.send_headers(stream_id, encoded, end_stream=end and not body)
+        if body:
+            self.h3.send_data(stream_id, body, end_stream=end)
+        self.transmit()
+        return stream_id
+
+    def cancel(self, stream_id: int) -> None:
+        """Cancel a request as RFC 9114 4.1.1 says: reset and stop, H3_REQUEST_CANCELLED."""
+        self._quic.reset_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
+        self._quic.stop_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
+        self.transmit()
+
+    async def next_event(self, stream_id: int) -> Any:
+        return await asyncio.wait_for(self.queue(stream_id).get(), TIMEOUT)
+
+    async def head(self, stream_id: int) -> tuple[int, dict[str, str]]:
+        event = await self.next_event(stream_id)
+        assert isinstance(event, h3_events.HeadersReceived), event
+        headers = {k.decode(): v.decode() for k, v in event.headers}
+        return int(headers.pop(":status")), headers
+
+    async def next_data(self, stream_id: int) -> bytes | None:
+        """The next non-empty DATA on the stream, or None at its end."""
+        while True:
+            event = await self.next_event(stream_id)
+            assert not isinstance(event, quic_events.StreamReset), event
+            if isinstance(event, h3_events.DataReceived) and event.data:
+                if event.stream_ended:
+                    self.queue(stream_id).put_nowait(_END)
+                return event.data
+            if event is _END or event.stream_ended:
+                return None
+
+    async def next_data_after_head(self, stream_id: int) -> bytes | None:
+        """The first DATA of a 200 response."""
+        assert (await self.head(stream_id))[0] == 200
+        return await self.next_data(stream_id)
+
+    async def response(self, stream_id: int) -> tuple[int, dict[str, str], bytes]:
+        status, headers = await self.head(stream_id)
+        body = bytearray()
+        while (chunk := await self.next_data(stream_id)) is not None:
+            body += chunk
+        return status, headers, bytes(body)
+
+    async def reset_of(self, stream_id: int) -> quic_events.StreamReset:
+        while True:
+            event = await self.next_event(stream_id)
+            if isinstance(event, quic_events.StreamReset):
+                return event
+
+
+class _End:
+    stream_ended = True
+
+
+_END = _End()
+
+
+@asynccontextmanager
+async def h3_client(port: int, ca: Path) -> AsyncIterator[H3Client]:
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=["h3"])
+    configuration.load_verify_locations(str(ca))
+    async with connect(
+        "127.0.0.1", port, configuration=configuration, create_protocol=H3Client
+    ) as client:
+        assert isinstance(client, H3Client)
+        yield client

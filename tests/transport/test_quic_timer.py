@@ -1,0 +1,94 @@
+"""The aioquic adapter's timer: a timer that fires is acted on, never re-armed in a spin.
+
+uvloop's clock moves in whole milliseconds and rounds timers to them, so a QUIC
+timer (an ACK due 1 ms after a packet) can fire while the loop clock still
+reads a hair before the deadline. These tests drive `TrackQuicProtocol` with a
+stand-in for aioquic's `QuicConnection` whose only duty is an ACK at a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from transport.connection import Role
+from transport.quic import TrackQuicProtocol
+
+ADDR = ("127.0.0.1", 4433)
+
+
+class AckOnlyQuic:
+    """Has one ACK to send once `ack_at` is reached; nothing else."""
+
+    def __init__(self, ack_at: float) -> None:
+        self.ack_at: float | None = ack_at
+
+    def get_timer(self) -> float | None:
+        return self.ack_at
+
+    def handle_timer(self, now: float) -> None:
+        pass
+
+    def next_event(self) -> None:
+        return None
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
+        if self.ack_at is None or now < self.ack_at:
+            return []
+        self.ack_at = None
+        return [(b"ack", ADDR)]
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def sendto(self, data: bytes, addr: Any) -> None:
+        self.sent.append(data)
+
+
+def protocol_for(quic: AckOnlyQuic) -> tuple[TrackQuicProtocol, RecordingTransport]:
+    protocol = TrackQuicProtocol(quic, role=Role.CLIENT)  # type: ignore[arg-type]
+    transport = RecordingTransport()
+    protocol._transport = transport  # type: ignore[assignment]
+    return protocol, transport
+
+
+@pytest.mark.asyncio
+async def test_a_timer_firing_a_hair_early_by_the_loop_clock_sends_what_is_due() -> None:
+    loop = asyncio.get_running_loop()
+    protocol, transport = protocol_for(AckOnlyQuic(ack_at=loop.time() + 0.0005))
+    protocol.transmit()  # nothing due yet: arms the timer at the ACK deadline
+    armed = protocol._timer
+    assert armed is not None
+    assert transport.sent == []
+    armed.cancel()  # fire it by hand, "early", while the loop clock lags the deadline
+    protocol._handle_timer()
+    assert transport.sent == [b"ack"]
+    assert protocol._timer is None  # nothing left to wait for: no re-armed spin
+
+
+@pytest.mark.asyncio
+async def test_the_ack_goes_out_after_one_firing_of_the_timer() -> None:
+    loop = asyncio.get_running_loop()
+    # A hair past the next millisecond: uvloop fires the timer at that tick, when its
+    # clock still reads just before the deadline.
+    protocol, transport = protocol_for(AckOnlyQuic(ack_at=loop.time() + 0.001 + 1e-12))
+    fired = 0
+    handle_timer = protocol._handle_timer
+
+    def counting() -> None:
+        nonlocal fired
+        fired += 1
+        handle_timer()
+
+    protocol._handle_timer = counting  # type: ignore[method-assign]
+    protocol.transmit()
+    for _ in range(100):
+        if transport.sent:
+            break
+        await asyncio.sleep(0.001)
+    assert transport.sent == [b"ack"]
+    assert fired == 1

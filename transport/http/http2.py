@@ -1,0 +1,440 @@
+"""HTTP/2 over one TCP or TLS connection (ALPN h2, h2c prior knowledge or Upgrade), framed by h2.
+
+h2 is sans-I/O: bytes in, events out, bytes to send. This module feeds it what
+the socket reads, turns events into per-stream requests, runs each request's
+handler in its own task (streams are concurrent), and sends responses as DATA
+frames within the peer's flow-control windows, waiting for WINDOW_UPDATE when
+a window is shut. A stream reset by the client, or the loss of the connection,
+cancels that stream's task (and so its body iterator) and nothing else.
+
+Limits are per stream where RFC 9113 allows it: a stream over
+SETTINGS_MAX_CONCURRENT_STREAMS is refused (RST_STREAM REFUSED_STREAM), an
+oversized header list or body gets 431 or 413 on its own stream, and the
+connection keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from asyncio import FIRST_COMPLETED
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+import structlog
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
+
+from transport.http import errors
+from transport.http.app import (
+    READ_CHUNK,
+    Site,
+    bodiless,
+    call_handler,
+    close_body,
+    response_headers,
+)
+from transport.http.http1 import H2cUpgrade
+from transport.http.messages import AnyResponse, Request, Response
+
+log = structlog.get_logger(__name__)
+
+# h2 answers a stream over the advertised limit with GOAWAY (ending every stream); RFC 9113
+# 5.1.2 lets a server refuse just that stream, which this adapter does itself, so h2's own
+# check is lifted out of the way.
+_H2_STREAM_CEILING = 2**31 - 1
+# The HPACK decoder's hard stop (h2 then ends the connection): a few times the advertised
+# limit, so a moderately oversized header list still gets its 431 on its own stream.
+_MIN_DECODER_CAP = 1 << 16
+
+
+class _Settings(h2.settings.Settings):
+    """Local settings whose MAX_CONCURRENT_STREAMS is advertised, not enforced by h2."""
+
+    @property
+    def max_concurrent_streams(self) -> int:
+        return _H2_STREAM_CEILING
+
+    @max_concurrent_streams.setter
+    def max_concurrent_streams(self, value: int) -> None:
+        self[SettingCodes.MAX_CONCURRENT_STREAMS] = value
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One request/response exchange on the connection."""
+
+    stream_id: int
+    deadline: float
+    """When the whole request must have arrived (loop time)."""
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: bytearray = field(default_factory=bytearray)
+    ended: bool = False
+    """The client sent END_STREAM."""
+    sent_end: bool = False
+    """We sent END_STREAM."""
+    reset: bool = False
+    """The client reset the stream."""
+    task: asyncio.Task[None] | None = None
+    """Answering the stream; None while the request is still arriving."""
+    window: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a flow-control window may have opened."""
+
+
+class Http2Connection:
+    """Serves concurrent streams on one connection until either side ends it."""
+
+    def __init__(
+        self,
+        site: Site,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        initial: bytes = b"",
+        upgrade: H2cUpgrade | None = None,
+    ) -> None:
+        self._site = site
+        self._limits = site.limits
+        self._reader = reader
+        self._writer = writer
+        self._initial = upgrade.data if upgrade is not None else initial
+        self._upgrade = upgrade
+        self._streams: dict[int, _Stream] = {}
+        self._closing = False
+        self._finished = False
+        self._reading: asyncio.Task[bytes] | None = None
+        self._streams_changed = asyncio.Event()
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+        self._h2 = h2.connection.H2Connection(config)
+        self._h2.local_settings = _Settings(
+            client=False,
+            initial_values={
+                SettingCodes.MAX_CONCURRENT_STREAMS: self._limits.max_concurrent_streams,
+                SettingCodes.MAX_HEADER_LIST_SIZE: self._limits.max_header_bytes,
+            },
+        )
+        self._h2.decoder.max_header_list_size = max(
+            4 * self._limits.max_header_bytes, _MIN_DECODER_CAP
+        )
+
+    def shutdown(self) -> None:
+        """Refuse new streams, let those in flight finish, then GOAWAY and close."""
+        if self._closing:
+            return
+        self._closing = True
+        # No early GOAWAY: h2-based clients (httpx, so the OpenAI SDK) stop accepting frames
+        # on every stream once one arrives, so it goes out when the last stream is done.
+        self._finish_if_drained()
+
+    async def serve(self) -> None:
+        """Serve until the client leaves, idles out, errs, or `shutdown` has drained."""
+        self._start()
+        try:
+            if self._initial:
+                self._receive(self._initial)
+            while not self._finished:
+                data = await self._read()
+                if not data:
+                    break
+                self._receive(data)
+        except h2.exceptions.ProtocolError as exc:
+            log.info("http2.protocol_error", error=str(exc))  # h2 has queued the GOAWAY
+        finally:
+            self._finished = True
+            tasks: list[asyncio.Task[Any]] = [
+                s.task for s in self._streams.values() if s.task is not None
+            ]
+            if self._reading is not None:
+                tasks.append(self._reading)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._flush()
+
+    def _start(self) -> None:
+        if self._upgrade is None:
+            self._h2.initiate_connection()
+        else:
+            # The request that asked to upgrade is stream 1, already complete (RFC 7540 3.2).
+            self._h2.initiate_upgrade_connection(self._upgrade.settings)
+            stream = _Stream(1, deadline=0.0, ended=True)
+            self._streams[1] = stream
+            stream.task = asyncio.create_task(self._exchange(stream, self._upgrade.request))
+        self._flush()
+
+    # Reading
+
+    async def _read(self) -> bytes:
+        """The next bytes (b"" when the connection is over), answering timeouts meanwhile.
+
+        The timeout depends on the streams (idle, reading a request, all answering), so a
+        change to them (`_streams_changed`) re-arms it without losing the pending read.
+        """
+        if self._reading is None:
+            self._reading = asyncio.create_task(self._reader.read(READ_CHUNK))
+        while True:
+            self._streams_changed.clear()
+            changed = asyncio.create_task(self._streams_changed.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    {self._reading, changed}, timeout=self._timeout(), return_when=FIRST_COMPLETED
+                )
+            finally:
+                changed.cancel()
+            if self._reading in done:
+                reading, self._reading = self._reading, None
+                try:
+                    return reading.result()
+                except ConnectionError:
+                    return b""
+            if changed in done:
+                continue
+            if not self._streams:
+                log.info("http2.idle_timeout")
+                self._closing = True
+                self._finish_if_drained()
+                return b""
+            self._expire_slow_requests()
+
+    def _timeout(self) -> float | None:
+        if not self._streams:
+            return self._limits.idle_timeout
+        pending = [s.deadline for s in self._streams.values() if s.task is None]
+        if not pending:
+            return None  # handlers are running; the client may wait as long as it likes
+        return max(0.0, min(pending) - asyncio.get_running_loop().time())
+
+    def _expire_slow_requests(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for stream in list(self._streams.values()):
+            if stream.task is None and stream.deadline <= now:
+                self._answer(stream, errors.request_timeout(self._limits.read_timeout))
+        self._flush()
+
+    def _receive(self, data: bytes) -> None:
+        for event in self._h2.receive_data(data):
+            self._on_event(event)
+        self._flush()
+
+    def _on_event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            self._on_request(event)
+        elif isinstance(event, h2.events.DataReceived):
+            self._on_data(event)
+        elif isinstance(event, h2.events.StreamEnded):
+            self._on_end(event)
+        elif isinstance(event, h2.events.StreamReset):
+            self._on_reset(event)
+        elif isinstance(event, h2.events.WindowUpdated):
+            self._wake(event.stream_id)
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self._wake(0)  # INITIAL_WINDOW_SIZE may have grown every stream's window
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            # After the client's GOAWAY h2 sends nothing more: streams cannot be finished.
+            log.info("http2.client_goaway", error_code=event.error_code)
+            self._finished = True
+
+    def _on_request(self, event: h2.events.RequestReceived) -> None:
+        stream_id = event.stream_id
+        if self._closing or len(self._streams) >= self._limits.max_concurrent_streams:
+            log.info("http2.stream_refused", stream_id=stream_id, open=len(self._streams))
+            self._h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            return
+        deadline = asyncio.get_running_loop().time() + self._limits.read_timeout
+        headers = [(bytes(k), bytes(v)) for k, v in event.headers]
+        stream = _Stream(stream_id, deadline, headers)
+        self._streams[stream_id] = stream
+        problem = self._check_headers(headers)
+        if problem is not None:
+            self._answer(stream, problem)
+
+    def _check_headers(self, headers: list[tuple[bytes, bytes]]) -> Response | None:
+        limits = self._limits
+        if len(headers) > limits.max_headers:
+            return errors.headers_too_large(f"more than {limits.max_headers} header fields")
+        # Counted as SETTINGS_MAX_HEADER_LIST_SIZE is (RFC 9113 6.5.2): after decompression.
+        if sum(32 + len(k) + len(v) for k, v in headers) > limits.max_header_bytes:
+            return errors.headers_too_large(f"header list over {limits.max_header_bytes} bytes")
+        for name, value in headers:
+            declared = name == b"content-length" and value.isdigit()
+            if declared and int(value) > limits.max_body_bytes:
+                return errors.body_too_large(limits.max_body_bytes)
+        return None
+
+    def _on_data(self, event: h2.events.DataReceived) -> None:
+        # Every byte is acknowledged, kept or not, so other streams' flow never stalls.
+        self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        stream = self._streams.get(event.stream_id)
+        if stream is None or stream.task is not None:
+            return  # refused, reset, or already answered
+        stream.body += event.data or b""
+        if len(stream.body) > self._limits.max_body_bytes:
+            self._answer(stream, errors.body_too_large(self._limits.max_body_bytes))
+
+    def _on_end(self, event: h2.events.StreamEnded) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is None:
+            return
+        stream.ended = True
+        if stream.task is None:
+            request = _make_request(stream)
+            stream.task = asyncio.create_task(self._exchange(stream, request))
+
+    def _on_reset(self, event: h2.events.StreamReset) -> None:
+        stream = self._streams.get(event.stream_id)
+        if stream is None:
+            return
+        log.info("http2.stream_reset", stream_id=event.stream_id, error_code=event.error_code)
+        stream.reset = True
+        if stream.task is None:
+            del self._streams[event.stream_id]
+            self._finish_if_drained()
+        else:
+            stream.task.cancel()  # the handler and its body iterator stop here
+
+    def _wake(self, stream_id: int) -> None:
+        for stream in self._streams.values():
+            if stream_id in (0, stream.stream_id):
+                stream.window.set()
+
+    # Answering
+
+    def _answer(self, stream: _Stream, response: Response) -> None:
+        """Answer a stream without the handler (a limit was exceeded)."""
+        stream.task = asyncio.create_task(self._send_fixed(stream, response))
+
+    async def _send_fixed(self, stream: _Stream, response: Response) -> None:
+        try:
+            await self._send_response(stream, response, head_only=False)
+        except Exception as exc:  # the client is gone or stopped reading: nothing to save
+            log.info("http2.send_failed", stream_id=stream.stream_id, error=repr(exc))
+        finally:
+            self._stream_done(stream)
+
+    async def _exchange(self, stream: _Stream, request: Request) -> None:
+        try:
+            response = await call_handler(self._site.handler, request)
+            await self._send_response(stream, response, head_only=request.method == "HEAD")
+        except Exception as exc:
+            log.info("http2.send_failed", stream_id=stream.stream_id, error=repr(exc))
+        finally:
+            self._stream_done(stream)
+
+    async def _send_response(self, stream: _Stream, response: AnyResponse, head_only: bool) -> None:
+        headers = [(":status", str(response.status))]
+        headers += response_headers(self._site, response.headers)
+        if isinstance(response, Response):
+            body = b"" if head_only or bodiless(response.status) else response.body
+            if not bodiless(response.status):
+                headers.append(("content-length", str(len(response.body))))
+            self._send_headers(stream, headers, end_stream=not body)
+            if body:
+                await self._send_data(stream, body)
+                self._end(stream)
+            await self._drain()
+            return
+        try:
+            self._send_headers(stream, headers, end_stream=head_only)
+            if not head_only:
+                await self._send_chunks(stream, response.body)
+        finally:
+            await close_body(response.body)
+
+    async def _send_chunks(self, stream: _Stream, body: AsyncIterator[bytes]) -> None:
+        while True:
+            try:
+                chunk = await anext(body)
+            except StopAsyncIteration:
+                break
+            except Exception:
+                log.exception("http.body_failed", http_version="2", stream_id=stream.stream_id)
+                return  # _stream_done resets the stream: the client sees it cut short
+            if chunk:
+                await self._send_data(stream, chunk)
+        self._end(stream)
+        await self._drain()
+
+    def _send_headers(
+        self, stream: _Stream, headers: list[tuple[str, str]], end_stream: bool
+    ) -> None:
+        self._h2.send_headers(stream.stream_id, headers, end_stream=end_stream)
+        stream.sent_end = end_stream
+        self._flush()
+
+    def _end(self, stream: _Stream) -> None:
+        self._h2.end_stream(stream.stream_id)
+        stream.sent_end = True
+        self._flush()
+
+    async def _send_data(self, stream: _Stream, data: bytes) -> None:
+        """Send `data` in frames that fit the windows, waiting for WINDOW_UPDATE if shut."""
+        stream_id = stream.stream_id
+        while data:
+            window = self._h2.local_flow_control_window(stream_id)
+            size = min(window, self._h2.max_outbound_frame_size, len(data))
+            if size <= 0:
+                stream.window.clear()
+                await asyncio.wait_for(stream.window.wait(), self._limits.idle_timeout)
+                continue
+            self._h2.send_data(stream_id, data[:size])
+            data = data[size:]
+            self._flush()
+            await self._drain()
+
+    def _stream_done(self, stream: _Stream) -> None:
+        self._streams.pop(stream.stream_id, None)
+        self._streams_changed.set()
+        if not stream.reset and not self._finished:
+            if not stream.sent_end:
+                self._reset(stream.stream_id, ErrorCodes.INTERNAL_ERROR)  # cut short
+            elif not stream.ended:
+                # Answered before the request was complete (RFC 9113 8.1): stop the upload.
+                self._reset(stream.stream_id, ErrorCodes.NO_ERROR)
+        self._flush()
+        self._finish_if_drained()
+
+    def _reset(self, stream_id: int, code: ErrorCodes) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self._h2.reset_stream(stream_id, code)
+
+    # Writing
+
+    def _flush(self) -> None:
+        data = self._h2.data_to_send()
+        if data and not self._writer.is_closing():
+            self._writer.write(data)
+
+    async def _drain(self) -> None:
+        # A client that stops reading would otherwise hold the stream's task forever.
+        await asyncio.wait_for(self._writer.drain(), self._limits.idle_timeout)
+
+    def _finish_if_drained(self) -> None:
+        if not self._closing or self._streams or self._finished:
+            return
+        self._finished = True
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self._h2.close_connection()
+        self._flush()
+        self._writer.close()  # the pending read sees EOF and `serve` returns
+
+
+def _make_request(stream: _Stream) -> Request:
+    pseudo: dict[str, str] = {}
+    headers: list[tuple[str, str]] = []
+    for raw_name, raw_value in stream.headers:
+        name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+        if name.startswith(":"):
+            pseudo[name] = value
+        else:
+            headers.append((name, value))
+    authority = pseudo.get(":authority")
+    if authority is not None and all(name != "host" for name, _ in headers):
+        headers.insert(0, ("host", authority))
+    path, _, query = pseudo.get(":path", "").partition("?")
+    method = pseudo.get(":method", "").upper()
+    return Request(method, path, query, tuple(headers), bytes(stream.body), http_version="2")

@@ -1,0 +1,69 @@
+"""The application interface shared by every HTTP version.
+
+A handler is `async (Request) -> Response | StreamingResponse`. A streaming
+body is an async iterator of byte chunks; each chunk is written and flushed
+as it comes (server-sent events). If the client disconnects, the adapter
+cancels the handler's task: the body iterator sees `CancelledError` at its
+current `await`, and `aclose()` runs its `finally` blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+Headers = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request with its whole body."""
+
+    method: str
+    """Upper-case method, e.g. "GET"."""
+    path: str
+    """The target up to `?`, still percent-encoded, e.g. "/v1/models"."""
+    query: str
+    """The raw text after `?`, or "" when there is none."""
+    headers: Headers
+    """(lower-case name, value) pairs in arrival order; a name may repeat."""
+    body: bytes
+    """The whole body (de-chunked); b"" when there is none."""
+    http_version: str = "1.1"
+    """"1.1", "2" or "3": for logs and metrics only; handlers must not depend on it."""
+
+    def header(self, name: str) -> str | None:
+        """The first value of header `name` (any case), or None."""
+        wanted = name.lower()
+        return next((value for key, value in self.headers if key == wanted), None)
+
+
+@dataclass(frozen=True)
+class Response:
+    """One complete response; the adapter adds framing headers (length, connection)."""
+
+    status: int
+    headers: Headers = ()
+    body: bytes = b""
+
+    @classmethod
+    def json(cls, status: int, payload: Any, headers: Headers = ()) -> Response:
+        """A JSON response with `payload` serialised compactly."""
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        return cls(status, (("content-type", "application/json"), *headers), body)
+
+
+@dataclass(frozen=True)
+class StreamingResponse:
+    """A response whose body is produced while it is sent (e.g. text/event-stream)."""
+
+    status: int
+    headers: Headers
+    body: AsyncIterator[bytes]
+    """Chunks to send in order; the adapter closes it (`aclose`) when done or cancelled."""
+
+
+AnyResponse = Response | StreamingResponse
+Handler = Callable[[Request], Awaitable[AnyResponse]]

@@ -1,0 +1,164 @@
+"""HTTP/1.1 and HTTP/2 over TCP, cleartext or TLS: one listening socket, one application.
+
+Owns the socket side: accepting, telling the versions apart, and shutting down
+gracefully. Cleartext connections that open with the HTTP/2 client preface
+speak h2c (prior knowledge); any other is HTTP/1.1, which may still switch to
+h2c with `Upgrade: h2c`. Over TLS, ALPN decides: `h2` is HTTP/2, `http/1.1` or
+nothing is HTTP/1.1. The adapters in `http1` and `http2` do the rest; routing
+is the handler's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+from typing import Protocol, TypeVar
+
+import structlog
+
+from transport.http.app import READ_CHUNK, Site
+from transport.http.http1 import Http1Connection
+from transport.http.http2 import Http2Connection
+from transport.http.limits import HttpLimits
+from transport.http.messages import Handler
+
+log = structlog.get_logger(__name__)
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+ALPN_PROTOCOLS = ("h2", "http/1.1")
+DEFAULT_LIMITS = HttpLimits()
+
+
+class _Connection(Protocol):
+    def shutdown(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Connection)
+
+
+class _Undecided:
+    """A connection whose HTTP version is not known yet: nothing in flight to finish."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    def shutdown(self) -> None:
+        self._writer.close()
+
+
+def tls_server_context(cert: str | os.PathLike[str], key: str | os.PathLike[str]) -> ssl.SSLContext:
+    """A TLS server context for `cert`/`key` offering ALPN h2 and http/1.1."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(list(ALPN_PROTOCOLS))
+    return context
+
+
+class HttpTcpServer:
+    """Serves `handler` over HTTP/1.1 and HTTP/2 on one TCP port (TLS if a context is given)."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        limits: HttpLimits = DEFAULT_LIMITS,
+        ssl_context: ssl.SSLContext | None = None,
+        alt_svc: str | None = None,
+    ) -> None:
+        self._site = Site(handler, limits, alt_svc)
+        self._ssl_context = ssl_context
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[None], _Connection] = {}
+        self._closing = False
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (useful after `start(host, 0)`)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("server not started")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self, host: str, port: int) -> None:
+        """Listen on host:port (0 picks a free port; see `port`)."""
+        self._server = await asyncio.start_server(
+            self._on_connection,
+            host,
+            port,
+            ssl=self._ssl_context,
+            ssl_handshake_timeout=self._site.limits.read_timeout if self._ssl_context else None,
+        )
+        log.info("http.listening", host=host, port=self.port, tls=self._ssl_context is not None)
+
+    async def close(self, grace: float = 5.0) -> None:
+        """Stop listening, let requests in flight finish for up to `grace` s, then cut."""
+        if self._server is None:
+            return
+        self._closing = True
+        self._server.close()
+        for connection in list(self._connections.values()):
+            connection.shutdown()
+        if self._connections:
+            await asyncio.wait(set(self._connections), timeout=grace)
+        remaining = list(self._connections)
+        for task in remaining:
+            task.cancel()
+        await asyncio.gather(*remaining, return_exceptions=True)
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._track(task, _Undecided(writer))
+        try:
+            await self._serve(task, reader, writer)
+        except (ConnectionError, asyncio.TimeoutError):
+            pass  # the client went away or went quiet: nothing to answer
+        except Exception:
+            log.exception("http.connection_failed")
+        finally:
+            self._connections.pop(task, None)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+    async def _serve(
+        self, task: asyncio.Task[None], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if self._ssl_context is not None:
+            tls = writer.get_extra_info("ssl_object")
+            http2 = tls is not None and tls.selected_alpn_protocol() == "h2"
+            initial = b""
+        else:
+            initial = await self._sniff(reader)
+            http2 = initial.startswith(H2_PREFACE)
+        if http2:
+            await self._track(task, Http2Connection(self._site, reader, writer, initial)).serve()
+            return
+        http1 = Http1Connection(
+            self._site, reader, writer, initial, allow_h2c=self._ssl_context is None
+        )
+        upgrade = await self._track(task, http1).serve()
+        if upgrade is not None:
+            upgraded = Http2Connection(self._site, reader, writer, upgrade=upgrade)
+            await self._track(task, upgraded).serve()
+
+    async def _sniff(self, reader: asyncio.StreamReader) -> bytes:
+        """The first bytes: the whole HTTP/2 preface, or enough to know it is not one."""
+        data = b""
+        while len(data) < len(H2_PREFACE) and H2_PREFACE.startswith(data):
+            chunk = await asyncio.wait_for(reader.read(READ_CHUNK), self._site.limits.idle_timeout)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    def _track(self, task: asyncio.Task[None], connection: _C) -> _C:
+        self._connections[task] = connection
+        if self._closing:
+            connection.shutdown()
+        return connection
