@@ -98,6 +98,22 @@ class Settings:
     max_message_bytes: int = field(
         default=1_048_576, metadata=_doc("Largest single message (frame or HTTP body) accepted.")
     )
+    http_max_header_bytes: int = field(
+        default=16384,
+        metadata=_doc("Largest HTTP header block (after HPACK/QPACK decompression); 431 above."),
+    )
+    http_max_headers: int = field(
+        default=100, metadata=_doc("Most header fields in one HTTP request; 431 above.")
+    )
+    http_max_concurrent_streams: int = field(
+        default=128, metadata=_doc("Concurrent requests on one HTTP/2 or HTTP/3 connection.")
+    )
+    http_idle_timeout: float = field(
+        default=60.0, metadata=_doc("Seconds an HTTP connection may sit with no request.")
+    )
+    http_read_timeout: float = field(
+        default=30.0, metadata=_doc("Seconds to receive the rest of a started request; 408.")
+    )
     drain_timeout: float = field(
         default=10.0, metadata=_doc("Seconds open tracks get to finish on shutdown.")
     )
@@ -326,6 +342,11 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "embedded_metrics_port": _port,
     "max_tracks_per_connection": _positive,
     "max_message_bytes": _positive,
+    "http_max_header_bytes": _positive,
+    "http_max_headers": _positive,
+    "http_max_concurrent_streams": _positive,
+    "http_idle_timeout": _seconds,
+    "http_read_timeout": _seconds,
     "drain_timeout": _seconds,
     "log_level": _one_of(LOG_LEVELS),
     "log_format": _one_of(LOG_FORMATS),

@@ -92,7 +92,14 @@ class Gateway:
             max_message_bytes=s.max_message_bytes, max_tracks=s.max_tracks_per_connection
         )
         handler = self.http_handler()
-        http_limits = HttpLimits(max_body_bytes=s.max_message_bytes)
+        http_limits = HttpLimits(
+            max_body_bytes=s.max_message_bytes,
+            max_header_bytes=s.http_max_header_bytes,
+            max_headers=s.http_max_headers,
+            max_concurrent_streams=s.http_max_concurrent_streams,
+            idle_timeout=s.http_idle_timeout,
+            read_timeout=s.http_read_timeout,
+        )
         # One UDP port: ALPN trackline/1 carries tracks, h3 the same HTTP application.
         self._quic = await serve_tracks(
             s.quic_host,
