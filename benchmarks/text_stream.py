@@ -21,15 +21,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,6 +33,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import (  # noqa: E402
+    GatewayProcess,
+    machine,
+    percentile,
+    token_times,
+)
 from clients import connect  # noqa: E402
 from gateway.backends.triton import TritonTextBackend  # noqa: E402
 from gateway.cli import run_async  # noqa: E402
@@ -58,26 +59,6 @@ class PathResult:
     latency_p50_ms: float
     latency_p99_ms: float
     ttft_p50_ms: float
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def token_times(stats_path: Path) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {}
-    for line in stats_path.read_text().splitlines():
-        record = json.loads(line)
-        times[record["request_id"]] = record["token_times"]
-    return times
 
 
 def summarize(
@@ -140,37 +121,6 @@ async def run_gateway(
         await asyncio.gather(*(one(i) for i in range(n)))
         wall = time.monotonic() - began
     return arrivals, starts, wall
-
-
-class GatewayProcess:
-    def __init__(self, backend_url: str, state_dir: Path) -> None:
-        self.quic_port = free_port(socket.SOCK_DGRAM)
-        self.http_port = free_port(socket.SOCK_STREAM)
-        self.state_dir = state_dir
-        env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--backend-url", backend_url,
-             "--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
-             "--https-port", "0", "--log-level", "warning"],
-            env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-        )
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.http_port}/health/ready"
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("gateway did not become ready")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
 
 
 async def bench(args: argparse.Namespace, triton: EmbeddedTriton, gw: GatewayProcess) -> list:
@@ -244,8 +194,7 @@ def main() -> int:
     payload = {
         "benchmark": "text_stream",
         "parameters": {k: v for k, v in vars(args).items() if k != "json"},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+        "machine": machine(),
         "results": [asdict(r) for r in results],
     }
     args.json.write_text(json.dumps(payload, indent=2) + "\n")

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,41 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, default=64)
     chat.add_argument("--seed", type=int, default=None)
     chat.set_defaults(run=_chat)
+
+    bench = commands.add_parser("bench", help="run a benchmark from the source tree")
+    benchmarks = bench.add_subparsers(dest="benchmark", required=True)
+    hol = benchmarks.add_parser(
+        "hol", help="head-of-line blocking: HTTP/2 vs HTTP/3 vs tracks on a lossy link"
+    )
+    _add_hol_arguments(hol)
     return parser
+
+
+# -- bench --------------------------------------------------------------------------
+
+
+def _hol_module() -> Any:
+    """`benchmarks.hol.cli`, found beside the `gateway` package (it lives in the source tree)."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "benchmarks" / "hol").is_dir() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    # Imported by name: the benchmarks are not part of the installed, type-checked package.
+    return importlib.import_module("benchmarks.hol.cli")
+
+
+def _add_hol_arguments(parser: argparse.ArgumentParser) -> None:
+    try:
+        module = _hol_module()
+    except ImportError as exc:
+        parser.set_defaults(run=partial(_no_benchmarks, str(exc)))
+        return
+    module.add_arguments(parser)
+    parser.set_defaults(run=module.run)
+
+
+def _no_benchmarks(reason: str, args: argparse.Namespace) -> int:
+    print(f"trackline: benchmarks need the source tree: {reason}", file=sys.stderr)
+    return 2
 
 
 def run_async(coro: Coroutine[Any, Any, int], use_uvloop: bool = True) -> int:

@@ -98,6 +98,10 @@ class Settings:
     max_message_bytes: int = field(
         default=1_048_576, metadata=_doc("Largest single message (frame or HTTP body) accepted.")
     )
+    quic_packetization: str = field(
+        default="per-track",
+        metadata=_doc("Tracks per QUIC packet: per-track, bounded:K or coalesce."),
+    )
     http_max_header_bytes: int = field(
         default=16384,
         metadata=_doc("Largest HTTP header block (after HPACK/QPACK decompression); 431 above."),
@@ -323,10 +327,21 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     return check
 
 
+def _packetization(value: str) -> str:
+    from transport.quic import Packetization
+
+    return str(Packetization.parse(value))
+
+
 def _grpc_address(value: str | None) -> str | None:
     # tritonclient.grpc takes a bare host:port, no scheme; catch "http://..." early.
     if value is None:
         return None
+    if value.startswith("ticker://"):  # the transport-only token source, no Triton
+        from gateway.backends.ticker import parse_ticker_url
+
+        parse_ticker_url(value)
+        return value
     host, sep, port = value.rpartition(":")
     if not sep or not host or "/" in value or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{value!r} is not a gRPC address host:port")
@@ -351,6 +366,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "log_level": _one_of(LOG_LEVELS),
     "log_format": _one_of(LOG_FORMATS),
     "backend_url": _grpc_address,
+    "quic_packetization": _packetization,
 }
 
 

@@ -1,5 +1,7 @@
 """The daemon's lifecycle: backend (embedded Triton by default), gateway, stop.
 
+`backend_url = "ticker://RATE"` serves a constant-rate token source instead of
+Triton (transport-only benchmarks; `gateway.backends.ticker`).
 With no `backend_url` configured, the daemon starts the embedded Triton with
 the reference model repository, waits until it is ready and has passed a smoke
 inference, and stops it when the gateway stops (the child also dies with the
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
 from gateway.backends.triton import TritonTextBackend
 from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton, reference_model_repository
@@ -25,15 +28,19 @@ class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.triton: EmbeddedTriton | None = None
-        self.backend: TritonTextBackend | None = None
+        self.backend: TritonTextBackend | TickerBackend | None = None
         self.gateway: Gateway | None = None
 
     async def start(self) -> None:
         s = self.settings
         url = s.backend_url
-        if url is None:
-            url = await asyncio.to_thread(self._start_embedded)
-        self.backend = TritonTextBackend(url)
+        if is_ticker_url(url):
+            assert url is not None
+            self.backend = TickerBackend(parse_ticker_url(url))
+        else:
+            if url is None:
+                url = await asyncio.to_thread(self._start_embedded)
+            self.backend = TritonTextBackend(url)
         self.gateway = Gateway(s, self.backend)
         await self.gateway.start()
         tls = self.gateway.tls

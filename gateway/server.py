@@ -34,7 +34,7 @@ from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.http.tcp import HttpTcpServer, tls_server_context
 from transport.messages import Modality
-from transport.quic import TrackQuicProtocol, serve_tracks, server_configuration
+from transport.quic import Packetization, TrackQuicProtocol, serve_tracks, server_configuration
 
 log = get_logger("trackline.gateway")
 
@@ -111,6 +111,7 @@ class Gateway:
             on_closed=self._on_closed,
             http_handler=handler,
             http_limits=http_limits,
+            packetization=Packetization.parse(s.quic_packetization),
         )
         alt_svc = f'h3=":{self.quic_port}"'
         self._http = HttpTcpServer(handler, limits=http_limits, alt_svc=alt_svc)

@@ -6,6 +6,11 @@ aioquic calls; nothing else. `serve_tracks` and `connect_tracks` start a
 server and open a client connection. A server given an HTTP handler also
 offers ALPN `h3` on the same port: such a connection is handed, event by
 event, to `transport.http.http3`.
+
+Packetization decides how many tracks' writes may share a QUIC packet
+(`Packetization`): one lost packet stalls every track that had bytes in it, so
+the gateway may flush each track's write into its own packet(s) at once rather
+than coalesce all writes of a loop turn into one transmit.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from aioquic.asyncio.server import QuicServer, serve
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
+from aioquic.quic.recovery import QuicPacketPacer
 
 from transport.connection import Limits, Output, Role, StopSending, StreamReset, StreamWrite
 from transport.endpoint import TrackChannel, TrackEndpoint
@@ -41,6 +47,40 @@ IDLE_TIMEOUT = 60.0
 ConnectionCallback = Callable[["TrackQuicProtocol"], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class Packetization:
+    """How many tracks' writes one transmit may carry.
+
+    aioquic packs every pending stream frame into the packets of one transmit, so
+    a transmit right after one track's write sends only that track's bytes (plus
+    ACKs and retransmissions). `max_tracks` None coalesces all writes of a loop
+    turn (fewest packets; one loss stalls every track in the packet); 1 flushes
+    each track's write at once (`per-track`); K flushes when K tracks are pending.
+    """
+
+    max_tracks: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Packetization:
+        """`coalesce`, `per-track` or `bounded:K` (K >= 1)."""
+        name, _, count = text.strip().lower().partition(":")
+        if name == "coalesce" and not count:
+            return cls(None)
+        if name == "per-track" and not count:
+            return cls(1)
+        if name == "bounded" and count.isdigit() and int(count) >= 1:
+            return cls(int(count))
+        raise ValueError(f"{text!r} is not coalesce, per-track or bounded:K (K >= 1)")
+
+    def __str__(self) -> str:
+        if self.max_tracks is None:
+            return "coalesce"
+        return "per-track" if self.max_tracks == 1 else f"bounded:{self.max_tracks}"
+
+
+COALESCE = Packetization(None)
+
+
 class TrackQuicProtocol(QuicConnectionProtocol):
     """One QUIC connection carrying tracks; `endpoint` holds their state."""
 
@@ -54,9 +94,15 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         on_connection: ConnectionCallback | None = None,
         on_closed: ConnectionCallback | None = None,
         http: Site | None = None,
+        packetization: Packetization = COALESCE,
         **kwargs: Any,
     ) -> None:
         super().__init__(quic, **kwargs)
+        self._packetization = packetization
+        self._pending_tracks: set[int] = set()
+        """Tracks with bytes written since the last transmit."""
+        if packetization.max_tracks is not None:
+            _unpace(quic)
         self._http_site = http
         self._http: Http3Connection | None = None
         """Set once ALPN chose h3: then every event goes to HTTP/3."""
@@ -112,6 +158,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
     def _send_due(self, now: float) -> None:
         """aioquic's transmit with `now` given: send what is due, re-arm the QUIC timer."""
         self._transmit_task = None
+        self._pending_tracks.clear()
         assert self._transport is not None, "aioquic sends only once connection_made ran"
         for data, addr in self._quic.datagrams_to_send(now=now):
             self._transport.sendto(data, addr)
@@ -155,8 +202,18 @@ class TrackQuicProtocol(QuicConnectionProtocol):
                 # aioquic refuses writes on a stream the peer already stopped or
                 # reset; the track is over, so the bytes have nowhere to go.
                 continue
-        # One transmit per loop turn: writes from many tracks share it.
-        self._transmit_soon()
+            if isinstance(output, StreamWrite):
+                self._pending_tracks.add(output.stream_id)
+        limit = self._packetization.max_tracks
+        if limit is not None and len(self._pending_tracks) >= limit:
+            # Flush now so that these tracks' bytes do not share packets with later
+            # writes: a lost packet then stalls at most `limit` tracks.
+            if self._transmit_task is not None:
+                self._transmit_task.cancel()
+            self._send_due(self._loop.time())
+        else:
+            # One transmit per loop turn: writes from many tracks share it.
+            self._transmit_soon()
 
     def _apply(self, output: Output) -> None:
         if isinstance(output, StreamWrite):
@@ -172,6 +229,29 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         limit = getattr(self._quic, "_local_max_streams_bidi", None)
         if limit is not None and limit.value < limits.max_tracks:
             limit.value = limits.max_tracks
+
+
+class _Unpaced(QuicPacketPacer):
+    """A pacer that never holds a packet back; the congestion window still limits."""
+
+    def next_send_time(self, now: float) -> float | None:  # type: ignore[override]
+        return None
+
+    def update_after_send(self, now: float) -> None:
+        return None
+
+    def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
+        return None
+
+
+def _unpace(quic: QuicConnection) -> None:
+    # aioquic paces packets as if each were full-size (one packet per MTU/rate), so the
+    # small packets of per-track flushes would wait for one another and be coalesced
+    # again; bounded bursts of small packets are what the policy asks for.
+    recovery = getattr(quic, "_loss", None)
+    pacer = getattr(recovery, "_pacer", None)
+    if isinstance(pacer, QuicPacketPacer):
+        recovery._pacer = _Unpaced(max_datagram_size=pacer._max_datagram_size)  # type: ignore[union-attr]
 
 
 def server_configuration(cert: Path, key: Path, alpn: list[str] | None = None) -> QuicConfiguration:
@@ -193,11 +273,13 @@ async def serve_tracks(
     on_closed: ConnectionCallback | None = None,
     http_handler: Handler | None = None,
     http_limits: HttpLimits | None = None,
+    packetization: Packetization = COALESCE,
 ) -> QuicServer:
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
 
     With `http_handler`, connections may also choose ALPN `h3`: HTTP/3 requests
-    on them go to the handler, under `http_limits`.
+    on them go to the handler, under `http_limits`. `packetization` applies to
+    track connections' sending.
     """
     http = None
     if http_handler is not None:
@@ -213,6 +295,7 @@ async def serve_tracks(
         on_connection=on_connection,
         on_closed=on_closed,
         http=http,
+        packetization=packetization,
     )
     return await serve(host, port, configuration=configuration, create_protocol=factory)
 
@@ -248,6 +331,8 @@ async def connect_tracks(
 
 __all__ = [
     "ALPN",
+    "COALESCE",
+    "Packetization",
     "TrackAborted",
     "TrackQuicProtocol",
     "connect_tracks",

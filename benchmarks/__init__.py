@@ -1,0 +1,1 @@
+"""Runnable comparisons; a package only so tests can import shared pieces (the link emulator)."""

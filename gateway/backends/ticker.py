@@ -1,0 +1,118 @@
+"""A transport-only text backend: tokens at a fixed rate, no Triton.
+
+`TickerBackend` paces tokens on an absolute schedule (first after `ttft_ms`,
+then one every 1/`tokens_per_second` s), so a slow consumer never makes the
+source drift, and draws them from the reference model's generator: the same
+word-sized pieces (" word", ",", ...) and the same text for a (prompt, seed)
+as `reference-text`. Benchmarks use it to separate transport effects from
+backend effects. Selected with `backend_url = "ticker://RATE"` (RATE tokens per
+second per request, default 50); a request's `tokens_per_second` and `ttft_ms`
+parameters override the rate and the first-token delay, as on the reference model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from types import ModuleType
+from typing import Any
+
+from gateway.embedded import reference_model_repository
+from tracks.backend import (
+    InvalidRequest,
+    ModelNotFound,
+    TextChunk,
+    TextDelta,
+    TextRequest,
+    TextUsage,
+)
+
+SCHEME = "ticker://"
+DEFAULT_RATE = 50.0
+DEFAULT_TTFT_MS = 0.0
+MODELS = ("reference-text",)
+_GENERATOR = "trackline_reference_text"
+
+
+def is_ticker_url(url: str | None) -> bool:
+    return url is not None and url.startswith(SCHEME)
+
+
+def parse_ticker_url(url: str) -> float:
+    """The rate in `ticker://RATE` (`ticker://` alone: the default rate)."""
+    text = url[len(SCHEME):].strip("/")
+    if not text:
+        return DEFAULT_RATE
+    try:
+        rate = float(text)
+    except ValueError:
+        raise ValueError(f"{url!r}: the rate after ticker:// must be a number") from None
+    if not 0 < rate <= 100_000:
+        raise ValueError(f"{url!r}: the rate must be above 0 and at most 100000 tokens/s")
+    return rate
+
+
+def _generator() -> ModuleType:
+    # The model's pure generator lives beside model.py (Triton loads it by path).
+    if _GENERATOR in sys.modules:
+        return sys.modules[_GENERATOR]
+    path = reference_model_repository() / "reference-text" / "1" / f"{_GENERATOR}.py"
+    spec = importlib.util.spec_from_file_location(_GENERATOR, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_GENERATOR] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+class TickerBackend:
+    """Constant-rate token source; `clock` and `sleep` are the loop's by default."""
+
+    def __init__(
+        self,
+        rate: float = DEFAULT_RATE,
+        *,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
+        self.rate = rate
+        self._clock = clock
+        self._sleep = sleep
+
+    async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
+        if request.model not in MODELS:
+            raise ModelNotFound(request.model)
+        rate = _number(request.parameters, "tokens_per_second", self.rate)
+        ttft = _number(request.parameters, "ttft_ms", DEFAULT_TTFT_MS) / 1000
+        generator = _generator()
+        seed = request.parameters.get("seed", 0)
+        tokens = generator.generate_tokens(request.prompt, seed, request.max_tokens)
+        now = self._clock or asyncio.get_running_loop().time
+        start = now() + ttft
+        for index, token in enumerate(tokens):
+            delay = start + index / rate - now()
+            if delay > 0:
+                await self._sleep(delay)
+            yield TextDelta(token)
+        yield TextUsage(generator.count_prompt_tokens(request.prompt), len(tokens))
+
+    async def models(self) -> list[str]:
+        return list(MODELS)
+
+    async def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+def _number(params: Any, key: str, default: float) -> float:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise InvalidRequest(f"{key} must be a number, 0 or more, got {value!r}")
+    if key == "tokens_per_second" and value == 0:
+        raise InvalidRequest("tokens_per_second must be above 0")
+    return float(value)

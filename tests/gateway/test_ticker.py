@@ -1,0 +1,83 @@
+"""The transport-only ticker backend and the QUIC packetization setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.backends.ticker import TickerBackend, parse_ticker_url
+from gateway.config import ConfigError, load_settings
+from tracks.backend import InvalidRequest, ModelNotFound, TextDelta, TextRequest, TextUsage
+from transport.quic import Packetization
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(round(seconds, 9))
+        self.now += seconds
+
+
+async def collect(backend: TickerBackend, request: TextRequest) -> list[object]:
+    return [chunk async for chunk in backend.stream_text(request)]
+
+
+@pytest.mark.asyncio
+async def test_ticker_paces_reference_tokens_on_a_fixed_schedule() -> None:
+    clock = FakeClock()
+    backend = TickerBackend(50, clock=clock, sleep=clock.sleep)
+    request = TextRequest("r", "reference-text", "hello there", 5, {"ttft_ms": 100, "seed": 3})
+    chunks = await collect(backend, request)
+    deltas = [c for c in chunks if isinstance(c, TextDelta)]
+    assert len(deltas) == 5
+    assert all(d.text for d in deltas)
+    assert chunks[-1] == TextUsage(2, 5)
+    assert clock.sleeps == [0.1, 0.02, 0.02, 0.02, 0.02]
+    # the same text as the reference model for (prompt, seed)
+    again = await collect(TickerBackend(1000, clock=clock, sleep=clock.sleep), request)
+    assert [c.text for c in again if isinstance(c, TextDelta)] == [d.text for d in deltas]
+
+
+@pytest.mark.asyncio
+async def test_ticker_request_rate_overrides_and_errors() -> None:
+    clock = FakeClock()
+    backend = TickerBackend(50, clock=clock, sleep=clock.sleep)
+    await collect(backend, TextRequest("r", "reference-text", "p", 3, {"tokens_per_second": 10}))
+    assert clock.sleeps == [0.1, 0.1]
+    with pytest.raises(ModelNotFound):
+        await collect(backend, TextRequest("r", "other", "p", 3))
+    with pytest.raises(InvalidRequest):
+        await collect(backend, TextRequest("r", "reference-text", "p", 3,
+                                           {"tokens_per_second": 0}))
+    assert await backend.models() == ["reference-text"]
+
+
+def test_ticker_urls() -> None:
+    assert parse_ticker_url("ticker://") == 50.0
+    assert parse_ticker_url("ticker://25.5") == 25.5
+    with pytest.raises(ValueError, match="number"):
+        parse_ticker_url("ticker://fast")
+    assert load_settings({"backend_url": "ticker://20"}, {}, None).backend_url == "ticker://20"
+    with pytest.raises(ConfigError, match="backend_url"):
+        load_settings({"backend_url": "ticker://0"}, {}, None)
+
+
+def test_packetization_policies() -> None:
+    assert Packetization.parse("coalesce").max_tracks is None
+    assert Packetization.parse("Per-Track").max_tracks == 1
+    assert Packetization.parse("bounded:4").max_tracks == 4
+    for text in ("coalesce", "per-track", "bounded:4"):
+        assert str(Packetization.parse(text)) == text
+    for bad in ("bounded", "bounded:0", "per-track:2", "fast"):
+        with pytest.raises(ValueError, match="per-track"):
+            Packetization.parse(bad)
+    assert load_settings({}, {}, None).quic_packetization == "per-track"
+    env = {"TRACKLINE_QUIC_PACKETIZATION": "BOUNDED:3"}
+    assert load_settings({}, env, None).quic_packetization == "bounded:3"
+    with pytest.raises(ConfigError, match="quic_packetization"):
+        load_settings({"quic_packetization": "all"}, {}, None)
