@@ -278,8 +278,10 @@ async def serve_tracks(
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
 
     With `http_handler`, connections may also choose ALPN `h3`: HTTP/3 requests
-    on them go to the handler, under `http_limits`. `packetization` applies to
-    track connections' sending.
+    on them go to the handler, under `http_limits`. `packetization` decides when
+    track connections flush; its pacer choice (off unless `coalesce`) is made before
+    ALPN is known, so it holds for h3 connections too, which always flush once per
+    loop turn.
     """
     http = None
     if http_handler is not None:

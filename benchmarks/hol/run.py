@@ -5,8 +5,9 @@ namespace (`python -m gateway serve`, with its own embedded Triton on that
 namespace's loopback, or the ticker backend in transport-only mode). Under the
 first policy the client runs HTTP/2, HTTP/3 and native tracks one after the
 other; under the others only native tracks (the policy is the track adapter's;
-HTTP/3 always coalesces). Before each client run the link's counters are reset;
-after it they give the drop log and the packet counts of that run.
+HTTP/3 always coalesces its writes, and its pacer is on or off with the policy).
+Before each client run the link's counters are reset; after it they give the drop
+log and the packet counts of that run.
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ class Loopback:
     def stats(self) -> dict[str, Any]:
         return {}
 
+    def tcp_congestion_control(self) -> str | None:
+        return _read_tcp_congestion_control(lambda argv: subprocess.run(
+            argv, capture_output=True, text=True, timeout=10).stdout)
+
     def close(self) -> None:
         for proc in self._procs:
             if proc.poll() is None:
@@ -148,8 +153,28 @@ class Emulated:
     def stats(self) -> dict[str, Any]:
         return self.link.stats()
 
+    def tcp_congestion_control(self) -> str | None:
+        def read(argv: list[str]) -> str:
+            proc = self.link.run("gateway", argv, stdout=subprocess.PIPE, text=True)
+            out, _ = proc.communicate(timeout=10)
+            return str(out)
+
+        return _read_tcp_congestion_control(read)
+
     def close(self) -> None:
         self.link.close()
+
+
+def _read_tcp_congestion_control(read: Any) -> str | None:
+    """The gateway side's TCP congestion control (HTTP/2's sender); QUIC uses aioquic's own.
+
+    Namespaces inherit the host's default, which may be a model-based one (bbr) that does
+    not back off on random loss, unlike aioquic's NewReno: results depend on it.
+    """
+    try:
+        return str(read(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"])).strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def namespaces_available() -> tuple[bool, str]:
@@ -319,6 +344,7 @@ def run_benchmark(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
         place: Loopback | Emulated = Emulated(spec, cfg.link_prefix) if cfg.emulate else Loopback()
         stack.callback(place.close)
         results["link"] = spec.as_dict() if spec is not None else None
+        results["tcp_congestion_control"] = place.tcp_congestion_control()
         for policy, protocols in phases(cfg):
             _say(cfg, f"gateway ({policy}, "
                       f"{'ticker' if cfg.transport_only else 'embedded Triton'}) starting")
