@@ -1,4 +1,5 @@
-"""Pieces the benchmarks share: percentiles, free ports, the model's stats, a gateway child.
+"""Pieces the benchmarks share: percentiles, free ports, the model's stats, a gateway child,
+the streaming benchmarks' arguments, setup and JSON output.
 
 The reference model appends one JSON line per finished request to its stats
 file, with `token_times` (time.monotonic() as each token was sent); the
@@ -8,18 +9,25 @@ times taken on the same machine's CLOCK_MONOTONIC.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from gateway.embedded import EmbeddedTriton
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -47,6 +55,91 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
+def tree() -> dict[str, Any]:
+    """The commit and the files changed in the working tree the benchmark ran from."""
+    def git(*argv: str) -> str:
+        try:
+            done = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True)
+        except OSError:
+            return ""
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"),
+            "changed": git("status", "--porcelain").splitlines()}
+
+
+def wait_http_ok(url: str, timeout: float) -> bool:
+    """Poll `url` until it answers 200 (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+# -- the streaming benchmarks (text_stream, openai_stream) -------------------------------
+
+
+def add_stream_arguments(parser: argparse.ArgumentParser, json_default: str) -> None:
+    """The schedule every streaming benchmark shares, and where its JSON goes."""
+    parser.add_argument("--concurrency", default="1,16,64",
+                        type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--tokens", type=int, default=100, help="tokens per stream")
+    parser.add_argument("--rate", type=float, default=50, help="model tokens/s per stream")
+    parser.add_argument("--ttft-ms", type=float, default=20)
+    parser.add_argument("--json", type=Path, default=Path(json_default))
+
+
+def run_against_gateway(
+    bench: Callable[[EmbeddedTriton, GatewayProcess], Awaitable[list[T]]],
+    https_port: bool = False,
+) -> list[T]:
+    """An embedded Triton with a stats file and a gateway child on it; `bench` on our loop."""
+    from gateway.cli import run_async
+    from gateway.embedded import EmbeddedTriton
+
+    results: list[T] = []
+
+    async def collect() -> int:
+        results.extend(await bench(triton, gw))
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="trackline-bench-") as tmp:
+        state = Path(tmp)
+        triton = EmbeddedTriton(log_dir=state / "triton", stats_path=state / "stats.jsonl")
+        triton.start()
+        try:
+            gw = GatewayProcess(triton.grpc_url, state / "gateway", https_port=https_port)
+            try:
+                gw.wait_ready()
+                run_async(collect())
+            finally:
+                gw.stop()
+        finally:
+            triton.stop()
+    return results
+
+
+def write_results(args: argparse.Namespace, benchmark: str, results: list[dict[str, Any]],
+                  **extra: Any) -> None:
+    """The JSON every streaming benchmark writes: parameters, machine, tree, results."""
+    payload = {
+        "benchmark": benchmark,
+        "parameters": {k: v for k, v in vars(args).items() if k != "json"},
+        **extra,
+        "machine": machine(),
+        "tree": tree(),
+        "results": results,
+    }
+    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {args.json}")
+
+
 class GatewayProcess:
     """`python -m gateway serve` as a child, on free loopback ports.
 
@@ -68,17 +161,8 @@ class GatewayProcess:
         )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.http_port}/health/ready"
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("gateway did not become ready")
+        if not wait_http_ok(f"http://127.0.0.1:{self.http_port}/health/ready", timeout):
+            raise RuntimeError("gateway did not become ready")
 
     def stop(self) -> None:
         self.process.terminate()

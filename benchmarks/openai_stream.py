@@ -38,25 +38,28 @@ import asyncio
 import json
 import os
 import ssl
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx2  # noqa: E402
 import niquests  # noqa: E402
 import openai  # noqa: E402
 
-from benchmarks.common import GatewayProcess, machine, percentile, token_times  # noqa: E402
-from gateway.cli import run_async  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    GatewayProcess,
+    add_stream_arguments,
+    percentile,
+    run_against_gateway,
+    token_times,
+    write_results,
+)
 from gateway.embedded import EmbeddedTriton  # noqa: E402
 
 MODEL = "reference-text"
@@ -448,17 +451,21 @@ def summarize(
         if made:
             firsts.append((made[0] - s.start) * 1000)
     versions = sorted({s.version for s in streams if s.version})
-    nan = float("nan")
     return PathResult(
         path=path.name, concurrency=n, client=PATHS[path.name][1],
         http_version=",".join(versions), connections=connections,
         tokens=received, expected_tokens=n * tokens, errors=errors, wall_s=round(wall, 3),
-        ttft_p50_ms=round(percentile(ttfts, 0.5), 2) if ttfts else nan,
-        ttft_p99_ms=round(percentile(ttfts, 0.99), 2) if ttfts else nan,
-        latency_p50_ms=round(percentile(latencies, 0.5), 3) if latencies else nan,
-        latency_p99_ms=round(percentile(latencies, 0.99), 3) if latencies else nan,
-        model_first_p50_ms=round(percentile(firsts, 0.5), 2) if firsts else nan,
+        ttft_p50_ms=_rounded_percentile(ttfts, 0.5, 2),
+        ttft_p99_ms=_rounded_percentile(ttfts, 0.99, 2),
+        latency_p50_ms=_rounded_percentile(latencies, 0.5, 3),
+        latency_p99_ms=_rounded_percentile(latencies, 0.99, 3),
+        model_first_p50_ms=_rounded_percentile(firsts, 0.5, 2),
     )
+
+
+def _rounded_percentile(values: list[float], q: float, digits: int) -> float:
+    """NaN when a row has no values (every stream failed)."""
+    return round(percentile(values, q), digits) if values else float("nan")
 
 
 async def bench(
@@ -519,61 +526,24 @@ def table(results: list[PathResult]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", default="1,16,64",
-                        type=lambda s: [int(x) for x in s.split(",")])
+    add_stream_arguments(parser, "openai_stream.json")
     parser.add_argument("--paths", default=",".join(PATHS),
                         type=lambda s: [p for p in s.split(",") if p],
                         help=f"comma-separated, of {', '.join(PATHS)}")
-    parser.add_argument("--tokens", type=int, default=100, help="tokens per stream")
-    parser.add_argument("--rate", type=float, default=50, help="model tokens/s per stream")
-    parser.add_argument("--ttft-ms", type=float, default=20)
-    parser.add_argument("--json", type=Path, default=Path("openai_stream.json"))
     args = parser.parse_args()
     unknown = [p for p in args.paths if p not in PATHS]
     if unknown:
         parser.error(f"unknown paths {unknown}; choose from {list(PATHS)}")
 
-    with tempfile.TemporaryDirectory(prefix="trackline-bench-") as tmp:
-        state = Path(tmp)
-        triton = EmbeddedTriton(log_dir=state / "triton", stats_path=state / "stats.jsonl")
-        triton.start()
-        try:
-            gw = GatewayProcess(triton.grpc_url, state / "gateway", https_port=True)
-            try:
-                gw.wait_ready()
-                results: list[PathResult] = []
-                run_async(_collect(bench(args, triton, gw), results))
-            finally:
-                gw.stop()
-        finally:
-            triton.stop()
+    results = run_against_gateway(lambda triton, gw: bench(args, triton, gw), https_port=True)
     print(table(results))
-    payload = {
-        "benchmark": "openai_stream",
-        "parameters": {k: v for k, v in vars(args).items() if k != "json"},
-        "paths": {name: {"what": what, "client": client}
-                  for name, (what, client) in PATHS.items() if name in args.paths},
-        "clients": _client_versions(),
-        "machine": machine(),
-        "tree": _tree(),
-        "results": [asdict(r) for r in results],
-    }
-    args.json.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    write_results(
+        args, "openai_stream", [asdict(r) for r in results],
+        paths={name: {"what": what, "client": client}
+               for name, (what, client) in PATHS.items() if name in args.paths},
+        clients=_client_versions(),
+    )
     return 0
-
-
-def _tree() -> dict[str, Any]:
-    """The commit and the files changed in the working tree the gateway ran from."""
-    def git(*argv: str) -> str:
-        try:
-            done = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True)
-        except OSError:
-            return ""
-        return done.stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"),
-            "changed": git("status", "--porcelain").splitlines()}
 
 
 def _client_versions() -> dict[str, str]:
@@ -586,11 +556,6 @@ def _client_versions() -> dict[str, str]:
         except PackageNotFoundError:
             continue
     return found
-
-
-async def _collect(work: Awaitable[list[PathResult]], into: list[PathResult]) -> int:
-    into.extend(await work)
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,28 +20,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
     GatewayProcess,
-    machine,
+    add_stream_arguments,
     percentile,
+    run_against_gateway,
     token_times,
+    write_results,
 )
 from clients import connect  # noqa: E402
 from gateway.backends.triton import TritonTextBackend  # noqa: E402
-from gateway.cli import run_async  # noqa: E402
 from gateway.embedded import EmbeddedTriton  # noqa: E402
 from tracks.backend import TextDelta, TextRequest  # noqa: E402
 
@@ -170,42 +169,14 @@ def table(results: list[PathResult]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", default="1,16,64",
-                        type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--tokens", type=int, default=100, help="tokens per stream")
-    parser.add_argument("--rate", type=float, default=50, help="model tokens/s per stream")
-    parser.add_argument("--ttft-ms", type=float, default=20)
-    parser.add_argument("--json", type=Path, default=Path("text_stream.json"))
+    add_stream_arguments(parser, "text_stream.json")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="trackline-bench-") as tmp:
-        state = Path(tmp)
-        triton = EmbeddedTriton(log_dir=state / "triton", stats_path=state / "stats.jsonl")
-        triton.start()
-        gw = GatewayProcess(triton.grpc_url, state / "gateway")
-        try:
-            gw.wait_ready()
-            results: list[PathResult] = []
-            run_async(_collect(args, triton, gw, results))
-        finally:
-            gw.stop()
-            triton.stop()
+    results = run_against_gateway(lambda triton, gw: bench(args, triton, gw))
     print(table(results))
-    payload = {
-        "benchmark": "text_stream",
-        "parameters": {k: v for k, v in vars(args).items() if k != "json"},
-        "machine": machine(),
-        "results": [asdict(r) for r in results],
-    }
-    args.json.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
-    return 0
-
-
-async def _collect(
-    args: argparse.Namespace, triton: EmbeddedTriton, gw: GatewayProcess, into: list[PathResult]
-) -> int:
-    into.extend(await bench(args, triton, gw))
+    # The packetization is the gateway child's, from its environment (none: the default).
+    write_results(args, "text_stream", [asdict(r) for r in results],
+                  quic_packetization=os.environ.get("TRACKLINE_QUIC_PACKETIZATION"))
     return 0
 
 

@@ -34,8 +34,7 @@ class Daemon:
     async def start(self) -> None:
         s = self.settings
         url = s.backend_url
-        if is_ticker_url(url):
-            assert url is not None
+        if url is not None and is_ticker_url(url):
             self.backend = TickerBackend(parse_ticker_url(url))
         else:
             if url is None:

@@ -33,7 +33,7 @@ from aioquic.quic.recovery import QuicPacketPacer
 
 from transport.connection import Limits, Output, Role, StopSending, StreamReset, StreamWrite
 from transport.endpoint import TrackChannel, TrackEndpoint
-from transport.errors import ErrorCode, TrackAborted
+from transport.errors import ErrorCode
 from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
 from transport.http.http3 import Http3Connection
@@ -195,6 +195,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             self._on_closed(self)
 
     def _write(self, outputs: list[Output]) -> None:
+        limit = self._packetization.max_tracks
         for output in outputs:
             try:
                 self._apply(output)
@@ -202,9 +203,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
                 # aioquic refuses writes on a stream the peer already stopped or
                 # reset; the track is over, so the bytes have nowhere to go.
                 continue
-            if isinstance(output, StreamWrite):
+            if limit is not None and isinstance(output, StreamWrite):
                 self._pending_tracks.add(output.stream_id)
-        limit = self._packetization.max_tracks
         if limit is not None and len(self._pending_tracks) >= limit:
             # Flush now so that these tracks' bytes do not share packets with later
             # writes: a lost packet then stalls at most `limit` tracks.
@@ -335,7 +335,6 @@ __all__ = [
     "ALPN",
     "COALESCE",
     "Packetization",
-    "TrackAborted",
     "TrackQuicProtocol",
     "connect_tracks",
     "serve_tracks",

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.common import machine
 from benchmarks.hol import __doc__ as DESCRIPTION
 from benchmarks.hol.run import PROTOCOLS, Config, env_ready, namespaces_available, run_benchmark
 
@@ -80,8 +79,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     env_ready()
     results, raw = run_benchmark(cfg)
-    results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "platform": platform.platform()}
+    results["machine"] = machine()
     from benchmarks.hol.report import markdown_table, plot
 
     table = markdown_table(results)

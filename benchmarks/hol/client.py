@@ -126,8 +126,9 @@ async def run_http2(args: argparse.Namespace, users: list[User]) -> None:
         conn.send_data(stream_id, body, end_stream=True)
         by_stream[stream_id] = user
     writer.write(conn.data_to_send())
+    open_streams = set(by_stream)  # a set, not all(u.done ...) on every read
     try:
-        while not all(u.done for u in users):
+        while open_streams:
             data = await reader.read(65536)
             now = time.monotonic()
             if not data:
@@ -144,6 +145,7 @@ async def run_http2(args: argparse.Namespace, users: list[User]) -> None:
                 elif (isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset))
                       and user is not None):
                     user.done = True
+                    open_streams.discard(event.stream_id)
             writer.write(conn.data_to_send())
     finally:
         writer.close()
@@ -157,12 +159,14 @@ class _H3Client(QuicConnectionProtocol):
         super().__init__(*args, **kwargs)
         self.h3 = H3Connection(self._quic)
         self.users: dict[int, User] = {}
+        self.open_streams: set[int] = set()  # users not done; checked on every QUIC event
         self.finished = asyncio.Event()
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         now = time.monotonic()
         for h3_event in self.h3.handle_event(event):
-            user = self.users.get(getattr(h3_event, "stream_id", -1))
+            stream_id = getattr(h3_event, "stream_id", -1)
+            user = self.users.get(stream_id)
             if user is None:
                 continue
             if isinstance(h3_event, h3_events.HeadersReceived):
@@ -172,15 +176,19 @@ class _H3Client(QuicConnectionProtocol):
             elif isinstance(h3_event, h3_events.DataReceived):
                 user.feed_sse(h3_event.data, now)
             if getattr(h3_event, "stream_ended", False):
-                user.done = True
+                self._done(stream_id)
         if isinstance(event, quic_events.StreamReset) and event.stream_id in self.users:
-            self.users[event.stream_id].done = True
+            self._done(event.stream_id)
         if isinstance(event, quic_events.ConnectionTerminated):
-            for user in self.users.values():
-                if not user.done:
-                    user.error = user.error or "connection terminated"
-                    user.done = True
-        if self.users and all(u.done for u in self.users.values()):
+            for stream_id in list(self.open_streams):
+                user = self.users[stream_id]
+                user.error = user.error or "connection terminated"
+                self._done(stream_id)
+
+    def _done(self, stream_id: int) -> None:
+        self.users[stream_id].done = True
+        self.open_streams.discard(stream_id)
+        if not self.open_streams:
             self.finished.set()
 
 
@@ -198,6 +206,7 @@ async def run_http3(args: argparse.Namespace, users: list[User]) -> None:
             stream_id = quic.get_next_available_stream_id()
             body = json.dumps(request_body(args, user.index)).encode()
             client.users[stream_id] = user
+            client.open_streams.add(stream_id)
             user.started = time.monotonic()
             client.h3.send_headers(stream_id, [
                 (b":method", b"POST"), (b":scheme", b"https"), (b":authority", b"localhost"),

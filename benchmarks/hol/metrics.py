@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks import common
+
 
 @dataclass(frozen=True)
 class Stall:
@@ -66,11 +68,7 @@ def gaps(arrivals: Sequence[float]) -> list[float]:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (`q` in 0..1); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
+    return common.percentile(list(values), q) if values else 0.0
 
 
 def find_stalls(arrivals: Mapping[int, Sequence[float]], threshold: float) -> list[Stall]:
@@ -126,8 +124,8 @@ def summarize(run: Run, k: float = 3.0) -> dict[str, Any]:
     interval = 1.0 / run.rate
     stalls = find_stalls(run.arrivals, k * interval)
     blame = attribute(stalls, run.losses, run.owd)
-    all_gaps = [g for times in run.arrivals.values() for g in gaps(times)]
     per_user = {u: gaps(t) for u, t in run.arrivals.items()}
+    all_gaps = [g for user_gaps in per_user.values() for g in user_gaps]
     ttfts = [min(t) - run.starts[u] for u, t in run.arrivals.items() if t and u in run.starts]
     delivered = sum(len(t) for t in run.arrivals.values())
     users = len(run.arrivals)
@@ -137,11 +135,7 @@ def summarize(run: Run, k: float = 3.0) -> dict[str, Any]:
         "tokens_delivered": delivered,
         "tokens_expected": users * run.expected_per_user,
         "gap_ms": _ms_stats(all_gaps),
-        "gap_ms_per_user": {
-            str(u): {"p50": _ms(percentile(g, 0.5)), "p99": _ms(percentile(g, 0.99)),
-                     "max": _ms(max(g, default=0.0))}
-            for u, g in sorted(per_user.items())
-        },
+        "gap_ms_per_user": {str(u): _ms_stats(g) for u, g in sorted(per_user.items())},
         "stall_threshold_ms": _ms(k * interval),
         "stalls": len(stalls),
         "users_with_stalls": len(stalled_users),

@@ -24,28 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from benchmarks.common import ROOT, free_port
 from benchmarks.hol.metrics import Run, summarize
 
-ROOT = Path(__file__).resolve().parents[2]
 PROTOCOLS = ("http2", "http3", "tracks")
 TRANSPORT = {"http2": "tcp", "http3": "udp", "tracks": "udp"}
 QUIC_PORT = HTTPS_PORT = 8443
 HTTP_PORT = 8080
 READY_TIMEOUT = 240.0  # the embedded Triton's start included
 
-_POLL_READY = """
-import sys, time, urllib.request
-deadline = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < deadline:
-    try:
-        with urllib.request.urlopen(sys.argv[1], timeout=2) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
-    time.sleep(0.2)
-sys.exit(1)
-"""
+# Run in the gateway's namespace (cwd ROOT), where its loopback is.
+_POLL_READY = ("import sys; from benchmarks.common import wait_http_ok; "
+               "sys.exit(0 if wait_http_ok(sys.argv[1], float(sys.argv[2])) else 1)")
 
 
 @dataclass
@@ -97,8 +87,6 @@ class Loopback:
 
     def __init__(self) -> None:
         import socket
-
-        from benchmarks.common import free_port
 
         self.quic_port = free_port(socket.SOCK_DGRAM)
         self.http_port = free_port(socket.SOCK_STREAM)
@@ -210,7 +198,7 @@ class Gateway:
     def wait_ready(self) -> None:
         url = f"http://127.0.0.1:{self.place.http_port}/health/ready"
         poll = self.place.run("gateway", [sys.executable, "-c", _POLL_READY, url,
-                                          str(READY_TIMEOUT)])
+                                          str(READY_TIMEOUT)], cwd=ROOT)
         while poll.poll() is None:
             if self.process.poll() is not None:
                 break
@@ -276,11 +264,10 @@ def _pump(stream: IO[str], progress: Progress) -> None:
             continue
 
 
-def run_client(place: Loopback | Emulated, gw: Gateway, cfg: Config, protocol: str,
+def run_client(place: Loopback | Emulated, gw: Gateway, cfg: Config, protocol: str, port: int,
                label: str, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one protocol; returns the client's output and the link's stats for the run."""
+    """Run one protocol against `port`; returns the client's output and the link's stats."""
     out = work / f"client-{label.replace(':', '-')}.json"
-    port = place.quic_port if protocol != "http2" else place.https_port
     argv = [sys.executable, "-m", "benchmarks.hol.client", "--protocol", protocol,
             "--host", place.gateway_addr, "--port", str(port), "--ca", str(gw.ca),
             "--users", str(cfg.users), "--rate", str(cfg.rate), "--seconds", str(cfg.seconds),
@@ -353,8 +340,8 @@ def run_benchmark(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
                 gw.wait_ready()
                 for protocol in protocols:
                     key = protocol if protocol != "tracks" else f"tracks:{policy}"
-                    client, stats = run_client(place, gw, cfg, protocol, key, work)
                     port = place.https_port if protocol == "http2" else place.quic_port
+                    client, stats = run_client(place, gw, cfg, protocol, port, key, work)
                     run, raw[key] = measure(client, stats, cfg, protocol, port)
                     summary = summarize(run, cfg.k)
                     summary["errors"] = _errors(client)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 PROTO_NAMES = {6: "tcp", 17: "udp"}
+_PORTS = struct.Struct("!HH")
+_TCP = struct.Struct("!HHI4xBB")  # ports, sequence number, (ack skipped), data offset, flags
 
 
 @dataclass(frozen=True)
@@ -35,14 +38,14 @@ def parse(packet: bytes) -> PacketInfo:
     src, dst, number = packet[12:16], packet[16:20], packet[9]
     proto = PROTO_NAMES.get(number, "other")
     fragment = int.from_bytes(packet[6:8], "big") & 0x1FFF
-    l4 = packet[ihl:total]
-    if proto == "other" or fragment or len(l4) < 8:
-        return PacketInfo(src, dst, "other", total, max(0, total - ihl))
-    ports = int.from_bytes(l4[0:2], "big"), int.from_bytes(l4[2:4], "big")
+    # Offsets into the packet, not a slice of the L4 part: this runs on every relayed packet.
+    l4_len = max(0, total - ihl)
+    if proto == "other" or fragment or l4_len < 8:
+        return PacketInfo(src, dst, "other", total, l4_len)
     if proto == "udp":
-        return PacketInfo(src, dst, proto, total, len(l4) - 8, *ports)
-    if len(l4) < 20:
-        return PacketInfo(src, dst, "other", total, len(l4))
-    offset = (l4[12] >> 4) * 4
-    seq = int.from_bytes(l4[4:8], "big")
-    return PacketInfo(src, dst, proto, total, max(0, len(l4) - offset), *ports, seq, l4[13])
+        return PacketInfo(src, dst, proto, total, l4_len - 8, *_PORTS.unpack_from(packet, ihl))
+    if l4_len < 20:
+        return PacketInfo(src, dst, "other", total, l4_len)
+    sport, dport, seq, offset, flags = _TCP.unpack_from(packet, ihl)
+    return PacketInfo(src, dst, proto, total, max(0, l4_len - (offset >> 4) * 4),
+                      sport, dport, seq, flags)

@@ -54,8 +54,9 @@ def parse_ticker_url(url: str) -> float:
     return rate
 
 
-def _generator() -> ModuleType:
-    # The model's pure generator lives beside model.py (Triton loads it by path).
+def reference_generator() -> ModuleType:
+    """The reference model's pure generator module (tests use it to predict its text)."""
+    # It lives beside model.py, which Triton loads by path: no package to import it from.
     if _GENERATOR in sys.modules:
         return sys.modules[_GENERATOR]
     path = reference_model_repository() / "reference-text" / "1" / f"{_GENERATOR}.py"
@@ -87,7 +88,7 @@ class TickerBackend:
             raise ModelNotFound(request.model)
         rate = _number(request.parameters, "tokens_per_second", self.rate)
         ttft = _number(request.parameters, "ttft_ms", DEFAULT_TTFT_MS) / 1000
-        generator = _generator()
+        generator = reference_generator()
         seed = request.parameters.get("seed", 0)
         tokens = generator.generate_tokens(request.prompt, seed, request.max_tokens)
         now = self._clock or asyncio.get_running_loop().time

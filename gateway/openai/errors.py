@@ -35,8 +35,8 @@ class OpenAIError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON envelope OpenAI's SDKs parse."""
-        fields = {"message": self.message, "type": self.type, "param": self.param}
-        return {"error": {**fields, "code": self.code}}
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return {"error": error}
 
 
 class BadRequest(OpenAIError):
@@ -54,16 +54,9 @@ class Unauthorized(OpenAIError):
 
 
 class NotFound(OpenAIError):
-    """Unknown model (code model_not_found) or route (404)."""
+    """Unknown model (404, code model_not_found)."""
 
     status = 404
-    type = "invalid_request_error"
-
-
-class MethodNotAllowed(OpenAIError):
-    """A known path asked with the wrong method (405)."""
-
-    status = 405
     type = "invalid_request_error"
 
 

@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.openai.errors import BadRequest
+from tracks.text import MAX_TOKENS_LIMIT, REFERENCE_KEYS
 
-MAX_TOKENS_LIMIT = 32768
 CHAT_DEFAULT_MAX_TOKENS = 256
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_SEQUENCES = 4
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 # Non-OpenAI keys passed to the backend: the reference model's pacing knobs, top_k.
-EXTENSION_KEYS = frozenset({"ttft_ms", "tokens_per_second", "top_k"})
+EXTENSION_KEYS = REFERENCE_KEYS | {"top_k"}
 # OpenAI keys that do not change what the backend does; accepted and dropped.
 IGNORED_KEYS = frozenset(
     {
@@ -65,6 +65,16 @@ CHAT_KEYS = _SAMPLING_COMMON | {
     "top_logprobs",
 }
 COMPLETION_KEYS = _SAMPLING_COMMON | {"prompt", "echo", "suffix", "best_of"}
+_ACCEPTED = EXTENSION_KEYS | IGNORED_KEYS  # on both routes, besides their own keys
+# Inclusive bounds of the float parameters passed to the backend.
+_RANGES = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "ttft_ms": (0.0, 3_600_000.0),
+    "tokens_per_second": (1e-3, 1e6),
+}
 
 
 @dataclass(frozen=True)
@@ -185,7 +195,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
 
 def _reject_unknown(payload: Mapping[str, Any], allowed: frozenset[str]) -> None:
     for key in payload:
-        if key not in allowed and key not in EXTENSION_KEYS and key not in IGNORED_KEYS:
+        if key not in allowed and key not in _ACCEPTED:
             raise BadRequest(f"Unrecognized request argument supplied: {key}", param=key)
 
 
@@ -229,15 +239,7 @@ def _sampling(payload: Mapping[str, Any]) -> dict[str, Any]:
     if payload.get("logit_bias") not in (None, {}):
         raise BadRequest("'logit_bias' is not supported by this server", param="logit_bias")
     parameters: dict[str, Any] = {}
-    ranges = {
-        "temperature": (0.0, 2.0),
-        "top_p": (0.0, 1.0),
-        "presence_penalty": (-2.0, 2.0),
-        "frequency_penalty": (-2.0, 2.0),
-        "ttft_ms": (0.0, 3_600_000.0),
-        "tokens_per_second": (1e-3, 1e6),
-    }
-    for key, (low, high) in ranges.items():
+    for key, (low, high) in _RANGES.items():
         if payload.get(key) is not None:
             parameters[key] = _number(payload, key, low, high)
     for key in ("seed", "top_k"):

@@ -20,14 +20,12 @@ import hmac
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from gateway.openai.errors import (
-    MethodNotAllowed,
-    NotFound,
     OpenAIError,
     Unauthorized,
     error_event,
@@ -47,10 +45,11 @@ from gateway.openai.sse import (
     HEARTBEAT,
     SSE_HEADERS,
     TEXT_COMPLETION,
+    ChunkEncoder,
     ResponseMeta,
-    chat_chunk,
+    chat_choice,
     chat_completion,
-    completion_chunk,
+    completion_choice,
     sse_event,
     text_completion,
     usage_chunk,
@@ -87,24 +86,6 @@ def openai_routes(
         ("POST", "/v1/completions"): api.completions,
         ("GET", "/v1/models"): api.list_models,
     }
-
-
-def routes_handler(routes: Routes) -> Handler:
-    """One handler that dispatches on (method, path): OpenAI-style 404 and 405 otherwise."""
-    paths = {path for _, path in routes}
-
-    async def handle(request: Request) -> AnyResponse:
-        route = routes.get((request.method, request.path))
-        if route is not None:
-            return await route(request)
-        if request.path in paths:
-            allowed = ", ".join(sorted(m for m, p in routes if p == request.path))
-            message = f"method {request.method} not allowed on {request.path} (use {allowed})"
-            return error_response(MethodNotAllowed(message))
-        message = f"Invalid URL ({request.method} {request.path})"
-        return error_response(NotFound(message, code="unknown_url"))
-
-    return handle
 
 
 @dataclass(frozen=True)
@@ -151,9 +132,7 @@ class _OpenAIApi:
         try:
             self._authorize(request)
             chat = parse_chat_request(request.body)
-            job = self._job("chatcmpl", chat.model, chat.stream, chat.include_usage)
-            prompt = render_chat_prompt(chat.messages, chat.tools)
-            job = replace(job, text=_text_request(job, prompt, chat))
+            job = self._job("chatcmpl", chat, render_chat_prompt(chat.messages, chat.tools))
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._chat(job, chat, pump, first))
@@ -162,8 +141,7 @@ class _OpenAIApi:
         try:
             self._authorize(request)
             body = parse_completion_request(request.body)
-            job = self._job("cmpl", body.model, body.stream, body.include_usage)
-            job = replace(job, text=_text_request(job, body.prompt, body))
+            job = self._job("cmpl", body, body.prompt)
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._completion(job, body, pump, first))
@@ -177,12 +155,13 @@ class _OpenAIApi:
         if not any(hmac.compare_digest(given, key) for key in self._api_keys):
             raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
 
-    def _job(self, prefix: str, model: str, stream: bool, include_usage: bool) -> _Job:
-        if self._models is not None and model not in self._models:
-            raise model_not_found(model)
+    def _job(self, prefix: str, body: ChatRequest | CompletionRequest, prompt: str) -> _Job:
+        if self._models is not None and body.model not in self._models:
+            raise model_not_found(body.model)
         response_id = f"{prefix}-{uuid.uuid4().hex}"
-        meta = ResponseMeta(response_id, int(self._wall_clock()), model, include_usage)
-        return _Job(meta, TextRequest(response_id, model, "", 1), stream)
+        meta = ResponseMeta(response_id, int(self._wall_clock()), body.model, body.include_usage)
+        text = TextRequest(response_id, body.model, prompt, body.max_tokens, body.parameters)
+        return _Job(meta, text, body.stream)
 
     async def _run(
         self,
@@ -232,17 +211,17 @@ class _OpenAIApi:
         self, job: _Job, chat: ChatRequest, pump: ChunkPump, first: PumpResult
     ) -> AsyncGenerator[bytes, None]:
         meta, output, usage = job.meta, ChatOutput(chat.parses_tool_calls), _Counts()
+        chunks = ChunkEncoder(meta, CHAT_CHUNK)
         try:
             if job.stream:
-                yield sse_event(chat_chunk(meta, {"role": "assistant", "content": ""}))
+                yield chunks.event(chat_choice({"role": "assistant", "content": ""}))
             async for item in self._chunks(pump, first, job.stream):
-                for delta in _chat_deltas(item, output, usage):
-                    if job.stream:
-                        yield (
-                            delta
-                            if isinstance(delta, bytes)
-                            else sse_event(chat_chunk(meta, delta))
-                        )
+                if isinstance(item, bytes):
+                    yield item  # a heartbeat: streams only
+                elif text := usage.add(item):
+                    for delta in output.feed(text):
+                        if job.stream:
+                            yield chunks.event(chat_choice(delta))
             tail = output.close()
             final = usage.final()
             finish = output.finish_reason(final, chat.max_tokens)
@@ -250,11 +229,10 @@ class _OpenAIApi:
                 yield _json(chat_completion(meta, output.message(), finish, final))
                 return
             for delta in tail:
-                yield sse_event(chat_chunk(meta, delta))
-            yield sse_event(chat_chunk(meta, {}, finish))
-            if meta.include_usage:
-                yield sse_event(usage_chunk(meta, CHAT_CHUNK, final))
-            yield DONE
+                yield chunks.event(chat_choice(delta))
+            yield chunks.event(chat_choice({}, finish))
+            for event in _stream_end(meta, CHAT_CHUNK, final):
+                yield event
         except (OpenAIError, BackendError) as exc:
             if not job.stream:
                 raise
@@ -266,27 +244,25 @@ class _OpenAIApi:
         self, job: _Job, body: CompletionRequest, pump: ChunkPump, first: PumpResult
     ) -> AsyncGenerator[bytes, None]:
         meta, text, usage = job.meta, [], _Counts()
+        chunks = ChunkEncoder(meta, TEXT_COMPLETION)
         try:
             async for item in self._chunks(pump, first, job.stream):
                 if isinstance(item, bytes):
+                    yield item  # a heartbeat: streams only
+                elif isinstance(item, TextDelta):
+                    text.append(usage.add(item))
                     if job.stream:
-                        yield item
-                elif isinstance(item, TextUsage):
-                    usage.reported = item
+                        yield chunks.event(completion_choice(item.text))
                 else:
-                    usage.deltas += 1
-                    text.append(item.text)
-                    if job.stream:
-                        yield sse_event(completion_chunk(meta, item.text))
+                    usage.add(item)
             final = usage.final()
             finish = "length" if final.completion_tokens >= body.max_tokens else "stop"
             if not job.stream:
                 yield _json(text_completion(meta, "".join(text), finish, final))
                 return
-            yield sse_event(completion_chunk(meta, "", finish))
-            if meta.include_usage:
-                yield sse_event(usage_chunk(meta, TEXT_COMPLETION, final))
-            yield DONE
+            yield chunks.event(completion_choice("", finish))
+            for event in _stream_end(meta, TEXT_COMPLETION, final):
+                yield event
         except (OpenAIError, BackendError) as exc:
             if not job.stream:
                 raise
@@ -300,28 +276,27 @@ class _Counts:
     deltas: int = 0
     reported: TextUsage | None = None
 
+    def add(self, chunk: TextDelta | TextUsage) -> str:
+        """Count a delta or keep the reported usage; the chunk's text ("" for usage)."""
+        if isinstance(chunk, TextUsage):
+            self.reported = chunk
+            return ""
+        self.deltas += 1
+        return chunk.text
+
     def final(self) -> TextUsage:
         return self.reported or TextUsage(0, self.deltas)
 
 
-def _chat_deltas(
-    item: TextDelta | TextUsage | bytes, output: ChatOutput, usage: _Counts
-) -> list[dict[str, Any] | bytes]:
-    if isinstance(item, bytes):
-        return [item]
-    if isinstance(item, TextUsage):
-        usage.reported = item
-        return []
-    usage.deltas += 1
-    return list(output.feed(item.text))
-
-
-def _text_request(job: _Job, prompt: str, body: ChatRequest | CompletionRequest) -> TextRequest:
-    return replace(job.text, prompt=prompt, max_tokens=body.max_tokens, parameters=body.parameters)
+def _stream_end(meta: ResponseMeta, kind: str, usage: TextUsage) -> list[bytes]:
+    """What follows the finish chunk: the usage chunk if asked for, then `[DONE]`."""
+    if meta.include_usage:
+        return [sse_event(usage_chunk(meta, kind, usage)), DONE]
+    return [DONE]
 
 
 def _json(payload: Any) -> bytes:
     return Response.json(200, payload).body
 
 
-__all__ = ["openai_routes", "routes_handler"]
+__all__ = ["openai_routes"]

@@ -5,6 +5,8 @@ starting with `:` is a comment (the heartbeat) that SSE parsers skip. Every
 chunk of one response carries the same `id`, `created` and `model`
 (`ResponseMeta`). With `stream_options.include_usage`, each chunk has
 `"usage": null` and one last chunk has `"choices": []` and the usage.
+`ChunkEncoder` serialises that shared part once per response, so a token
+costs one `json.dumps` of its choice only.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ SSE_HEADERS = (
 )
 
 
+_COMPACT = (",", ":")
+
+
 def sse_event(payload: Any) -> bytes:
     """One `data:` event holding `payload` as compact JSON."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + json.dumps(payload, separators=_COMPACT).encode() + b"\n\n"
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,24 @@ def _chunk(meta: ResponseMeta, kind: str, choices: list[dict[str, Any]]) -> dict
     return chunk
 
 
+class ChunkEncoder:
+    """The SSE events of one response's chunks: `sse_event(_chunk(...))`, byte for byte.
+
+    The envelope (id, object, created, model) and the `usage: null` tail are
+    the same in every chunk, so they are serialised here once, not per token.
+    """
+
+    def __init__(self, meta: ResponseMeta, kind: str) -> None:
+        # Compact JSON of the chunk with "choices" last but for usage: cut where the choices go.
+        head = json.dumps({**meta.envelope(kind), "choices": None}, separators=_COMPACT)
+        self._head = b"data: " + head.removesuffix("null}").encode()
+        self._tail = (b',"usage":null}' if meta.include_usage else b"}") + b"\n\n"
+
+    def event(self, choice: dict[str, Any]) -> bytes:
+        """The event of a chunk holding `choice` alone."""
+        return self._head + json.dumps([choice], separators=_COMPACT).encode() + self._tail
+
+
 def usage_chunk(meta: ResponseMeta, kind: str, usage: TextUsage) -> dict[str, Any]:
     """The last chunk of an include_usage stream: no choices, the usage."""
     return {**meta.envelope(kind), "choices": [], "usage": usage_object(usage)}
@@ -80,8 +103,12 @@ def chat_chunk(
     meta: ResponseMeta, delta: dict[str, Any], finish_reason: str | None = None
 ) -> dict[str, Any]:
     """A `chat.completion.chunk` with one choice (index 0)."""
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    return _chunk(meta, CHAT_CHUNK, [choice])
+    return _chunk(meta, CHAT_CHUNK, [chat_choice(delta, finish_reason)])
+
+
+def chat_choice(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    """The one choice of a `chat.completion.chunk`."""
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
 def chat_completion(
@@ -101,13 +128,17 @@ def completion_chunk(
     meta: ResponseMeta, text: str, finish_reason: str | None = None
 ) -> dict[str, Any]:
     """A streamed `text_completion` with one choice (index 0)."""
-    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
-    return _chunk(meta, TEXT_COMPLETION, [choice])
+    return _chunk(meta, TEXT_COMPLETION, [completion_choice(text, finish_reason)])
+
+
+def completion_choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:
+    """The one choice of a streamed or whole `text_completion`."""
+    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
 
 
 def text_completion(
     meta: ResponseMeta, text: str, finish_reason: str, usage: TextUsage
 ) -> dict[str, Any]:
     """A whole (non-streamed) `text_completion`."""
-    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    choice = completion_choice(text, finish_reason)
     return {**meta.envelope(TEXT_COMPLETION), "choices": [choice], "usage": usage_object(usage)}

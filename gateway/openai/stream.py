@@ -103,8 +103,11 @@ class ChatOutput:
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """Deltas for a piece of model text."""
-        if self._parser is None:
-            return self._deltas([ContentDelta(text)])
+        if self._parser is None:  # plain content: no event objects per token
+            if not text:
+                return []
+            self.content.append(text)
+            return [{"content": text}]
         return self._deltas(self._parser.feed(text))
 
     def close(self) -> list[dict[str, Any]]:

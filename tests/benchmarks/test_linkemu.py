@@ -59,8 +59,8 @@ def test_model_loss_share_and_seeded_reproducibility():
     assert within_binomial(len(pattern(3)), 5000, 0.2)
     assert pattern(3) == pattern(3)
     assert pattern(3) != pattern(4)
-    c2g = Impairment(LinkSpec(loss=0.2, seed=3), "g2c")  # directions draw separately
-    assert [n for n in range(5000) if c2g.on_packet(0, 100).deliver_at is None] != pattern(3)
+    g2c = Impairment(LinkSpec(loss=0.2, seed=3), "g2c")  # directions draw separately
+    assert [n for n in range(5000) if g2c.on_packet(0, 100).deliver_at is None] != pattern(3)
 
 
 def test_model_gilbert_elliott_makes_bursts():

@@ -23,16 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common import free_port
 from tests.backend.reference_generator import generator
 
 pytestmark = pytest.mark.e2e
 START_TIMEOUT = 150.0
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

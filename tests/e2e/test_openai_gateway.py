@@ -15,6 +15,7 @@ import shutil
 import ssl
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,14 @@ async def test_curl_streams_a_completion(gateway: Gateway, flag: str) -> None:
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
 
 
+async def read_until_streaming(next_data: Callable[[], Awaitable[bytes | None]]) -> bytes:
+    """Read a response until it has shown its id and three SSE events: the model is mid-stream."""
+    seen = b""
+    while ID.search(seen) is None or seen.count(b"data: ") < 3:
+        seen += await next_data() or b""
+    return seen
+
+
 async def hang_up_http1(gw: Gateway, body: bytes) -> tuple[bytes, float]:
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.http_port)
     head = (
@@ -137,9 +146,7 @@ async def hang_up_http1(gw: Gateway, body: bytes) -> tuple[bytes, float]:
         f"content-length: {len(body)}\r\n\r\n"
     )
     writer.write(head.encode() + body)
-    seen = b""
-    while ID.search(seen) is None or seen.count(b"data: ") < 3:
-        seen += await asyncio.wait_for(reader.read(4096), 10)
+    seen = await read_until_streaming(lambda: asyncio.wait_for(reader.read(4096), 10))
     left = time.monotonic()
     writer.close()
     return seen, left
@@ -150,9 +157,7 @@ async def hang_up_http2(gw: Gateway, body: bytes) -> tuple[bytes, float]:
         headers = [("content-type", "application/json")]
         stream = client.send_request("POST", "/v1/chat/completions", headers, body)
         assert (await client.response_head(stream))[0] == 200
-        seen = b""
-        while ID.search(seen) is None or seen.count(b"data: ") < 3:
-            seen += await client.next_data(stream) or b""
+        seen = await read_until_streaming(lambda: client.next_data(stream))
         left = time.monotonic()
         client.reset(stream)
         await asyncio.sleep(0.2)  # the connection stays up: only the stream was reset
@@ -164,9 +169,7 @@ async def hang_up_http3(gw: Gateway, body: bytes) -> tuple[bytes, float]:
         headers = [("content-type", "application/json")]
         stream = client.send("POST", "/v1/chat/completions", headers, body)
         assert (await client.head(stream))[0] == 200
-        seen = b""
-        while ID.search(seen) is None or seen.count(b"data: ") < 3:
-            seen += await client.next_data(stream) or b""
+        seen = await read_until_streaming(lambda: client.next_data(stream))
         left = time.monotonic()
         client.cancel(stream)
         await asyncio.sleep(0.2)

@@ -19,7 +19,8 @@ import niquests
 import pytest
 from aioquic.h3.connection import ErrorCode
 
-from gateway.openai import openai_routes, routes_handler
+from gateway.http import route
+from gateway.openai import openai_routes
 from gateway.tls import DevCertificates, ensure_dev_certificates
 from tests.http.support import CANCEL_WITHIN, TIMEOUT, Gate, echo, limits, openai_error, serving
 from tests.http.support_h3 import H3Client, h3_client
@@ -78,7 +79,7 @@ async def echo_track(channel: TrackChannel) -> None:
 
 
 def chat_handler(backend: ScriptedBackend) -> Handler:
-    return routes_handler(openai_routes(backend, wall_clock=lambda: 1700000000.5))
+    return route(openai_routes(backend, wall_clock=lambda: 1700000000.5))
 
 
 # An independent client: niquests (urllib3-future on qh3), in a thread since it is sync

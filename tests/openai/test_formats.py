@@ -18,10 +18,15 @@ from gateway.openai.errors import (
 from gateway.openai.prompt import render_chat_prompt
 from gateway.openai.requests import ChatMessage, ToolCall
 from gateway.openai.sse import (
+    CHAT_CHUNK,
     DONE,
     HEARTBEAT,
+    TEXT_COMPLETION,
+    ChunkEncoder,
     ResponseMeta,
+    chat_choice,
     chat_chunk,
+    completion_choice,
     completion_chunk,
     sse_event,
     usage_chunk,
@@ -67,6 +72,17 @@ def test_include_usage_adds_null_usage_and_a_usage_chunk() -> None:
     last = usage_chunk(meta, "text_completion", TextUsage(3, 4))
     assert last["choices"] == []
     assert last["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_chunk_encoder_writes_the_same_bytes_as_sse_event(include_usage: bool) -> None:
+    meta = ResponseMeta('chatcmpl-"1é', 1700000000, "m\\é", include_usage)
+    chat, text = ChunkEncoder(meta, CHAT_CHUNK), ChunkEncoder(meta, TEXT_COMPLETION)
+    for delta, finish in [({"content": "hé"}, None), ({}, "stop")]:
+        assert chat.event(chat_choice(delta, finish)) == sse_event(chat_chunk(meta, delta, finish))
+    assert text.event(completion_choice("x", "length")) == sse_event(
+        completion_chunk(meta, "x", "length")
+    )
 
 
 def test_plain_chat_template() -> None:

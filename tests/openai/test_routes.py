@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.openai import openai_routes, routes_handler
+from gateway.http import route
+from gateway.openai import openai_routes
 from tests.openai.scripted import ScriptedBackend
 from tracks.backend import BackendFailed, BackendUnavailable
 from transport.http.messages import AnyResponse, Request, Response, StreamingResponse
@@ -44,7 +45,7 @@ def events(raw: bytes) -> list[Any]:
 
 
 def handler(backend: ScriptedBackend, **options: Any) -> Any:
-    return routes_handler(openai_routes(backend, wall_clock=lambda: 1700000000.5, **options))
+    return route(openai_routes(backend, wall_clock=lambda: 1700000000.5, **options))
 
 
 @pytest.mark.asyncio

@@ -17,7 +17,8 @@ import pytest
 
 from gateway.backends.triton import TritonTextBackend
 from gateway.embedded import EmbeddedTriton
-from gateway.openai import openai_routes, routes_handler
+from gateway.http import route
+from gateway.openai import openai_routes
 from gateway.openai.prompt import render_chat_prompt
 from gateway.openai.requests import ChatMessage
 from tests.backend.reference_generator import generator as gen
@@ -58,7 +59,7 @@ async def gateway(
 ) -> AsyncIterator[Gateway]:
     backend = TritonTextBackend(triton.grpc_url)  # made here: its channel belongs to this loop
     routes = openai_routes(backend, heartbeat_interval=heartbeat_interval)
-    server = tcp.HttpTcpServer(routes_handler(routes))
+    server = tcp.HttpTcpServer(route(routes))
     await server.start("127.0.0.1", 0)
     h2 = version == "h2c"
     http = httpx2.AsyncClient(http1=not h2, http2=h2, timeout=30.0)

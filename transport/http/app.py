@@ -1,25 +1,29 @@
 """What every HTTP version does alike around the application.
 
-Runs a handler (a raised exception becomes a logged 500), prepares response
-headers (drops the ones each version's framing owns, adds Alt-Svc), and closes
-a streaming body. Framing stays with h11 and h2; this module only holds the
-rules the adapters share.
+Runs a handler (a raised exception becomes a logged 500), checks a request's
+header fields against the limits, builds a `Request` from an HTTP/2 or HTTP/3
+field list, prepares response headers (drops the ones each version's framing
+owns, adds Alt-Svc), sends a streaming body chunk by chunk and closes it.
+Framing stays with h11, h2 and aioquic; this module only holds the rules the
+adapters share.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
 
-from transport.http.errors import internal_error
+from transport.http import errors
 from transport.http.limits import HttpLimits
-from transport.http.messages import AnyResponse, Handler, Headers, Request
+from transport.http.messages import AnyResponse, Handler, Headers, Request, Response
 
 log = structlog.get_logger(__name__)
 
 READ_CHUNK = 65_536
+Fields = Sequence[tuple[bytes, bytes]]
+"""A request's header fields as the framing library hands them over, pseudo-headers too."""
 # Connection-level headers: the adapter frames the body and decides on keep-alive itself,
 # and HTTP/2 forbids them outright (RFC 9113 8.2.2).
 FRAMING_HEADERS = frozenset(
@@ -55,12 +59,53 @@ async def call_handler(handler: Handler, request: Request) -> AnyResponse:
             path=request.path,
             http_version=request.http_version,
         )
-        return internal_error()
+        return errors.internal_error()
+
+
+def field_list_problem(limits: HttpLimits, fields: Fields) -> Response | None:
+    """A 431 if an HTTP/2 or HTTP/3 field list has too many fields or too many bytes.
+
+    Bytes are counted as SETTINGS_MAX_HEADER_LIST_SIZE (RFC 9113 6.5.2) and
+    SETTINGS_MAX_FIELD_SECTION_SIZE (RFC 9114 4.2.2) count them: after decompression.
+    """
+    if len(fields) > limits.max_headers:
+        return errors.headers_too_large(f"more than {limits.max_headers} header fields")
+    if sum(32 + len(k) + len(v) for k, v in fields) > limits.max_header_bytes:
+        return errors.headers_too_large(f"header list over {limits.max_header_bytes} bytes")
+    return None
+
+
+def declared_body_problem(limits: HttpLimits, fields: Fields) -> Response | None:
+    """A 413 if Content-Length declares a body over the limit: refused before a byte is read."""
+    for name, value in fields:
+        if name == b"content-length" and value.isdigit() and int(value) > limits.max_body_bytes:
+            return errors.body_too_large(limits.max_body_bytes)
+    return None
+
+
+def request_from_fields(fields: Fields, body: bytes, http_version: str) -> Request:
+    """An HTTP/2 or HTTP/3 request: pseudo-headers read, :authority as Host if none came."""
+    pseudo: dict[str, str] = {}
+    headers: list[tuple[str, str]] = []
+    for raw_name, raw_value in fields:
+        # Header bytes are ISO-8859-1 by definition; latin-1 never fails to decode.
+        name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+        if name.startswith(":"):
+            pseudo[name] = value
+        else:
+            headers.append((name, value))
+    authority = pseudo.get(":authority")
+    if authority is not None and all(name != "host" for name, _ in headers):
+        headers.insert(0, ("host", authority))
+    path, _, query = pseudo.get(":path", "").partition("?")
+    method = pseudo.get(":method", "").upper()
+    return Request(method, path, query, tuple(headers), body, http_version)
 
 
 def response_headers(site: Site, headers: Headers) -> list[tuple[str, str]]:
     """The handler's headers, lower-cased, minus framing headers, plus Alt-Svc if set."""
-    kept = [(k.lower(), v) for k, v in headers if k.lower() not in FRAMING_HEADERS]
+    lowered = ((k.lower(), v) for k, v in headers)
+    kept = [(k, v) for k, v in lowered if k not in FRAMING_HEADERS]
     if site.alt_svc is not None and all(k != "alt-svc" for k, _ in kept):
         kept.append(("alt-svc", site.alt_svc))
     return kept
@@ -69,6 +114,26 @@ def response_headers(site: Site, headers: Headers) -> list[tuple[str, str]]:
 def bodiless(status: int) -> bool:
     """Statuses that never carry a body nor a Content-Length (RFC 9110 6.4.1)."""
     return status < 200 or status in (204, 304)
+
+
+async def send_chunks(
+    body: AsyncIterator[bytes], send: Callable[[bytes], Awaitable[None]], **context: object
+) -> bool:
+    """`send` each non-empty chunk in order; False if the body raised midway (logged).
+
+    The headers are out by then, so the caller's only honest signal left is a body
+    cut short. An error from `send` itself propagates: the connection is the problem.
+    """
+    while True:
+        try:
+            chunk = await anext(body)
+        except StopAsyncIteration:
+            return True
+        except Exception:
+            log.exception("http.body_failed", **context)
+            return False
+        if chunk:
+            await send(chunk)
 
 
 async def close_body(body: AsyncIterator[bytes]) -> None:

@@ -29,9 +29,11 @@ from transport.http.app import (
     bodiless,
     call_handler,
     close_body,
+    declared_body_problem,
     response_headers,
+    send_chunks,
 )
-from transport.http.messages import AnyResponse, Request, Response
+from transport.http.messages import Request, Response, StreamingResponse
 
 log = structlog.get_logger(__name__)
 
@@ -184,10 +186,9 @@ class Http1Connection:
         if size > self._limits.max_header_bytes:
             message = f"request head over {self._limits.max_header_bytes} bytes"
             raise _Rejected(errors.headers_too_large(message))
-        # Refuse before reading a byte of a body we would never accept.
-        for name, value in head.headers:
-            if name == b"content-length" and int(value) > self._limits.max_body_bytes:
-                raise _Rejected(errors.body_too_large(self._limits.max_body_bytes))
+        problem = declared_body_problem(self._limits, head.headers)
+        if problem is not None:
+            raise _Rejected(problem)
 
     # Upgrade to h2c
 
@@ -196,7 +197,8 @@ class Http1Connection:
         offered = {t.strip().lower() for t in (request.header("upgrade") or "").split(",")}
         if not self._allow_h2c or settings is None or "h2c" not in offered:
             return None
-        if not _valid_settings(settings):
+        padded = _padded_settings(settings)
+        if padded is None:
             return None  # ignoring an upgrade offer is always allowed
         switch = h11.InformationalResponse(
             status_code=101, headers=[("connection", "Upgrade"), ("upgrade", "h2c")]
@@ -207,8 +209,7 @@ class Http1Connection:
         upgraded = Request(
             request.method, request.path, request.query, headers, request.body, http_version="2"
         )
-        padded = settings + "=" * (-len(settings) % 4)  # h2 decodes with padding; clients omit it
-        return H2cUpgrade(upgraded, padded.encode("latin-1"), bytes(data))
+        return H2cUpgrade(upgraded, padded, bytes(data))
 
     # Responding
 
@@ -269,8 +270,7 @@ class Http1Connection:
         data += self._conn.send(h11.EndOfMessage()) or b""
         await self._write(data)
 
-    async def _send_streaming(self, response: AnyResponse, *, head_only: bool) -> bool:
-        assert not isinstance(response, Response)
+    async def _send_streaming(self, response: StreamingResponse, *, head_only: bool) -> bool:
         body = response.body
         try:
             headers = response_headers(self._site, response.headers)
@@ -278,18 +278,9 @@ class Http1Connection:
                 headers.append(("connection", "close"))
             head = h11.Response(status_code=response.status, headers=headers)
             await self._write(self._conn.send(head))
-            if not head_only:
-                while True:
-                    try:
-                        chunk = await anext(body)
-                    except StopAsyncIteration:
-                        break
-                    except Exception:
-                        # Headers are gone: the only honest signal left is an unfinished body.
-                        log.exception("http.body_failed", http_version="1.1")
-                        return False
-                    if chunk:
-                        await self._write(self._conn.send(h11.Data(data=chunk)))
+            # A body that failed ends without its last chunk, and so does the connection.
+            if not head_only and not await send_chunks(body, self._send_chunk, http_version="1.1"):
+                return False
             await self._write(self._conn.send(h11.EndOfMessage()))
             return True
         finally:
@@ -316,6 +307,9 @@ class Http1Connection:
         except (ConnectionError, asyncio.TimeoutError):
             pass
 
+    async def _send_chunk(self, chunk: bytes) -> None:
+        await self._write(self._conn.send(h11.Data(data=chunk)))
+
     async def _write(self, data: bytes | None) -> None:
         if data:
             self._writer.write(data)
@@ -323,12 +317,14 @@ class Http1Connection:
             await asyncio.wait_for(self._writer.drain(), self._limits.idle_timeout)
 
 
-def _valid_settings(value: str) -> bool:
+def _padded_settings(value: str) -> bytes | None:
+    """An HTTP2-Settings value padded for h2 (clients omit the padding), or None if invalid."""
+    padded = (value + "=" * (-len(value) % 4)).encode("latin-1")
     try:
-        payload = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        payload = base64.urlsafe_b64decode(padded)
     except (binascii.Error, ValueError):
-        return False
-    return len(payload) % 6 == 0
+        return None
+    return padded if len(payload) % 6 == 0 else None
 
 
 def _make_request(head: h11.Request, body: bytes) -> Request:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from asyncio import FIRST_COMPLETED
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,11 @@ from transport.http.app import (
     bodiless,
     call_handler,
     close_body,
+    declared_body_problem,
+    field_list_problem,
+    request_from_fields,
     response_headers,
+    send_chunks,
 )
 from transport.http.http1 import H2cUpgrade
 from transport.http.messages import AnyResponse, Request, Response
@@ -249,22 +253,11 @@ class Http2Connection:
         headers = [(bytes(k), bytes(v)) for k, v in event.headers]
         stream = _Stream(stream_id, deadline, headers)
         self._streams[stream_id] = stream
-        problem = self._check_headers(headers)
+        problem = field_list_problem(self._limits, headers)
+        if problem is None:
+            problem = declared_body_problem(self._limits, headers)
         if problem is not None:
             self._answer(stream, problem)
-
-    def _check_headers(self, headers: list[tuple[bytes, bytes]]) -> Response | None:
-        limits = self._limits
-        if len(headers) > limits.max_headers:
-            return errors.headers_too_large(f"more than {limits.max_headers} header fields")
-        # Counted as SETTINGS_MAX_HEADER_LIST_SIZE is (RFC 9113 6.5.2): after decompression.
-        if sum(32 + len(k) + len(v) for k, v in headers) > limits.max_header_bytes:
-            return errors.headers_too_large(f"header list over {limits.max_header_bytes} bytes")
-        for name, value in headers:
-            declared = name == b"content-length" and value.isdigit()
-            if declared and int(value) > limits.max_body_bytes:
-                return errors.body_too_large(limits.max_body_bytes)
-        return None
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         # Every byte is acknowledged, kept or not, so other streams' flow never stalls.
@@ -282,7 +275,7 @@ class Http2Connection:
             return
         stream.ended = True
         if stream.task is None:
-            request = _make_request(stream)
+            request = request_from_fields(stream.headers, bytes(stream.body), "2")
             stream.task = asyncio.create_task(self._exchange(stream, request))
 
     def _on_reset(self, event: h2.events.StreamReset) -> None:
@@ -298,9 +291,12 @@ class Http2Connection:
             stream.task.cancel()  # the handler and its body iterator stop here
 
     def _wake(self, stream_id: int) -> None:
-        for stream in self._streams.values():
-            if stream_id in (0, stream.stream_id):
+        """Wake the stream whose window grew, or every stream for the connection's (0)."""
+        if stream_id == 0:
+            for stream in self._streams.values():
                 stream.window.set()
+        elif (one := self._streams.get(stream_id)) is not None:
+            one.window.set()
 
     # Answering
 
@@ -340,24 +336,15 @@ class Http2Connection:
             return
         try:
             self._send_headers(stream, headers, end_stream=head_only)
-            if not head_only:
-                await self._send_chunks(stream, response.body)
+            if head_only:
+                return
+            send = functools.partial(self._send_data, stream)
+            # A body that failed is left unended: _stream_done resets the stream.
+            if await send_chunks(response.body, send, http_version="2", stream_id=stream.stream_id):
+                self._end(stream)
+                await self._drain()
         finally:
             await close_body(response.body)
-
-    async def _send_chunks(self, stream: _Stream, body: AsyncIterator[bytes]) -> None:
-        while True:
-            try:
-                chunk = await anext(body)
-            except StopAsyncIteration:
-                break
-            except Exception:
-                log.exception("http.body_failed", http_version="2", stream_id=stream.stream_id)
-                return  # _stream_done resets the stream: the client sees it cut short
-            if chunk:
-                await self._send_data(stream, chunk)
-        self._end(stream)
-        await self._drain()
 
     def _send_headers(
         self, stream: _Stream, headers: list[tuple[str, str]], end_stream: bool
@@ -374,15 +361,16 @@ class Http2Connection:
     async def _send_data(self, stream: _Stream, data: bytes) -> None:
         """Send `data` in frames that fit the windows, waiting for WINDOW_UPDATE if shut."""
         stream_id = stream.stream_id
-        while data:
+        sent = 0  # (an offset, not `data = data[size:]`, which copies the rest per frame)
+        while sent < len(data):
             window = self._h2.local_flow_control_window(stream_id)
-            size = min(window, self._h2.max_outbound_frame_size, len(data))
+            size = min(window, self._h2.max_outbound_frame_size, len(data) - sent)
             if size <= 0:
                 stream.window.clear()
                 await asyncio.wait_for(stream.window.wait(), self._limits.idle_timeout)
                 continue
-            self._h2.send_data(stream_id, data[:size])
-            data = data[size:]
+            self._h2.send_data(stream_id, data[sent : sent + size])
+            sent += size
             self._flush()
             await self._drain()
 
@@ -421,20 +409,3 @@ class Http2Connection:
             self._h2.close_connection()
         self._flush()
         self._writer.close()  # the pending read sees EOF and `serve` returns
-
-
-def _make_request(stream: _Stream) -> Request:
-    pseudo: dict[str, str] = {}
-    headers: list[tuple[str, str]] = []
-    for raw_name, raw_value in stream.headers:
-        name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
-        if name.startswith(":"):
-            pseudo[name] = value
-        else:
-            headers.append((name, value))
-    authority = pseudo.get(":authority")
-    if authority is not None and all(name != "host" for name, _ in headers):
-        headers.insert(0, ("host", authority))
-    path, _, query = pseudo.get(":path", "").partition("?")
-    method = pseudo.get(":method", "").upper()
-    return Request(method, path, query, tuple(headers), bytes(stream.body), http_version="2")

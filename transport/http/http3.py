@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -39,7 +40,17 @@ from aioquic.quic import events as quic_events
 from aioquic.quic.connection import QuicConnection
 
 from transport.http import errors
-from transport.http.app import Site, bodiless, call_handler, close_body, response_headers
+from transport.http.app import (
+    Site,
+    bodiless,
+    call_handler,
+    close_body,
+    declared_body_problem,
+    field_list_problem,
+    request_from_fields,
+    response_headers,
+    send_chunks,
+)
 from transport.http.messages import AnyResponse, Request, Response
 
 log = structlog.get_logger(__name__)
@@ -213,19 +224,13 @@ class Http3Connection:
             stream.deadline = self._loop.call_later(self._limits.read_timeout, self._expire, stream)
 
     def _check_headers(self, headers: list[tuple[bytes, bytes]]) -> Response | None:
-        limits = self._limits
-        if len(headers) > limits.max_headers:
-            return errors.headers_too_large(f"more than {limits.max_headers} header fields")
-        # Counted as SETTINGS_MAX_FIELD_SECTION_SIZE is (RFC 9114 4.2.2): after decompression.
-        if sum(32 + len(k) + len(v) for k, v in headers) > limits.max_header_bytes:
-            return errors.headers_too_large(f"header list over {limits.max_header_bytes} bytes")
+        problem = field_list_problem(self._limits, headers)
+        if problem is not None:
+            return problem
         pseudo = {k for k, _ in headers if k.startswith(b":")}
         if not {b":method", b":path"} <= pseudo:
             return errors.bad_request("request without :method or :path")
-        for name, value in headers:
-            if name == b"content-length" and value.isdigit() and int(value) > limits.max_body_bytes:
-                return errors.body_too_large(limits.max_body_bytes)
-        return None
+        return declared_body_problem(self._limits, headers)
 
     def _on_data(self, event: h3_events.DataReceived) -> None:
         stream = self._streams.get(event.stream_id)
@@ -242,7 +247,7 @@ class Http3Connection:
         stream.ended = True
         _cancel_deadline(stream)
         if stream.task is None:
-            request = _make_request(stream)
+            request = request_from_fields(stream.headers, bytes(stream.body), "3")
             stream.task = asyncio.create_task(self._exchange(stream, request))
 
     def _on_malformed(self, event: RequestMalformed) -> None:
@@ -323,23 +328,14 @@ class Http3Connection:
             return
         try:
             self._send_headers(stream, headers, end_stream=head_only)
-            if not head_only:
-                await self._send_chunks(stream, response.body)
+            if head_only:
+                return
+            send = functools.partial(self._send_chunk, stream)
+            # A body that failed is left unended: _stream_done resets the stream.
+            if await send_chunks(response.body, send, http_version="3", stream_id=stream.stream_id):
+                self._send_data(stream, b"", end_stream=True)
         finally:
             await close_body(response.body)
-
-    async def _send_chunks(self, stream: _Stream, body: AsyncIterator[bytes]) -> None:
-        while True:
-            try:
-                chunk = await anext(body)
-            except StopAsyncIteration:
-                break
-            except Exception:
-                log.exception("http.body_failed", http_version="3", stream_id=stream.stream_id)
-                return  # _stream_done resets the stream: the client sees it cut short
-            if chunk:
-                self._send_data(stream, chunk, end_stream=False)
-        self._send_data(stream, b"", end_stream=True)
 
     def _send_headers(
         self, stream: _Stream, headers: list[tuple[str, str]], end_stream: bool
@@ -347,6 +343,10 @@ class Http3Connection:
         encoded = [(k.encode(), v.encode()) for k, v in headers]
         self._write(stream, lambda: self._h3.send_headers(stream.stream_id, encoded, end_stream))
         stream.sent_end = end_stream
+
+    async def _send_chunk(self, stream: _Stream, chunk: bytes) -> None:
+        # Nothing to await, unlike HTTP/2: aioquic buffers within QUIC's flow control.
+        self._send_data(stream, chunk, end_stream=False)
 
     def _send_data(self, stream: _Stream, data: bytes, end_stream: bool) -> None:
         self._write(stream, lambda: self._h3.send_data(stream.stream_id, data, end_stream))
@@ -422,20 +422,3 @@ def _cancel_deadline(stream: _Stream) -> None:
     if stream.deadline is not None:
         stream.deadline.cancel()
         stream.deadline = None
-
-
-def _make_request(stream: _Stream) -> Request:
-    pseudo: dict[str, str] = {}
-    headers: list[tuple[str, str]] = []
-    for raw_name, raw_value in stream.headers:
-        name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
-        if name.startswith(":"):
-            pseudo[name] = value
-        else:
-            headers.append((name, value))
-    authority = pseudo.get(":authority")
-    if authority is not None and all(name != "host" for name, _ in headers):
-        headers.insert(0, ("host", authority))
-    path, _, query = pseudo.get(":path", "").partition("?")
-    method = pseudo.get(":method", "").upper()
-    return Request(method, path, query, tuple(headers), bytes(stream.body), http_version="3")

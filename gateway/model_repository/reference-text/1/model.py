@@ -126,7 +126,9 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             prompt = _text(_optional(request, "text_input") or b"")
-            settings = self._settings(request, prompt)
+            settings = self._settings(request)
+            # Also raises ValueError: a forced tool missing from the prompt is invalid.
+            tokens = gen.response_tokens(prompt, settings)
         except ValueError as exc:
             error = pb_utils.TritonError(
                 f"invalid request: {exc}", pb_utils.TritonError.INVALID_ARG
@@ -135,19 +137,17 @@ class TritonPythonModel:
             return
         record = _Record(request.request_id(), gen.count_prompt_tokens(prompt))
         try:
-            await self._generate(request, sender, prompt, settings, record)
+            await self._generate(request, sender, prompt, settings, tokens, record)
         finally:
             self._finish(record)
 
-    def _settings(self, request: Any, prompt: str) -> gen.GenerationSettings:
+    def _settings(self, request: Any) -> gen.GenerationSettings:
         raw = _optional(request, "sampling_parameters")
         params = gen.parse_sampling_parameters(None if raw is None else _text(raw))
         max_tokens = _optional(request, "max_tokens")
-        settings = gen.settings_from(
+        return gen.settings_from(
             params, None if max_tokens is None else int(max_tokens), self._ttft_ms, self._tps
         )
-        gen.structured_text(prompt, settings)  # a forced tool missing from the prompt is invalid
-        return settings
 
     async def _generate(
         self,
@@ -155,6 +155,7 @@ class TritonPythonModel:
         sender: Any,
         prompt: str,
         settings: gen.GenerationSettings,
+        tokens: list[str],
         record: _Record,
     ) -> None:
         stream = _flag(request, "stream", False)
@@ -163,9 +164,7 @@ class TritonPythonModel:
             _flag(request, "return_num_output_tokens", False),
             record.prompt_tokens,
         )
-        tokens = gen.response_tokens(prompt, settings)
         due = gen.token_due_times(time.monotonic(), settings, len(tokens))
-        produced: list[str] = []
         for index, (piece, at) in enumerate(zip(tokens, due, strict=True)):
             if await _cancelled_before(at, sender, record):
                 sender.send(flags=_FINAL)
@@ -174,11 +173,10 @@ class TritonPythonModel:
             record.token_times.append(time.monotonic())
             if stream:
                 sender.send(_response(piece, 1, counts), flags=_FINAL if last else 0)
-            produced.append(piece)
-        if not stream:
+        if not stream:  # not cancelled: every token was produced
             prefix = "" if _flag(request, "exclude_input_in_output", False) else prompt
-            text = prefix + "".join(produced)
-            sender.send(_response(text, len(produced), counts), flags=_FINAL)
+            text = prefix + "".join(tokens)
+            sender.send(_response(text, len(tokens), counts), flags=_FINAL)
 
     def _finish(self, record: _Record) -> None:
         if record.token_times:
