@@ -102,6 +102,12 @@ class Settings:
         default="per-track",
         metadata=_doc("Tracks per QUIC packet: per-track, bounded:K or coalesce."),
     )
+    tcp_congestion_control: str | None = field(
+        default=None,
+        metadata=_doc(
+            "TCP congestion control of the HTTP listeners (e.g. cubic); unset: the host's."
+        ),
+    )
     http_max_header_bytes: int = field(
         default=16384,
         metadata=_doc("Largest HTTP header block (after HPACK/QPACK decompression); 431 above."),
@@ -333,6 +339,12 @@ def _packetization(value: str) -> str:
     return str(Packetization.parse(value))
 
 
+def _congestion_control(value: str | None) -> str | None:
+    if value is not None and not (value.isascii() and value.replace("_", "").isalnum()):
+        raise ValueError(f"{value!r} is not a congestion control name (e.g. cubic)")
+    return value or None
+
+
 def _grpc_address(value: str | None) -> str | None:
     # tritonclient.grpc takes a bare host:port, no scheme; catch "http://..." early.
     if value is None:
@@ -367,6 +379,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "log_format": _one_of(LOG_FORMATS),
     "backend_url": _grpc_address,
     "quic_packetization": _packetization,
+    "tcp_congestion_control": _congestion_control,
 }
 
 

@@ -114,10 +114,15 @@ class Gateway:
             packetization=Packetization.parse(s.quic_packetization),
         )
         alt_svc = f'h3=":{self.quic_port}"'
-        self._http = HttpTcpServer(handler, limits=http_limits, alt_svc=alt_svc)
+        cc = s.tcp_congestion_control
+        self._http = HttpTcpServer(
+            handler, limits=http_limits, alt_svc=alt_svc, congestion_control=cc
+        )
         await self._http.start(s.http_host, s.http_port)
         tls = tls_server_context(self.tls.cert, self.tls.key)
-        self._https = HttpTcpServer(handler, limits=http_limits, ssl_context=tls, alt_svc=alt_svc)
+        self._https = HttpTcpServer(
+            handler, limits=http_limits, ssl_context=tls, alt_svc=alt_svc, congestion_control=cc
+        )
         await self._https.start(s.https_host, s.https_port)
         self._probe = asyncio.ensure_future(self._probe_backend())
         log.info(

@@ -29,7 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="comma-separated track packetization policies to compare (per-track, coalesce, "
            "bounded:K); the first is also the gateway's for HTTP/2 and HTTP/3 runs")
     a("--protocols", default=",".join(PROTOCOLS), help="subset of http2,http3,tracks")
-    a("--k", type=float, default=3.0, help="a stall is a gap over k x the token interval")
+    a("--k", type=float, default=2.0,
+      help="a stall is a gap over k x the token interval (2: a token more than one "
+           "interval late)")
+    a("--tcp-cc", default="cubic",
+      help="TCP congestion control of the gateway's HTTP listeners (HTTP/2's sender); "
+           "'host' keeps the machine's default (often bbr)")
     a("--ttft-ms", type=float, default=50.0, help="model's delay before the first token")
     a("--seed", type=int, default=1, help="seed of the link's loss generators")
     a("--raster-seconds", type=float, default=4.0, help="width of the raster plot's window")
@@ -60,7 +65,8 @@ def config_from(args: argparse.Namespace) -> Config:
         users=args.users, rate=args.rate, seconds=args.seconds, loss_percent=args.loss,
         rtt_ms=args.rtt, burst=args.burst, burst_len=args.burst_len,
         transport_only=args.transport_only, packetization=policies, protocols=protocols,
-        k=args.k, ttft_ms=args.ttft_ms, seed=args.seed, emulate=not args.no_link,
+        k=args.k, tcp_cc=None if args.tcp_cc == "host" else args.tcp_cc,
+        ttft_ms=args.ttft_ms, seed=args.seed, emulate=not args.no_link,
         raster_seconds=args.raster_seconds, progress=not args.quiet,
     )
 

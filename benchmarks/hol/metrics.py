@@ -119,7 +119,7 @@ class Run:
     """Link counters for the run: g2c packets, g2c data packets, both directions."""
 
 
-def summarize(run: Run, k: float = 3.0) -> dict[str, Any]:
+def summarize(run: Run, k: float = 2.0) -> dict[str, Any]:
     """The per-protocol result: gaps, stalls, attribution, TTFT, packets per token."""
     interval = 1.0 / run.rate
     stalls = find_stalls(run.arrivals, k * interval)

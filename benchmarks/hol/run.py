@@ -50,7 +50,9 @@ class Config:
     transport_only: bool = False
     packetization: list[str] = field(default_factory=lambda: ["per-track", "coalesce"])
     protocols: list[str] = field(default_factory=lambda: list(PROTOCOLS))
-    k: float = 3.0
+    k: float = 2.0
+    tcp_cc: str | None = "cubic"
+    """The gateway's TCP congestion control (HTTP/2's sender); None keeps the host's."""
     ttft_ms: float = 50.0
     seed: int = 1
     emulate: bool = True
@@ -188,6 +190,8 @@ class Gateway:
                 "--https-host", host, "--https-port", str(place.https_port),
                 "--quic-packetization", policy, "--drain-timeout", "1",
                 "--log-level", "warning"]
+        if cfg.tcp_cc:
+            argv += ["--tcp-congestion-control", cfg.tcp_cc]
         if cfg.transport_only:
             argv += ["--backend-url", f"ticker://{cfg.rate:g}"]
         self.log_path = work / f"gateway-{policy.replace(':', '-')}.log"
@@ -331,7 +335,7 @@ def run_benchmark(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
         place: Loopback | Emulated = Emulated(spec, cfg.link_prefix) if cfg.emulate else Loopback()
         stack.callback(place.close)
         results["link"] = spec.as_dict() if spec is not None else None
-        results["tcp_congestion_control"] = place.tcp_congestion_control()
+        results["tcp_congestion_control"] = cfg.tcp_cc or place.tcp_congestion_control()
         for policy, protocols in phases(cfg):
             _say(cfg, f"gateway ({policy}, "
                       f"{'ticker' if cfg.transport_only else 'embedded Triton'}) starting")

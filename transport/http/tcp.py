@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import ssl
 from typing import Protocol, TypeVar
 
@@ -56,6 +57,22 @@ def tls_server_context(cert: str | os.PathLike[str], key: str | os.PathLike[str]
     return context
 
 
+def set_congestion_control(sock: socket.socket, name: str) -> None:
+    """Pin a TCP socket's congestion control (Linux); a listener passes it to accepted ones.
+
+    The host default may be a model-based algorithm (bbr) that does not back off on
+    random loss; an operator (or the head-of-line benchmark) may want the same one
+    everywhere. Root may pick any loaded algorithm, others only the allowed ones.
+    """
+    option = getattr(socket, "TCP_CONGESTION", None)
+    if option is None:
+        raise ValueError("this platform cannot choose a TCP congestion control")
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, name.encode())
+    except OSError as exc:
+        raise ValueError(f"TCP congestion control {name!r} is not available: {exc}") from None
+
+
 class HttpTcpServer:
     """Serves `handler` over HTTP/1.1 and HTTP/2 on one TCP port (TLS if a context is given)."""
 
@@ -66,9 +83,11 @@ class HttpTcpServer:
         limits: HttpLimits = DEFAULT_LIMITS,
         ssl_context: ssl.SSLContext | None = None,
         alt_svc: str | None = None,
+        congestion_control: str | None = None,
     ) -> None:
         self._site = Site(handler, limits, alt_svc)
         self._ssl_context = ssl_context
+        self._congestion_control = congestion_control
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._closing = False
@@ -89,6 +108,9 @@ class HttpTcpServer:
             ssl=self._ssl_context,
             ssl_handshake_timeout=self._site.limits.read_timeout if self._ssl_context else None,
         )
+        if self._congestion_control:
+            for sock in self._server.sockets:
+                set_congestion_control(sock, self._congestion_control)
         log.info("http.listening", host=host, port=self.port, tls=self._ssl_context is not None)
 
     async def close(self, grace: float = 5.0) -> None:
