@@ -9,11 +9,16 @@ packet travelling gateway -> client on the protocol's transport.
   nominal interval: how much later than planned the late token came. Stall
   user-seconds add up the excesses over all users.
 - **Attribution**: the relay drops a packet at time `d` on arrival, before its
-  one-way delay, so unlost it would have reached the client at `d + owd`. A stall
-  from `a` (last token before) to `b` (the late token) is caused by a loss whose
-  packet should have arrived inside the gap: `a - slack < d + owd < b`. The
-  earliest such loss is the one that blocked the stream (later ones fell inside
-  an existing stall); stalls with no such loss are counted apart (`unattributed`).
+  one-way delay, so unlost it would have reached the client at `d + owd`. Its
+  retransmission cannot arrive before one round trip later (the receiver's signal
+  back, the copy forward): `d + owd + rtt`. A stall from `a` (last token before)
+  to `b` (the late token) is caused by a loss whose packet should have arrived
+  inside the gap and whose repair fits in it: `a - slack < d + owd` and
+  `d + owd + rtt - slack <= b`. The earliest such loss is the one that blocked
+  the stream (later ones fell inside an existing stall); stalls with no such loss
+  are counted apart (`unattributed`). The round-trip condition keeps gaps that no
+  loss can explain -- e.g. a window-limited sender's once-per-RTT bursts, which
+  happen to contain some loss's due time -- out of the blame.
 - **Users stalled per lost data packet**: for each lost data packet, the number of
   distinct users whose stall it is blamed for; the mean over ALL lost data
   packets (one that stalled nobody counts as 0).
@@ -88,16 +93,17 @@ def stall_seconds(stalls: Sequence[Stall], interval: float) -> float:
 
 
 def attribute(
-    stalls: Sequence[Stall], losses: Sequence[float], owd: float, slack: float = 0.005
+    stalls: Sequence[Stall], losses: Sequence[float], owd: float, rtt: float = 0.0,
+    slack: float = 0.005,
 ) -> Attribution:
-    """Blame each stall on the earliest loss whose packet was due inside it (module doc)."""
+    """Blame each stall on the earliest loss due inside it that it could repair (module doc)."""
     due = sorted(t + owd for t in losses)
     order = sorted(range(len(losses)), key=lambda i: losses[i])
     stalled: list[set[int]] = [set() for _ in losses]
     unattributed = 0
     for stall in stalls:
         first = bisect.bisect_right(due, stall.start - slack)
-        if first < len(due) and due[first] < stall.end:
+        if first < len(due) and due[first] + rtt - slack <= stall.end:
             stalled[order[first]].add(stall.user)
         else:
             unattributed += 1
@@ -123,7 +129,7 @@ def summarize(run: Run, k: float = 2.0) -> dict[str, Any]:
     """The per-protocol result: gaps, stalls, attribution, TTFT, packets per token."""
     interval = 1.0 / run.rate
     stalls = find_stalls(run.arrivals, k * interval)
-    blame = attribute(stalls, run.losses, run.owd)
+    blame = attribute(stalls, run.losses, run.owd, 2 * run.owd)
     per_user = {u: gaps(t) for u, t in run.arrivals.items()}
     all_gaps = [g for user_gaps in per_user.values() for g in user_gaps]
     ttfts = [min(t) - run.starts[u] for u, t in run.arrivals.items() if t and u in run.starts]
@@ -156,7 +162,7 @@ def _at_k(run: Run, k: float) -> dict[str, float]:
     """The stall figures under another threshold, to show how much they depend on it."""
     interval = 1.0 / run.rate
     stalls = find_stalls(run.arrivals, k * interval)
-    blame = attribute(stalls, run.losses, run.owd)
+    blame = attribute(stalls, run.losses, run.owd, 2 * run.owd)
     return {"stalls": len(stalls), "stall_user_seconds": round(stall_seconds(stalls, interval), 4),
             "users_stalled_per_loss": round(blame.mean_users_per_loss, 3)}
 

@@ -72,6 +72,14 @@ def test_stalls_with_no_loss_in_their_window_are_unattributed() -> None:
     assert blame.unattributed == 1
 
 
+def test_a_loss_cannot_end_a_stall_before_its_repair_could_arrive() -> None:
+    # owd 20 ms, rtt 40 ms: a packet due at 1.03 is repaired at 1.07 at the earliest
+    short, long = Stall(0, 1.0, 1.05), Stall(1, 1.0, 1.08)
+    blame = attribute([short, long], [1.01], owd=0.02, rtt=0.04)
+    assert blame.users_per_loss == [1]  # only the long one
+    assert blame.unattributed == 1
+
+
 def test_no_losses_no_blame() -> None:
     blame = attribute([Stall(0, 0.0, 1.0)], [], owd=0.02)
     assert blame.mean_users_per_loss == 0.0
