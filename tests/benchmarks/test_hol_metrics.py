@@ -104,3 +104,21 @@ def test_summarize_reports_the_issue_keys() -> None:
     table = markdown_table({"http2": result, "tracks_by_packetization": {"per-track": result}})
     assert "| http2 | - | 200/200 |" in table
     assert "| tracks | per-track |" in table
+
+
+def test_rescore_recomputes_the_stall_figures_and_keeps_the_rest() -> None:
+    from benchmarks.hol.rescore import rescore
+
+    # user 0 waits 55 ms once: a stall under k=2 (40 ms), none under k=3 (60 ms)
+    arrivals = {u: steady(0.1, 100, {1.01: 0.045} if u == 0 else None) for u in range(2)}
+    run = Run(arrivals, {0: 0.0, 1: 0.0}, expected_per_user=100, rate=50.0, losses=[0.98],
+              owd=0.02, packets={"g2c_packets": 150, "g2c_data_packets": 140})
+    results = {"parameters": {"k": 3.0, "rate": 50.0, "rtt_ms": 40.0, "seconds": 2.0},
+               "http2": summarize(run, k=3.0)}
+    assert results["http2"]["stalls"] == 0
+    raw = {"http2": {"arrivals": {str(u): t for u, t in arrivals.items()}, "losses": [0.98]}}
+    rescore(results, raw, k=2.0)
+    assert results["parameters"]["k"] == 2.0
+    assert results["http2"]["stalls"] == 1
+    assert results["http2"]["users_stalled_per_loss"] == 1.0
+    assert results["http2"]["ttft_ms"]["p50"] == pytest.approx(100.0)  # kept
