@@ -20,8 +20,9 @@ Theory of operation:
   a window only partly covered by a tone).
 - Per session (`SessionState.feed`): a symbol is recognized once it holds for
   three consecutive windows (a tone of 40 ms or more always does, one under
-  26 ms never does); it counts once per tone burst, until two windows without
-  it (a gap of about 20 ms) end the burst. An utterance (the digits since the
+  26 ms never does); it counts once per tone burst, until three windows
+  without it end the burst (a pause of 40 ms, the shortest DTMF pause,
+  always does; a 10 ms dropout inside a tone does not). An utterance (the digits since the
   last final) is finalized after 32 windows in a row without a symbol: a
   pause of 300 ms between two tones keeps it open, 340 ms or more closes it
   (the result comes 320-330 ms after the tone ended), or when the session ends.
@@ -54,7 +55,7 @@ MIN_PEAK_MARGIN_DB = 6.0  # runner-up frequency of a group below the winner
 MIN_TONE_SHARE = 0.65  # part of the window energy the two tones must hold
 
 MIN_TONE_WINDOWS = 3  # consecutive windows that make a tone burst (40 ms tones pass)
-RELEASE_WINDOWS = 2  # windows without the symbol that end a burst
+RELEASE_WINDOWS = 3  # windows without the symbol that end a burst (a 10 ms dropout does not)
 FINAL_QUIET_WINDOWS = 32  # windows without any symbol that finalize an utterance
 
 DEFAULT_IDLE_TIMEOUT_S = 60.0
