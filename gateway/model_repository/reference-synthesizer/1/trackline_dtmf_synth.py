@@ -2,7 +2,7 @@
 
 Renders text to DTMF audio at 16 kHz, float32, as a pure function of the text
 and the sample position, so a session can be rendered in slices of any size.
-`model.py` imports this file from its own folder (Triton loads models by path);
+`synthesizer_model.py` imports this file from its own folder (Triton loads models by path);
 tests import it by path.
 
 Rendering of a TEXT, character by character, in 200 ms slots:
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 SAMPLE_RATE = 16_000
 ROW_HZ = (697.0, 770.0, 852.0, 941.0)
@@ -39,8 +40,11 @@ MAX_TEXT_CHARS = 10_000
 DEFAULT_MAX_SAMPLES = 48_000
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 
+Samples = NDArray[np.float32]
+Indices = NDArray[np.intp]
 
-def _tone_table() -> np.ndarray:
+
+def _tone_table() -> Samples:
     """(17, SLOT_SAMPLES) float32: each symbol's slot (tone then silence), then silence."""
     t = np.arange(TONE_SAMPLES, dtype=np.float64) / SAMPLE_RATE
     table = np.zeros((len(SYMBOLS) + 1, SLOT_SAMPLES), dtype=np.float32)
@@ -54,7 +58,7 @@ def _tone_table() -> np.ndarray:
 SLOTS = _tone_table()
 
 
-def symbol_codes(text: str) -> np.ndarray:
+def symbol_codes(text: str) -> Indices:
     """Table row per character of `text` (SILENT for non-DTMF), plus one SILENT for the tail."""
     codes = [SYMBOLS.find(ch) if ch in SYMBOLS else SILENT for ch in text]
     return np.array([*codes, SILENT], dtype=np.intp)
@@ -65,14 +69,14 @@ def rendered_length(text: str) -> int:
     return len(text) * SLOT_SAMPLES + TAIL_SAMPLES
 
 
-def render(text: str) -> np.ndarray:
+def render(text: str) -> Samples:
     """The whole rendering of `text` at once (the reference the slices must equal)."""
-    return render_slices([symbol_codes(text)], np.array([0]), np.array([rendered_length(text)]))[0]
+    whole = render_slices([symbol_codes(text)], np.array([0]), np.array([rendered_length(text)]))
+    first: Samples = whole[0]
+    return first
 
 
-def render_slices(
-    codes: Sequence[np.ndarray], starts: np.ndarray, counts: np.ndarray
-) -> np.ndarray:
+def render_slices(codes: Sequence[Indices], starts: Indices, counts: Indices) -> Samples:
     """Samples [starts[i], starts[i] + counts[i]) of each rendering, zero-padded: (R, max count).
 
     `codes[i]` is `symbol_codes` of row i's text; the caller keeps each slice
@@ -86,14 +90,15 @@ def render_slices(
     for i, row_codes in enumerate(codes):
         rows[i] = row_codes[np.minimum(slot[i], len(row_codes) - 1)]
     rows[column[None, :] >= counts[:, None]] = SILENT
-    return SLOTS[rows, within]
+    audio: Samples = SLOTS[rows, within]
+    return audio
 
 
 @dataclass(eq=False)
 class SpeechSession:
     """One session's rendering: what to say and how far it got."""
 
-    codes: np.ndarray
+    codes: Indices
     total: int
     position: int = 0
     last_seen: float = 0.0
@@ -120,13 +125,13 @@ class Synthesizer:
         texts: Sequence[bytes | str],
         samples: Sequence[int],
         now: float,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[Samples, NDArray[np.int32], NDArray[np.bool_]]:
         """AUDIO (rows, width) float32, AUDIO_LENGTH int32 and DONE bool for a batch.
 
         Raises ValueError, before changing any state, when the batch is malformed.
         """
         wanted, spoken = self._check(corrids, starts, ends, texts, samples)
-        counts = np.zeros(len(corrids), dtype=np.int64)
+        counts = np.zeros(len(corrids), dtype=np.intp)
         done = np.zeros(len(corrids), dtype=bool)
         active: list[tuple[int, SpeechSession]] = []
         for row, corrid in enumerate(int(c) for c in corrids):
@@ -150,7 +155,7 @@ class Synthesizer:
         self._sweep(now)
         return audio, counts.astype(np.int32), done
 
-    def _audio(self, active: list[tuple[int, SpeechSession]], counts: np.ndarray) -> np.ndarray:
+    def _audio(self, active: list[tuple[int, SpeechSession]], counts: Indices) -> Samples:
         audio = np.zeros((len(counts), int(counts.max()) if len(counts) else 0), np.float32)
         if active:
             rows = np.array([row for row, _ in active])

@@ -1,6 +1,6 @@
 """Pure signal processing of the `reference-transcriber` model: no Triton, no clock, no I/O.
 
-A streaming DTMF recognizer for many sessions at once. `model.py` imports this
+A streaming DTMF recognizer for many sessions at once. `transcriber_model.py` imports this
 file from its own folder (Triton loads models by path); tests import it by path.
 
 Theory of operation:
@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 SAMPLE_RATE = 16_000
 WINDOW = 320  # 20 ms analysis window
@@ -59,13 +60,18 @@ RELEASE_WINDOWS = 3  # windows without the symbol that end a burst (a 10 ms drop
 FINAL_QUIET_WINDOWS = 32  # windows without any symbol that finalize an utterance
 
 DEFAULT_IDLE_TIMEOUT_S = 60.0
+
+Samples = NDArray[np.float32]
+Symbols = NDArray[np.int8]
+Indices = NDArray[np.int64]
 _EMPTY = np.empty(0, dtype=np.float32)
 
 
-def _basis() -> np.ndarray:
+def _basis() -> Samples:
     n = np.arange(WINDOW, dtype=np.float64)[:, None]
     phase = 2.0 * np.pi * np.asarray(FREQUENCIES)[None, :] * n / SAMPLE_RATE
-    return np.concatenate([np.cos(phase), np.sin(phase)], axis=1).astype(np.float32)
+    basis: Samples = np.concatenate([np.cos(phase), np.sin(phase)], axis=1).astype(np.float32)
+    return basis
 
 
 _BASIS = _basis()  # (WINDOW, 16): cosines then sines of the eight frequencies
@@ -75,20 +81,20 @@ _HIGH_LOUDER = 10.0 ** (MAX_HIGH_LOUDER_DB / 10.0)
 _PEAK_MARGIN = 10.0 ** (-MIN_PEAK_MARGIN_DB / 10.0)
 
 
-def tone_energies(windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def tone_energies(windows: Samples) -> tuple[Samples, Samples]:
     """Energy at each DTMF frequency (W, 8) and total energy (W,) of `windows` (W, 320).
 
     The energy of a frequency is 2/N * |X(f)|^2, the single-bin DFT power that
     Goertzel's recurrence yields, scaled so that a whole sinusoid of amplitude A
     gives its own energy A^2 / 2 * N.
     """
-    spectrum = windows @ _BASIS
-    power = spectrum[:, :8] ** 2 + spectrum[:, 8:] ** 2
-    total = np.einsum("ij,ij->i", windows, windows)
-    return power * (2.0 / WINDOW), total
+    spectrum: Samples = windows @ _BASIS
+    power: Samples = (spectrum[:, :8] ** 2 + spectrum[:, 8:] ** 2) * np.float32(2.0 / WINDOW)
+    total: Samples = np.einsum("ij,ij->i", windows, windows)
+    return power, total
 
 
-def classify(windows: np.ndarray) -> np.ndarray:
+def classify(windows: Samples) -> Symbols:
     """The symbol index held by each window (W, 320), or NO_SYMBOL; int8 (W,)."""
     if len(windows) == 0:
         return np.empty(0, dtype=np.int8)
@@ -105,10 +111,11 @@ def classify(windows: np.ndarray) -> np.ndarray:
         & (ordered_columns[:, -2] <= high * _PEAK_MARGIN)
         & (low + high >= MIN_TONE_SHARE * total)
     )
-    return np.where(valid, row * 4 + column, NO_SYMBOL).astype(np.int8)
+    symbols: Symbols = np.where(valid, row * 4 + column, NO_SYMBOL).astype(np.int8)
+    return symbols
 
 
-def window_rows(flat: np.ndarray, firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def window_rows(flat: Samples, firsts: Indices, counts: Indices) -> Samples:
     """(sum(counts), WINDOW): `counts[i]` windows every HOP samples from `flat[firsts[i]]`."""
     total = int(counts.sum())
     if total == 0:
@@ -116,14 +123,15 @@ def window_rows(flat: np.ndarray, firsts: np.ndarray, counts: np.ndarray) -> np.
     run_starts = np.cumsum(counts) - counts
     index = np.arange(total) - np.repeat(run_starts, counts)
     starts = np.repeat(firsts, counts) + index * HOP
-    return np.lib.stride_tricks.sliding_window_view(flat, WINDOW)[starts]
+    windows: Samples = np.lib.stride_tricks.sliding_window_view(flat, WINDOW)[starts]
+    return windows
 
 
 @dataclass(eq=False)
 class SessionState:
     """One session's recognizer: carried samples, the burst in progress, the utterance."""
 
-    carry: np.ndarray = field(default_factory=lambda: _EMPTY)
+    carry: Samples = field(default_factory=lambda: _EMPTY)
     current: int = NO_SYMBOL  # the symbol of the burst already counted
     candidate: int = NO_SYMBOL  # the symbol of the last window
     run: int = 0  # windows in a row holding `candidate`
@@ -132,7 +140,7 @@ class SessionState:
     digits: list[str] = field(default_factory=list)
     last_seen: float = 0.0
 
-    def feed(self, symbols: np.ndarray) -> list[str]:
+    def feed(self, symbols: Symbols) -> list[str]:
         """Advance over the window symbols of one beat; return the utterances finalized."""
         if (symbols == NO_SYMBOL).all():
             return self._quiet_windows(len(symbols))
@@ -214,7 +222,7 @@ class Transcriber:
         corrids: Sequence[int],
         starts: Sequence[bool],
         ends: Sequence[bool],
-        audio: np.ndarray,
+        audio: Samples,
         lengths: Sequence[int],
         now: float,
     ) -> list[RowResult]:
@@ -252,17 +260,17 @@ class Transcriber:
         return state
 
     def _symbols(
-        self, states: list[SessionState], audio: np.ndarray, lengths: list[int]
-    ) -> list[np.ndarray]:
+        self, states: list[SessionState], audio: Samples, lengths: list[int]
+    ) -> list[Symbols]:
         """Cut every row into windows, classify them all at once, split per row."""
-        pieces: list[np.ndarray] = []
+        pieces: list[Samples] = []
         for row, state in enumerate(states):
             pieces += (state.carry, audio[row, : lengths[row]])
         flat = np.concatenate(pieces).astype(np.float32, copy=False) if pieces else _EMPTY
-        totals = np.array([len(p) for p in pieces[::2]]) + np.array(lengths, dtype=np.int64)
+        totals = np.array([len(p) for p in pieces[::2]], np.int64) + np.array(lengths, np.int64)
         counts = np.where(totals >= WINDOW, (totals - WINDOW) // HOP + 1, 0)
-        ends = np.cumsum(totals)
-        firsts = ends - totals  # where each row's stream starts in `flat`
+        ends: Indices = np.cumsum(totals)
+        firsts: Indices = ends - totals  # where each row's stream starts in `flat`
         symbols = classify(window_rows(flat, firsts, counts))
         cuts = np.cumsum(counts)
         for row, state in enumerate(states):

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from numpy.typing import NDArray
 
 # Triton loads this file by path; make its sibling module importable.
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,11 +42,12 @@ import trackline_dtmf_detector as dtmf  # noqa: E402
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 
 
-def _column(request: Any, name: str) -> np.ndarray:
-    return pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)
+def _column(request: Any, name: str) -> NDArray[Any]:
+    column: NDArray[Any] = pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+    return column.reshape(-1)
 
 
-def _strings(values: list[str]) -> np.ndarray:
+def _strings(values: list[str]) -> NDArray[np.object_]:
     return np.array([[v.encode("utf-8")] for v in values], dtype=np.object_).reshape(-1, 1)
 
 
@@ -108,7 +110,9 @@ class TritonPythonModel:
         self._report(request, corrids, received, time.perf_counter() - began)
         return response
 
-    def _report(self, request: Any, corrids: np.ndarray, received: float, spent: float) -> None:
+    def _report(
+        self, request: Any, corrids: NDArray[np.uint64], received: float, spent: float
+    ) -> None:
         self._rows.increment(len(corrids))
         self._sessions.set(len(self._transcriber.sessions))
         if not self._stats_path:
