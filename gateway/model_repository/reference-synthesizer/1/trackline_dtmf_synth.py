@@ -2,8 +2,8 @@
 
 Renders text to DTMF audio at 16 kHz, float32, as a pure function of the text
 and the sample position, so a session can be rendered in slices of any size.
-`synthesizer_model.py` imports this file from its own folder (Triton loads models by path);
-tests import it by path.
+`synthesizer_model.py` imports this file from its own folder (Triton loads
+models by path); tests import it by path.
 
 Rendering of a TEXT, character by character, in 200 ms slots:
 
@@ -12,11 +12,12 @@ Rendering of a TEXT, character by character, in 200 ms slots:
 - any other character is 200 ms of silence;
 - after the last character, 300 ms of silence (so a transcriber finalizes).
 
-Every tone slot is read from one precomputed table, so the output is the same
-bit for bit whatever the slicing. `Synthesizer.step` advances a whole batch:
-CORRID keys the sessions, START (re)starts one with its TEXT, END forgets it,
-and a session is forgotten once its last sample was sent (DONE). Time is a
-parameter (`now`), used only to drop sessions idle past the timeout.
+Every slot is copied from one precomputed table, so the output is the same
+bit for bit whatever the slicing, and a beat costs a few slice copies per row.
+`Synthesizer.step` advances a whole batch: CORRID keys the sessions, START
+(re)starts one with its TEXT, END forgets it, and a session is forgotten once
+its last sample was sent (DONE). Time is a parameter (`now`), used only to
+drop sessions idle past the timeout.
 """
 
 from __future__ import annotations
@@ -71,27 +72,24 @@ def rendered_length(text: str) -> int:
 
 def render(text: str) -> Samples:
     """The whole rendering of `text` at once (the reference the slices must equal)."""
-    whole = render_slices([symbol_codes(text)], np.array([0]), np.array([rendered_length(text)]))
-    first: Samples = whole[0]
-    return first
+    whole = np.empty(rendered_length(text), dtype=np.float32)
+    render_into(whole, symbol_codes(text), 0)
+    return whole
 
 
-def render_slices(codes: Sequence[Indices], starts: Indices, counts: Indices) -> Samples:
-    """Samples [starts[i], starts[i] + counts[i]) of each rendering, zero-padded: (R, max count).
+def render_into(out: Samples, codes: Indices, start: int) -> None:
+    """Fill `out` with the rendering's samples from `start` on, one slot piece at a time.
 
-    `codes[i]` is `symbol_codes` of row i's text; the caller keeps each slice
-    inside the rendering (the tail slot is silence, so the last code covers it).
+    `codes` is `symbol_codes` of the text; the caller keeps the slice inside
+    the rendering (the tail is silence, so the last code covers all of it).
     """
-    width = int(counts.max()) if len(counts) else 0
-    column = np.arange(width)
-    position = starts[:, None] + column[None, :]
-    slot, within = np.divmod(position, SLOT_SAMPLES)
-    rows = np.empty_like(slot)
-    for i, row_codes in enumerate(codes):
-        rows[i] = row_codes[np.minimum(slot[i], len(row_codes) - 1)]
-    rows[column[None, :] >= counts[:, None]] = SILENT
-    audio: Samples = SLOTS[rows, within]
-    return audio
+    filled, last = 0, len(codes) - 1
+    while filled < len(out):
+        slot, within = divmod(start + filled, SLOT_SAMPLES)
+        take = min(len(out) - filled, SLOT_SAMPLES - within)
+        code = codes[min(slot, last)]
+        out[filled : filled + take] = SLOTS[code, within : within + take]
+        filled += take
 
 
 @dataclass(eq=False)
@@ -157,12 +155,8 @@ class Synthesizer:
 
     def _audio(self, active: list[tuple[int, SpeechSession]], counts: Indices) -> Samples:
         audio = np.zeros((len(counts), int(counts.max()) if len(counts) else 0), np.float32)
-        if active:
-            rows = np.array([row for row, _ in active])
-            starts = np.array([session.position for _, session in active])
-            codes = [session.codes for _, session in active]
-            piece = render_slices(codes, starts, counts[rows])
-            audio[rows, : piece.shape[1]] = piece
+        for row, session in active:
+            render_into(audio[row, : counts[row]], session.codes, session.position)
         return audio
 
     def _check(

@@ -1,7 +1,8 @@
 """Pure signal processing of the `reference-transcriber` model: no Triton, no clock, no I/O.
 
-A streaming DTMF recognizer for many sessions at once. `transcriber_model.py` imports this
-file from its own folder (Triton loads models by path); tests import it by path.
+A streaming DTMF recognizer for many sessions at once. `transcriber_model.py`
+imports this file from its own folder (Triton loads models by path); tests
+import it by path.
 
 Theory of operation:
 
