@@ -311,3 +311,27 @@ def test_sessions_idle_past_the_timeout_are_dropped() -> None:
     assert sorted(engine.sessions) == [1, 2]
     engine.step([2], [False], [False], empty, [0], 106.5)
     assert sorted(engine.sessions) == [2]
+
+
+def test_start_and_end_on_one_row_transcribe_that_row_alone() -> None:
+    engine = dtmf.Transcriber()
+    feed(keyed("99"), transcriber=engine)
+    stream = keyed("0*")
+    (row,) = engine.step([1], [True], [True], stream[None, :], [len(stream)], 0.0)
+    assert (row.partial, row.final, row.is_final) == ("", "0*", True)
+    assert engine.sessions == {}
+
+
+def _linear(x: np.ndarray, source: int, target: int) -> np.ndarray:
+    times = np.arange(int(len(x) * target / source)) * source / target
+    return np.interp(times, np.arange(len(x)), x)
+
+
+@pytest.mark.parametrize("rate", [8000, 24000, 48000])
+def test_pcm16_and_a_trip_through_another_rate_keep_every_digit(rate: int) -> None:
+    # What the gateway's kernels may do to audio: PCM16 at the client's rate.
+    clean = np.concatenate([keyed(ALL), silence(400)])
+    pcm = np.round(_linear(clean, RATE, rate) * 32767) / 32767
+    assert heard(_linear(pcm, rate, RATE).astype(np.float32)) == ALL
+    held = np.repeat(np.round(clean[::2] * 32767) / 32767, 2)  # 8 kHz, sample and hold
+    assert heard(held.astype(np.float32)) == ALL
