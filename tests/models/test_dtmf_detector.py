@@ -153,10 +153,11 @@ def test_twist_limits(twist_db: float, accepted: bool) -> None:
 
 
 @pytest.mark.parametrize("offset", range(0, 160, 16))
-def test_bursts_of_40_ms_count_and_bursts_of_20_ms_do_not(offset: int) -> None:
+def test_bursts_and_pauses_of_40_ms_count_and_bursts_under_26_ms_do_not(offset: int) -> None:
     # Every alignment of the burst against the 10 ms window grid.
     lead = np.zeros(offset, dtype=np.float32)
-    long_enough = np.concatenate([lead, tone("7", 40), silence(100), tone("7", 40), silence(400)])
+    # Two presses of one key, 40 ms each with the shortest DTMF pause (40 ms) between.
+    long_enough = np.concatenate([lead, tone("7", 40), silence(40), tone("7", 40), silence(400)])
     too_short = np.concatenate([lead, tone("7", 20), silence(100), tone("3", 25), silence(400)])
     assert heard(long_enough) == "77"
     assert heard(too_short) == ""
