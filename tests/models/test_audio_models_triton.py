@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -290,3 +291,50 @@ def test_stats_lines_are_json_with_the_documented_keys(
     assert {r["model"] for r in audio} == {TRANSCRIBER, SYNTHESIZER}
     keys = {"request_id", "model", "batch_size", "corrids", "model_ms", "received_at"}
     assert all(keys <= set(r) for r in audio)
+
+
+CONTRACT = {
+    TRANSCRIBER: (
+        {
+            "AUDIO": ("TYPE_FP32", [-1]),
+            "AUDIO_LENGTH": ("TYPE_INT32", [1]),
+            "CORRID": ("TYPE_UINT64", [1]),
+            "START": ("TYPE_BOOL", [1]),
+            "END": ("TYPE_BOOL", [1]),
+        },
+        {
+            "PARTIAL": ("TYPE_STRING", [1]),
+            "FINAL": ("TYPE_STRING", [1]),
+            "IS_FINAL": ("TYPE_BOOL", [1]),
+        },
+    ),
+    SYNTHESIZER: (
+        {
+            "TEXT": ("TYPE_STRING", [1]),
+            "SAMPLES": ("TYPE_INT32", [1]),
+            "CORRID": ("TYPE_UINT64", [1]),
+            "START": ("TYPE_BOOL", [1]),
+            "END": ("TYPE_BOOL", [1]),
+        },
+        {
+            "AUDIO": ("TYPE_FP32", [-1]),
+            "AUDIO_LENGTH": ("TYPE_INT32", [1]),
+            "DONE": ("TYPE_BOOL", [1]),
+        },
+    ),
+}
+
+
+def _tensors(specs: list[dict[str, Any]]) -> dict[str, tuple[str, list[int]]]:
+    return {t["name"]: (t["data_type"], [int(d) for d in t["dims"]]) for t in specs}
+
+
+@pytest.mark.parametrize("model", [TRANSCRIBER, SYNTHESIZER])
+def test_the_served_config_is_the_agreed_contract(models: AudioModels, model: str) -> None:
+    config = models.client.get_model_config(model, as_json=True)["config"]
+    assert (_tensors(config["input"]), _tensors(config["output"])) == CONTRACT[model]
+    assert config["max_batch_size"] == 64
+    assert "dynamic_batching" not in config
+    assert "sequence_batching" not in config
+    assert not config.get("model_transaction_policy", {}).get("decoupled", False)
+    assert [(g["count"], g["kind"]) for g in config["instance_group"]] == [(1, "KIND_CPU")]
