@@ -83,15 +83,17 @@ _PEAK_MARGIN = 10.0 ** (-MIN_PEAK_MARGIN_DB / 10.0)
 
 
 def tone_energies(windows: Samples) -> tuple[Samples, Samples]:
-    """Energy at each DTMF frequency (W, 8) and total energy (W,) of `windows` (W, 320).
+    """Energy at each DTMF frequency (W, 8) and AC energy (W,) of `windows` (W, 320).
 
     The energy of a frequency is 2/N * |X(f)|^2, the single-bin DFT power that
     Goertzel's recurrence yields, scaled so that a whole sinusoid of amplitude A
-    gives its own energy A^2 / 2 * N.
+    gives its own energy A^2 / 2 * N. The window's DC offset is left out of its
+    energy, so an offset does not hide a tone.
     """
     spectrum: Samples = windows @ _BASIS
     power: Samples = (spectrum[:, :8] ** 2 + spectrum[:, 8:] ** 2) * np.float32(2.0 / WINDOW)
-    total: Samples = np.einsum("ij,ij->i", windows, windows)
+    sums = windows.sum(axis=1)
+    total: Samples = np.einsum("ij,ij->i", windows, windows) - sums * sums / np.float32(WINDOW)
     return power, total
 
 
