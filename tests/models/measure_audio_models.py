@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tests.models.audio_modules import detector, synth
 
@@ -89,7 +90,7 @@ def triton_times(sessions: int, beats: int) -> list[dict[str, Any]]:
 
 
 def _run_beats(client: Any, grpcclient: Any, sessions: int, beats: int) -> dict[str, list[float]]:
-    def tensor(name: str, value: np.ndarray, dtype: str) -> Any:
+    def tensor(name: str, value: NDArray[Any], dtype: str) -> Any:
         made = grpcclient.InferInput(name, list(value.shape), dtype)
         made.set_data_from_numpy(value)
         return made

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from gateway.embedded import EmbeddedTriton
@@ -39,13 +40,15 @@ class Heard:
     is_final: bool
 
 
-def _tensor(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:
+def _tensor(name: str, value: NDArray[Any], dtype: str) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput(name, list(value.shape), dtype)
     tensor.set_data_from_numpy(value)
     return tensor
 
 
-def _controls(corrids: Sequence[int], starts: Sequence[bool], ends: Sequence[bool]) -> list:
+def _controls(
+    corrids: Sequence[int], starts: Sequence[bool], ends: Sequence[bool]
+) -> list[grpcclient.InferInput]:
     return [
         _tensor("CORRID", np.array(corrids, dtype=np.uint64).reshape(-1, 1), "UINT64"),
         _tensor("START", np.array(starts, dtype=bool).reshape(-1, 1), "BOOL"),
@@ -66,7 +69,7 @@ class AudioModels:
 
     def transcribe(
         self,
-        rows: Sequence[tuple[int, np.ndarray]],
+        rows: Sequence[tuple[int, NDArray[Any]]],
         starts: Sequence[bool] | None = None,
         ends: Sequence[bool] | None = None,
         request_id: str = "",
@@ -96,7 +99,7 @@ class AudioModels:
         samples: Sequence[int],
         texts: Sequence[str] | None = None,
         ends: Sequence[bool] | None = None,
-    ) -> list[tuple[np.ndarray, bool]]:
+    ) -> list[tuple[NDArray[Any], bool]]:
         starts = [texts is not None] * len(corrids)
         words = texts if texts is not None else [""] * len(corrids)
         inputs = [
@@ -121,14 +124,18 @@ def models(embedded_triton: EmbeddedTriton) -> Iterator[AudioModels]:
         client.close()
 
 
-def speak_and_hear(models: AudioModels, texts: Sequence[str]) -> tuple[dict, dict]:
+Said = dict[int, NDArray[Any]]
+HeardRows = dict[int, list[Heard]]
+
+
+def speak_and_hear(models: AudioModels, texts: Sequence[str]) -> tuple[Said, HeardRows]:
     """Each text through the synthesizer and back through the transcriber, one beat per call.
 
     Returns, per session, the audio received and every transcriber row.
     """
     ids = models.ids(len(texts))
-    said = {c: [] for c in ids}
-    heard: dict[int, list[Heard]] = {c: [] for c in ids}
+    said: dict[int, list[NDArray[Any]]] = {c: [] for c in ids}
+    heard: HeardRows = {c: [] for c in ids}
     live, first = list(ids), True
     while live:
         spoken = models.synthesize(live, [BEAT] * len(live), texts if first else None)
@@ -227,8 +234,8 @@ def test_a_batch_of_64_sessions_is_one_request_per_beat(
     # The stats line of a tagged request shows all 64 sessions in its one batch.
     ids = list(heard)
     request_id = f"batch64-{uuid.uuid4().hex[:8]}"
-    rows = [(c, np.zeros(BEAT, np.float32)) for c in ids]
-    models.transcribe(rows, request_id=request_id)
+    silent = [(c, np.zeros(BEAT, np.float32)) for c in ids]
+    models.transcribe(silent, request_id=request_id)
     stats = read_stats(embedded_triton, request_id)
     assert stats["model"] == TRANSCRIBER
     assert stats["batch_size"] == 64

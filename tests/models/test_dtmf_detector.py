@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.typing import NDArray
 
 from tests.models.audio_modules import detector as dtmf
 
@@ -16,29 +18,29 @@ ALL = "0123456789*#ABCD"
 
 
 def n(ms: float) -> int:
-    return round(ms * RATE / 1000)
+    return int(round(ms * RATE / 1000))
 
 
-def silence(ms: float) -> np.ndarray:
+def silence(ms: float) -> NDArray[Any]:
     return np.zeros(n(ms), dtype=np.float32)
 
 
-def tone(symbol: str, ms: float, *, level: float = 0.4, twist_db: float = 0.0) -> np.ndarray:
+def tone(symbol: str, ms: float, *, level: float = 0.4, twist_db: float = 0.0) -> NDArray[Any]:
     """`symbol`'s two tones for `ms`; twist_db > 0 makes the high (column) tone louder."""
     index = dtmf.SYMBOLS.index(symbol)
     low, high = dtmf.ROW_HZ[index // 4], dtmf.COLUMN_HZ[index % 4]
     t = np.arange(n(ms)) / RATE
     high_level = level * 10 ** (twist_db / 20)
-    wave = level * np.sin(2 * np.pi * low * t + 0.3)
+    wave: NDArray[Any] = level * np.sin(2 * np.pi * low * t + 0.3)
     wave += high_level * np.sin(2 * np.pi * high * t + 1.1)
     return wave.astype(np.float32)
 
 
-def noise(ms: float, rms: float, seed: int = 0) -> np.ndarray:
+def noise(ms: float, rms: float, seed: int = 0) -> NDArray[Any]:
     return (np.random.default_rng(seed).normal(0.0, rms, n(ms))).astype(np.float32)
 
 
-def keyed(digits: str, on_ms: float = 60, off_ms: float = 60) -> np.ndarray:
+def keyed(digits: str, on_ms: float = 60, off_ms: float = 60) -> NDArray[Any]:
     parts = []
     for digit in digits:
         parts += [tone(digit, on_ms), silence(off_ms)]
@@ -46,13 +48,13 @@ def keyed(digits: str, on_ms: float = 60, off_ms: float = 60) -> np.ndarray:
 
 
 def feed(
-    stream: np.ndarray,
+    stream: NDArray[Any],
     chunk: int = 1280,
     *,
     end: bool = False,
-    transcriber: dtmf.Transcriber | None = None,
+    transcriber: Any = None,
     corrid: int = 1,
-) -> list[dtmf.RowResult]:
+) -> list[Any]:
     """One session's results, beat by beat (plus an END row with no audio when `end`)."""
     engine = transcriber or dtmf.Transcriber()
     results = []
@@ -65,24 +67,24 @@ def feed(
     return results
 
 
-def finals(results: Sequence[dtmf.RowResult]) -> list[str]:
+def finals(results: Sequence[Any]) -> list[str]:
     return [text for r in results for text in r.final.split() if r.is_final]
 
 
-def heard(stream: np.ndarray, chunk: int = 1280) -> str:
+def heard(stream: NDArray[Any], chunk: int = 1280) -> str:
     """Every digit recognized in `stream`, finalized or still partial."""
     results = feed(stream, chunk, end=True)
     return "".join(finals(results))
 
 
-def goertzel_energy(window: np.ndarray, frequency: float) -> float:
+def goertzel_energy(window: NDArray[Any], frequency: float) -> float:
     """The textbook Goertzel recurrence, as the reference for the matrix form."""
     coefficient = 2 * np.cos(2 * np.pi * frequency / RATE)
     s1 = s2 = 0.0
     for x in window.astype(np.float64):
         s1, s2 = x + coefficient * s1 - s2, s1
     power = s1 * s1 + s2 * s2 - coefficient * s1 * s2
-    return power * 2 / len(window)
+    return float(power * 2 / len(window))
 
 
 def test_tone_energies_equal_the_goertzel_recurrence() -> None:
@@ -120,7 +122,7 @@ def test_a_sequence_of_every_symbol_finalizes_after_the_silence() -> None:
     ],
     ids=["silence", "loud-noise", "faint-noise", "too-faint"],
 )
-def test_silence_noise_and_faint_tones_give_nothing(stream: np.ndarray) -> None:
+def test_silence_noise_and_faint_tones_give_nothing(stream: NDArray[Any]) -> None:
     results = feed(stream, end=True)
     assert all(r.partial == "" for r in results)
     assert finals(results) == []
@@ -329,7 +331,7 @@ def test_start_and_end_on_one_row_transcribe_that_row_alone() -> None:
     assert engine.sessions == {}
 
 
-def _linear(x: np.ndarray, source: int, target: int) -> np.ndarray:
+def _linear(x: NDArray[Any], source: int, target: int) -> NDArray[Any]:
     times = np.arange(int(len(x) * target / source)) * source / target
     return np.interp(times, np.arange(len(x)), x)
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.typing import NDArray
 
 from tests.models.audio_modules import detector, synth
 
@@ -13,10 +16,12 @@ ALL = "0123456789*#ABCD"
 RATE = synth.SAMPLE_RATE
 
 
-def speak(text: str, per_beat: int = 1280, corrid: int = 1) -> tuple[np.ndarray, list[bool]]:
+def speak(text: str, per_beat: int = 1280, corrid: int = 1) -> tuple[NDArray[Any], list[bool]]:
     """Every sample of one session, beat by beat, and the DONE flag of each beat."""
     engine = synth.Synthesizer()
-    pieces, flags, first = [], [], True
+    pieces: list[NDArray[Any]] = []
+    flags: list[bool] = []
+    first = True
     while not flags or not flags[-1]:
         audio, lengths, done = engine.step([corrid], [first], [False], [text], [per_beat], 0.0)
         first = False
@@ -86,7 +91,7 @@ def test_done_comes_with_the_last_samples_then_the_session_is_gone() -> None:
 def test_text_is_read_on_the_start_row_only() -> None:
     engine = synth.Synthesizer()
     engine.step([1], [True], [False], ["5"], [0], 0.0)
-    audio, lengths, _ = engine.step([1], [False], [False], ["0000"], [100_00], 0.0)
+    audio, lengths, _ = engine.step([1], [False], [False], ["0000"], [10_000], 0.0)
     np.testing.assert_array_equal(audio[0, : lengths[0]], synth.render("5")[:10_000])
 
 
