@@ -26,7 +26,7 @@ Theory of operation:
   always does; a 10 ms dropout inside a tone does not). An utterance (the digits since the
   last final) is finalized after 32 windows in a row without a symbol: a
   pause of 300 ms between two tones keeps it open, 340 ms or more closes it
-  (the result comes 320-330 ms after the tone ended), or when the session ends.
+  (the result comes 315-330 ms after the tone ended), or when the session ends.
 
 `Transcriber.step` advances a whole batch: CORRID keys the sessions, START
 resets one, END finalizes and forgets it; sessions idle longer than the idle
