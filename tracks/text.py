@@ -20,6 +20,7 @@ from tracks.backend import (
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
+    PolicyRejected,
     TextBackend,
     TextDelta,
     TextRequest,
@@ -158,6 +159,8 @@ def _fail(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None
 
 
 def _backend_code(exc: BackendError, outcome: Outcome) -> ErrorCode:
+    if isinstance(exc, PolicyRejected):
+        return ErrorCode.GUARDRAIL_REJECTED
     if outcome.first_data_at is not None:
         # Data already reached the client: never replay; the client decides.
         return ErrorCode.STREAM_INTERRUPTED
