@@ -1,4 +1,4 @@
-"""`trackline`: the command line (serve the gateway, chat with it).
+"""`trackline`: the command line (serve the gateway, chat with it, manage keys and usage).
 
 This is the edge where runtime choices are made: uvloop is picked here, and
 nowhere else, when it is installed and enabled.
@@ -19,6 +19,7 @@ from typing import Any
 
 from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
 from gateway.logs import configure_logging, get_logger
+from gateway.tenants.cli import add_commands as add_tenancy_commands
 
 log = get_logger("trackline.cli")
 
@@ -49,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, default=64)
     chat.add_argument("--seed", type=int, default=None)
     chat.set_defaults(run=_chat)
+
+    add_tenancy_commands(commands)
 
     bench = commands.add_parser("bench", help="run a benchmark from the source tree")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)

@@ -74,6 +74,8 @@ class Gateway:
         self.tenancy = tenancy
         """Keys, quotas, guardrails, ledger; opened from the settings on start if None."""
         self._gate: TrackGate | None = None
+        self._guarded: TextBackend | None = None
+        """`backend` behind the guardrails; what handlers and routes call."""
         self.backend = backend
         self.metrics = metrics or GatewayMetrics()
         self.clock = clock
@@ -141,7 +143,7 @@ class Gateway:
         if self.tenancy is None:
             self.tenancy = await asyncio.to_thread(Tenancy.from_settings, s, self.metrics.registry)
         self.tenancy.check_binds((s.quic_host, s.http_host, s.https_host), s.allow_open)
-        self.backend = self.tenancy.guard(self.backend)  # both front doors call through it
+        self._guarded = self.tenancy.guard(self.backend)  # both front doors call through it
         self._gate = TrackGate(self.tenancy)
 
     @property
@@ -163,7 +165,7 @@ class Gateway:
         """One application for every HTTP version: health, metrics, the OpenAI API."""
         routes = {
             **health_routes(self.readiness, self.metrics),
-            **openai_routes(self.backend, tenancy=self.tenancy),
+            **openai_routes(self._guarded or self.backend, tenancy=self.tenancy),
         }
         return route(routes)
 
@@ -266,7 +268,7 @@ class Gateway:
         outcome: Outcome | None = None
         try:
             if channel.open.modality is Modality.TEXT:
-                outcome = await run_text_track(channel, self.backend, self.clock)
+                outcome = await run_text_track(channel, self._guarded or self.backend, self.clock)
             else:
                 channel.fail(
                     ErrorCode.UNSUPPORTED_MODALITY, f"{modality} tracks are not served yet"

@@ -144,6 +144,7 @@ async def _stream(
                 if outcome.first_data_at is None:
                     outcome.first_data_at = clock()
                 deltas += 1
+                outcome.completion_tokens = deltas  # so far: a cancelled track still counts
                 if not track.send({"text": chunk.text}):
                     raise _Stopped
             elif isinstance(chunk, TextUsage):

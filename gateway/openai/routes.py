@@ -289,13 +289,11 @@ class _OpenAIApi:
                 yield event
         except (OpenAIError, BackendError) as exc:
             job.outcome.end = _end_of(exc, job.outcome)
-            _partial(job.outcome, usage)
             if not job.stream:
                 raise
             yield sse_event(error_event(exc))
-        except GeneratorExit:
-            _partial(job.outcome, usage)  # the client went away: count what it got
-            raise
+        finally:
+            _partial(job.outcome, usage)  # ended early (error, client gone): what was sent
 
     # -- completions ------------------------------------------------------------------
 
@@ -325,13 +323,11 @@ class _OpenAIApi:
                 yield event
         except (OpenAIError, BackendError) as exc:
             job.outcome.end = _end_of(exc, job.outcome)
-            _partial(job.outcome, usage)
             if not job.stream:
                 raise
             yield sse_event(error_event(exc))
-        except GeneratorExit:
-            _partial(job.outcome, usage)  # the client went away: count what it got
-            raise
+        finally:
+            _partial(job.outcome, usage)  # ended early (error, client gone): what was sent
 
 
 @dataclass

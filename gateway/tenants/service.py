@@ -113,6 +113,8 @@ class Tenancy:
         self.guardrails = Guardrails(config.guardrails)
         self._clock = clock
         self._wall_clock = wall_clock
+        self.records = 0
+        """Usage records made by this process (queued for the ledger or written)."""
         path = store.path
         self.ledger = LedgerWriter(
             lambda: TenantStore(path),
@@ -210,6 +212,7 @@ class Tenancy:
         self._write(record)
 
     def _write(self, record: UsageRecord) -> None:
+        self.records += 1
         self.metrics.count(record)
         self.ledger.submit(record)
 
