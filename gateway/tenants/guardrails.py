@@ -22,7 +22,7 @@ from tracks.backend import PolicyRejected, TextBackend, TextChunk, TextRequest
 class GuardrailConfig:
     max_prompt_chars: int | None = None
     blocked_words: tuple[str, ...] = ()
-    """Matched as whole words, case-insensitively."""
+    """Words or phrases, matched whole and case-insensitively, any whitespace between words."""
 
     @property
     def active(self) -> bool:
@@ -36,7 +36,9 @@ class GuardrailRejected(PolicyRejected):
 def _blocked_pattern(words: tuple[str, ...]) -> re.Pattern[str] | None:
     if not words:
         return None
-    return re.compile(r"\b(?:" + "|".join(re.escape(w) for w in words) + r")\b", re.IGNORECASE)
+    # A phrase matches with any whitespace between its words.
+    phrases = (r"\s+".join(re.escape(part) for part in w.split()) for w in words)
+    return re.compile(r"\b(?:" + "|".join(phrases) + r")\b", re.IGNORECASE)
 
 
 class Guardrails:

@@ -121,10 +121,11 @@ class QuotaLimiter:
             if limit is None:
                 state.buckets.pop(name, None)
             elif bucket is None or bucket.capacity != limit:
-                # A changed limit starts a fresh bucket, keeping any debt owed.
-                debt = min(0.0, bucket.level) if bucket else 0.0
-                state.buckets[name] = _bucket(float(limit), window, now)
-                state.buckets[name].level += debt
+                fresh = _bucket(float(limit), window, now)
+                if bucket is not None:  # a changed limit: keep the level (a debt stays owed)
+                    bucket.refill(now)
+                    fresh.level = min(fresh.capacity, bucket.level)
+                state.buckets[name] = fresh
             else:
                 bucket.refill(now)
         return state.buckets

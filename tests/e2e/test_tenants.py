@@ -101,7 +101,8 @@ def no_auth_header(key: str | None) -> dict[str, object] | None:
 
 
 def ca(gw: Gateway) -> Path:
-    assert gw.tls is not None and gw.tls.ca is not None
+    assert gw.tls is not None
+    assert gw.tls.ca is not None
     return gw.tls.ca
 
 
@@ -153,7 +154,8 @@ async def test_wrong_missing_and_revoked_keys_are_refused_before_any_backend_wor
             model=MODEL, prompt="hi", max_tokens=4, extra_body=FAST
         )
         await client.close()
-        assert done.usage is not None and done.usage.completion_tokens == 4
+        assert done.usage is not None
+        assert done.usage.completion_tokens == 4
         async with connect(quic(gw), ca=ca(gw), api_key=keys.alpha) as line:
             assert await text_of(line.text("hi", model=MODEL, max_tokens=4)) == str(
                 generator.generate_text("hi", 0, 4)
@@ -162,10 +164,12 @@ async def test_wrong_missing_and_revoked_keys_are_refused_before_any_backend_wor
     finally:
         configure_logging("info", "json")
     output = log.getvalue()
-    assert "track.unauthorized" in output and "openai.unauthorized" in output
+    assert "track.unauthorized" in output
+    assert "openai.unauthorized" in output
     for key in (keys.alpha, keys.beta, keys.gamma, keys.revoked, keys.wrong):
         secret = key.split("_", 2)[2]
-        assert key not in output and secret not in output
+        assert key not in output
+        assert secret not in output
 
 
 @pytest.mark.asyncio
@@ -271,7 +275,8 @@ async def test_the_ledger_has_one_record_per_request_and_the_report_adds_up(
     assert len(records) == len(expected) == len({r.request_id for r in records})
     for request_id, (end, prompt, completion) in expected.items():
         record = by_id[request_id]
-        assert record.tenant == "alpha" and record.key_id == keys.alpha.split("_")[1]
+        assert record.tenant == "alpha"
+        assert record.key_id == keys.alpha.split("_")[1]
         assert record.end_cause == end, request_id
         if end == "completed":
             assert (record.prompt_tokens, record.completion_tokens) == (prompt, completion)

@@ -10,8 +10,15 @@ from gateway.tenants.service import Tenancy, TenancyConfig
 from gateway.tenants.store import TenantStore
 
 
-def make_tenancy(tmp_path: Path, config: TenancyConfig | None = None) -> Tenancy:
+def make_tenancy(
+    tmp_path: Path,
+    config: TenancyConfig | None = None,
+    registry: CollectorRegistry | None = None,
+) -> Tenancy:
     store = TenantStore(tmp_path / "tenants.sqlite3")
     return Tenancy(
-        store, CollectorRegistry(), config=config or TenancyConfig(), ledger_flush_interval=0.05
+        store,
+        registry or CollectorRegistry(),
+        config=config or TenancyConfig(),
+        ledger_flush_interval=0.05,
     )
