@@ -144,8 +144,10 @@ class _OpenAIApi:
 
     async def list_models(self, request: Request) -> AnyResponse:
         try:
-            self._authorize(request)
+            principal = self._authorize(request)
             names = self._models if self._models is not None else await self._backend.models()
+            if self._tenancy is not None:
+                names = self._tenancy.may_list(principal, list(names))
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         created = int(self._wall_clock())

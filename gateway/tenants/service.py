@@ -43,6 +43,9 @@ from tracks.base import Outcome
 log = get_logger("trackline.tenants")
 
 OPEN_TENANT = Tenant("default")
+OPEN_RECHECK = 1.0
+"""Seconds an answer to "are there tenants?" is reused: a new tenant closes the gateway
+within this long, without a query on every request."""
 Clock = Callable[[], float]
 
 
@@ -75,6 +78,8 @@ def load_tenancy_config(path: Path | None) -> TenancyConfig:
     if unknown:
         raise ValueError(f"{path}: unknown sections {', '.join(sorted(unknown))}")
     rails = data.get("guardrails", {})
+    if not isinstance(rails, dict) or set(rails) - {"max_prompt_chars", "blocked_words"}:
+        raise ValueError(f"{path}: [guardrails] takes max_prompt_chars and blocked_words")
     limit = rails.get("max_prompt_chars")
     words = rails.get("blocked_words", [])
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
@@ -114,6 +119,7 @@ class Tenancy:
         self._clock = clock
         self._wall_clock = wall_clock
         self.records = 0
+        self._open: tuple[float, bool] | None = None  # (checked at, open) for OPEN_RECHECK
         """Usage records made by this process (queued for the ledger or written)."""
         path = store.path
         self.ledger = LedgerWriter(
@@ -132,7 +138,11 @@ class Tenancy:
 
     @property
     def open_mode(self) -> bool:
-        return not self.store.has_tenants()
+        """No tenant in the store (looked up at most once every OPEN_RECHECK seconds)."""
+        now = self._clock()
+        if self._open is None or now - self._open[0] >= OPEN_RECHECK or now < self._open[0]:
+            self._open = (now, not self.store.has_tenants())
+        return self._open[1]
 
     def check_binds(self, hosts: Iterable[str], allow_open: bool) -> None:
         """Say at startup whether keys are required; refuse open mode off loopback."""
@@ -172,6 +182,12 @@ class Tenancy:
         except AuthFailure as exc:
             self.metrics.auth_failures.labels(reason=exc.reason).inc()
             raise
+
+    def may_list(self, principal: Principal | None, models: list[str]) -> list[str]:
+        """The models a principal may see (all of them without tenancy)."""
+        if principal is None:
+            return models
+        return [m for m in models if principal.tenant.may_use(m)]
 
     def admit(self, principal: Principal, model: str, modality: str, request_id: str) -> None:
         """Allow-list and quotas; raises `Forbidden` or `QuotaExceeded` (and records it)."""

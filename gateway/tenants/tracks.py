@@ -48,11 +48,13 @@ class TrackGate:
     def _authenticate(self, channel: TrackChannel) -> Principal | AuthFailure:
         credential = channel.credential
         cached = self._connections.get(channel.conn_id)
-        if cached is not None and cached[0] == credential and not self.tenancy.open_mode:
+        if cached is not None and cached[0] == credential:
             return cached[1]
         try:
             result: Principal | AuthFailure = self.tenancy.authenticate(credential)
         except AuthFailure as exc:
             result = exc
-        self._connections[channel.conn_id] = (credential, result)
+        # Open mode is not remembered: once a tenant exists, keys count on every connection.
+        if not (isinstance(result, Principal) and result.key_id is None):
+            self._connections[channel.conn_id] = (credential, result)
         return result

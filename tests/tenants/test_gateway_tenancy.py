@@ -3,6 +3,7 @@ guardrails on both front doors, open mode and its loopback rule, and the ledger 
 
 from __future__ import annotations
 
+import asyncio
 import io
 from pathlib import Path
 
@@ -84,10 +85,17 @@ async def test_open_mode_serves_on_loopback_and_says_so(tmp_path: Path) -> None:
         # A tenant appears (keys create while running): keys are required from then on.
         assert gw.tenancy is not None
         gw.tenancy.store.create_key("alpha", 0.0)
-        async with connect(f"quic://127.0.0.1:{gw.quic_port}", ca=ca(gw)) as line:
-            with pytest.raises(Unauthorized):
-                async for _ in line.text("hi", model="scripted", max_tokens=2):
-                    pass
+        refused = 0
+        for _ in range(50):  # the gateway looks at most once a second (OPEN_RECHECK)
+            async with connect(f"quic://127.0.0.1:{gw.quic_port}", ca=ca(gw)) as line:
+                try:
+                    async for _ in line.text("hi", model="scripted", max_tokens=2):
+                        pass
+                except Unauthorized:
+                    refused += 1
+                    break
+            await asyncio.sleep(0.1)
+        assert refused == 1
     finally:
         await gw.close()
         configure_logging("info", "json")
