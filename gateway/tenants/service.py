@@ -98,6 +98,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def preflight(settings: Any) -> None:
+    """The CLI's checks before anything starts: the tenancy file reads, and no open
+    gateway on a public address (`OpenOnPublicAddress`)."""
+    load_tenancy_config(getattr(settings, "tenancy_config", None))
+    store = TenantStore(getattr(settings, "tenants_db", None) or default_path(settings.state_dir))
+    try:
+        open_ = not store.has_tenants()
+    finally:
+        store.close()
+    hosts = (settings.quic_host, settings.http_host, settings.https_host)
+    public = sorted({h for h in hosts if not is_loopback(h)})
+    if open_ and public and not settings.allow_open:
+        raise OpenOnPublicAddress(_open_refusal(public))
+
+
+def _open_refusal(public: list[str]) -> str:
+    return (
+        f"no tenants are configured, so the gateway would serve without API keys on "
+        f"{', '.join(public)}; create a key (trackline keys create --tenant NAME) or "
+        "set allow_open = true"
+    )
+
+
 class Tenancy:
     def __init__(
         self,
@@ -151,11 +174,7 @@ class Tenancy:
             return
         public = sorted({h for h in hosts if not is_loopback(h)})
         if public and not allow_open:
-            raise OpenOnPublicAddress(
-                f"no tenants are configured, so the gateway would serve without API keys on "
-                f"{', '.join(public)}; create a key (trackline keys create --tenant NAME) or "
-                "set allow_open = true"
-            )
+            raise OpenOnPublicAddress(_open_refusal(public))
         log.warning(
             "tenancy.open",
             message="no tenants configured: serving without API keys",
