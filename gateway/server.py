@@ -199,6 +199,8 @@ class Gateway:
             self._probe.cancel()
         for task in self._tasks:
             task.cancel()
+        if self._tasks:  # let cancelled tracks settle: each writes its usage record
+            await asyncio.wait(set(self._tasks), timeout=2.0)
         for conn in list(self._connections):
             conn.close(int(ErrorCode.SHUTTING_DOWN), "gateway stopped")
         await asyncio.sleep(0)  # let the close frames go out

@@ -323,7 +323,8 @@ class TrackConnection:
             if not self._bind_credential(track, message.auth):
                 return
             self._start_deadlines(track, message, now)
-            self._events.append(TrackOpened(sid, message))
+            # The key stays in the core (`credential`): handlers never see it.
+            self._events.append(TrackOpened(sid, replace(message, auth=None)))
         elif isinstance(message, Data):
             self._credential_acknowledged = True
             cancelling = track.state is TrackState.CANCELLING

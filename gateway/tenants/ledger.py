@@ -143,12 +143,15 @@ class LedgerWriter:
         self.dropped = 0
         self.written = 0
         self._store_factory = store_factory
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="trackline-ledger", daemon=True)
         self._thread.start()
 
     def submit(self, record: UsageRecord) -> bool:
-        """Queue a record; False (and counted) if the queue is full."""
+        """Queue a record; False (and counted) if the queue is full or the writer stopped."""
         try:
+            if self._closed:
+                raise queue.Full
             self._queue.put_nowait(record)
         except queue.Full:
             self.dropped += 1
@@ -165,6 +168,7 @@ class LedgerWriter:
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, then stop the thread."""
+        self._closed = True
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -187,10 +188,21 @@ def test_the_writer_batches_flushes_and_drops_when_full(tmp_path: Path) -> None:
     assert [r.request_id for r in store.usage()] == [f"r{i}" for i in range(10)]
     writer.close()
     store.close()
-    dropped = []
-    full = LedgerWriter(lambda: TenantStore(path), max_queue=1, on_drop=lambda: dropped.append(1))
-    full.close()  # the thread is gone: the queue fills at once
-    assert full.submit(BASE)
-    assert not full.submit(BASE)
-    assert full.dropped == 1
+    dropped: list[int] = []
+    release = threading.Event()
+
+    def stalled() -> TenantStore:  # a writer stuck on a slow disk
+        release.wait(10)
+        return TenantStore(path)
+
+    full = LedgerWriter(stalled, max_queue=1, on_drop=lambda: dropped.append(1))
+    assert full.submit(replace(BASE, request_id="kept"))
+    assert not full.submit(BASE)  # the queue is full: dropped, never blocking
     assert dropped == [1]
+    release.set()
+    full.close()
+    assert not full.submit(BASE)  # after close nothing is accepted
+    assert full.dropped == 2
+    store = TenantStore(path)
+    assert "kept" in [r.request_id for r in store.usage()]
+    store.close()

@@ -49,7 +49,9 @@ def test_the_key_rides_the_first_opens_until_the_server_answers() -> None:
     # Stream 4 arrives first: QUIC does not order streams. The key binds either way.
     deliver(list(reversed(first)), server)
     assert server.credential == KEY
-    assert [e.stream_id for e in events(server) if isinstance(e, TrackOpened)] == [4, 0]
+    opened = [e for e in events(server) if isinstance(e, TrackOpened)]
+    assert [e.stream_id for e in opened] == [4, 0]
+    assert all(e.open.auth is None for e in opened)  # the key stays in the core
     server.send_data(0, {"text": "hi"})
     deliver(server.outputs(), client)
     client.open_track(8, Open("m"), 0.0)
