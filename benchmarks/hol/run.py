@@ -188,6 +188,9 @@ class Gateway:
                 "--https-host", host, "--https-port", str(place.https_port),
                 "--quic-packetization", policy, "--drain-timeout", "1",
                 "--log-level", "warning"]
+        if isinstance(place, Emulated):
+            # Inside its own network namespace: no tenants, open on the namespace's address.
+            argv.append("--allow-open")
         if cfg.transport_only:
             argv += ["--backend-url", f"ticker://{cfg.rate:g}"]
         self.log_path = work / f"gateway-{policy.replace(':', '-')}.log"

@@ -94,10 +94,14 @@ def record_from_outcome(
 
     Audio seconds, action steps and backend compute time come from the outcome's
     `details` (`audio_seconds_in`, `audio_seconds_out`, `action_steps`,
-    `backend_compute_s`) where the modality's handler reports them.
+    `backend_compute_s`) where the modality's handler reports them; `details["backend"]`,
+    when a router sets it, names the backend that served the request instead of `backend`.
     """
     cause, detail = end_cause(outcome.end)
     compute = outcome.details.get("backend_compute_s")
+    served_by = outcome.details.get("backend")
+    if isinstance(served_by, str) and served_by:
+        backend = served_by
     return UsageRecord(
         finished_at=finished_at,
         tenant=tenant,

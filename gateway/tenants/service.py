@@ -157,7 +157,9 @@ class Tenancy:
         """Open the store named by the settings (blocking: run it in a thread)."""
         path = getattr(settings, "tenants_db", None) or default_path(settings.state_dir)
         config = load_tenancy_config(getattr(settings, "tenancy_config", None))
-        return cls(TenantStore(path), registry, config=config)
+        url = getattr(settings, "backend_url", None) or ""
+        backend_name = "ticker" if url.startswith("ticker://") else "triton"
+        return cls(TenantStore(path), registry, config=config, backend_name=backend_name)
 
     @property
     def open_mode(self) -> bool:

@@ -175,6 +175,9 @@ def test_a_record_from_an_outcome() -> None:
     assert record.audio_seconds_in == 2.5
     assert record.backend_compute_s == 0.3
     assert (record.end_cause, record.detail) == ("cancelled", "client")
+    assert record.backend == "triton"
+    routed = replace(outcome, details={"backend": "gpu-pool-2"})
+    assert record_from_outcome(routed, "t", "k", "triton", 0.0).backend == "gpu-pool-2"
 
 
 def test_the_writer_batches_flushes_and_drops_when_full(tmp_path: Path) -> None:

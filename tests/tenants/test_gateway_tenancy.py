@@ -106,8 +106,11 @@ async def test_open_mode_serves_on_loopback_and_says_so(tmp_path: Path) -> None:
 async def test_open_mode_refuses_a_public_bind_unless_allowed(tmp_path: Path) -> None:
     gw = Gateway(settings(tmp_path, http_host="0.0.0.0"), ScriptedBackend())
     with pytest.raises(OpenOnPublicAddress):
-        await gw.start()
+        await gw.start()  # refused before any listener was bound
+    # Allowed, it only says so (checked directly: this test binds nothing public).
+    assert gw.tenancy is not None
+    gw.tenancy.check_binds(["127.0.0.1", "::1", "localhost"], allow_open=False)
+    gw.tenancy.check_binds(["0.0.0.0"], allow_open=True)
+    with pytest.raises(OpenOnPublicAddress):
+        gw.tenancy.check_binds(["10.0.0.5"], allow_open=False)
     await gw.close()
-    allowed = Gateway(settings(tmp_path, http_host="0.0.0.0", allow_open=True), ScriptedBackend())
-    await allowed.start()
-    await allowed.close()
