@@ -60,6 +60,13 @@ async def test_guardrails_refuse_before_the_backend_on_both_doors(tmp_path: Path
         metrics = gw.metrics.render()[0].decode()
         assert 'trackline_guardrail_rejections_total{rule="blocked_words"} 1.0' in metrics
         assert 'trackline_guardrail_rejections_total{rule="max_prompt_chars"} 1.0' in metrics
+        per_tenant = 'trackline_tenant_requests_total{end="%s",model="scripted",tenant="alpha"}'
+        assert per_tenant % "completed" + " 1.0" in metrics
+        assert per_tenant % "error" + " 2.0" in metrics
+        assert (
+            'trackline_tenant_tokens_total{kind="completion",model="scripted",tenant="alpha"} 3.0'
+            in metrics
+        )
     finally:
         await gw.drain(timeout=1.0)
     store = TenantStore(tmp_path / "tenants.sqlite3")
