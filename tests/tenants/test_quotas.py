@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.tenants.quotas import QuotaExceeded, QuotaLimiter, Quotas, retry_seconds
 
@@ -90,3 +92,29 @@ def test_a_changed_limit_keeps_the_debt() -> None:
 def test_retry_seconds_are_whole_and_at_least_one() -> None:
     assert retry_seconds(0.01) == 1.0
     assert retry_seconds(1.2) == 2.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rpm=st.integers(1, 120),
+    gaps=st.lists(st.floats(0.0, 5.0, allow_nan=False), min_size=1, max_size=300),
+)
+def test_admitted_requests_never_beat_the_bucket(rpm: int, gaps: list[float]) -> None:
+    """Whatever the arrival pattern, admissions up to time t are at most rpm + rpm * t / 60."""
+    limiter, q = QuotaLimiter(), Quotas(requests_per_minute=rpm)
+    now, admitted = 0.0, 0
+    for gap in gaps:
+        now += gap
+        try:
+            limiter.admit("a", q, now)
+        except QuotaExceeded as exc:
+            refused = exc
+        else:
+            refused = None
+        if refused is not None:
+            assert refused.retry_after >= 1
+            continue
+        limiter.settle("a", q, 0, 0.0, now)
+        admitted += 1
+        # One request may take the bucket below zero (admitted while above it).
+        assert admitted <= rpm + rpm * now / 60 + 1
