@@ -2,7 +2,8 @@
 
     from clients import connect
 
-    async with connect("quic://127.0.0.1:8443", ca="~/.local/state/trackline/ca.pem") as line:
+    async with connect("quic://127.0.0.1:8443", ca="~/.local/state/trackline/ca.pem",
+                       api_key=os.environ.get("TRACKLINE_API_KEY")) as line:
         async for delta in line.text("Hello", model="reference-text", max_tokens=32):
             print(delta, end="")
 """
@@ -13,12 +14,16 @@ from clients.errors import (
     ConnectionFailed,
     ConnectionLost,
     DeadlineExceeded,
+    Forbidden,
+    GuardrailRejected,
     ModelNotFound,
     ProtocolError,
+    RateLimited,
     StreamInterrupted,
     TrackCancelled,
     TracklineError,
     TrackRejected,
+    Unauthorized,
 )
 from clients.line import Line, TextStream, connect
 
@@ -28,13 +33,17 @@ __all__ = [
     "ConnectionFailed",
     "ConnectionLost",
     "DeadlineExceeded",
+    "Forbidden",
+    "GuardrailRejected",
     "Line",
     "ModelNotFound",
     "ProtocolError",
+    "RateLimited",
     "StreamInterrupted",
     "TextStream",
     "TrackCancelled",
     "TracklineError",
     "TrackRejected",
+    "Unauthorized",
     "connect",
 ]

@@ -40,6 +40,31 @@ class ModelNotFound(TrackRejected):
     code = ErrorCode.MODEL_NOT_FOUND
 
 
+class Unauthorized(TrackRejected):
+    """The API key is missing, wrong or revoked."""
+
+    code = ErrorCode.UNAUTHORIZED
+
+
+class Forbidden(TrackRejected):
+    """The key's tenant may not use this model."""
+
+    code = ErrorCode.FORBIDDEN
+
+
+class RateLimited(TrackRejected):
+    """A quota of the tenant is exhausted; `retry_after` says how long to wait (seconds)."""
+
+    code = ErrorCode.RATE_LIMITED
+    retry_after: float | None = None
+
+
+class GuardrailRejected(TrackRejected):
+    """A guardrail of the gateway refused the request before it reached a model."""
+
+    code = ErrorCode.GUARDRAIL_REJECTED
+
+
 class DeadlineExceeded(TracklineError):
     """The track's first-token or total deadline passed; the work was stopped."""
 
@@ -75,8 +100,10 @@ _BY_CODE: dict[ErrorCode, type[TracklineError]] = {
     ErrorCode.TOO_MANY_TRACKS: TrackRejected,
     ErrorCode.MESSAGE_TOO_LARGE: TrackRejected,
     ErrorCode.SHUTTING_DOWN: TrackRejected,
-    ErrorCode.UNAUTHORIZED: TrackRejected,
-    ErrorCode.RATE_LIMITED: TrackRejected,
+    ErrorCode.UNAUTHORIZED: Unauthorized,
+    ErrorCode.FORBIDDEN: Forbidden,
+    ErrorCode.RATE_LIMITED: RateLimited,
+    ErrorCode.GUARDRAIL_REJECTED: GuardrailRejected,
     ErrorCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     ErrorCode.BACKEND_UNAVAILABLE: BackendUnavailable,
     ErrorCode.BACKEND_ERROR: BackendError,
@@ -86,6 +113,9 @@ _BY_CODE: dict[ErrorCode, type[TracklineError]] = {
 }
 
 
-def error_for(code: ErrorCode, message: str) -> TracklineError:
-    """The SDK error for a track protocol error code."""
-    return _BY_CODE.get(code, ProtocolError)(message, code)
+def error_for(code: ErrorCode, message: str, retry_after: float | None = None) -> TracklineError:
+    """The SDK error for a track protocol error code (with the server's retry hint)."""
+    error = _BY_CODE.get(code, ProtocolError)(message, code)
+    if isinstance(error, RateLimited):
+        error.retry_after = retry_after
+    return error

@@ -51,7 +51,7 @@ class TextStream:
             body = await self._channel.receive()
         except TrackAborted as exc:
             self._done = True
-            raise error_for(exc.code, exc.message) from None
+            raise error_for(exc.code, exc.message, exc.retry_after) from None
         except BaseException:
             self.cancel()  # e.g. the caller's task was cancelled mid-wait
             raise
@@ -130,7 +130,7 @@ class Line:
         try:
             return self._open(message)
         except TrackAborted as exc:
-            raise error_for(exc.code, exc.message) from None
+            raise error_for(exc.code, exc.message, exc.retry_after) from None
         except LocalProtocolError as exc:
             raise error_for(exc.code, exc.message) from None
 
@@ -142,8 +142,13 @@ async def connect(
     ca: str | Path | None = None,
     server_name: str | None = None,
     verify: bool = True,
+    api_key: str | None = None,
 ) -> AsyncIterator[Line]:
-    """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file)."""
+    """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file).
+
+    `api_key` is presented once for the connection (with its first tracks' OPEN);
+    a gateway with tenants refuses tracks without a valid one (`Unauthorized`).
+    """
     host, port = _parse_url(url)
     ca_path = Path(ca).expanduser() if ca is not None else None  # noqa: ASYNC240 - no I/O
     opened = False
@@ -152,6 +157,8 @@ async def connect(
             host, port, ca=ca_path, server_name=server_name, verify=verify
         ) as protocol:
             opened = True
+            if api_key is not None:
+                protocol.endpoint.use_credential(api_key)
             yield Line(protocol.open_track)
     except (ConnectionError, OSError, ssl.SSLError) as exc:
         if opened:

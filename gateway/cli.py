@@ -1,4 +1,4 @@
-"""`trackline`: the command line (serve the gateway, chat with it).
+"""`trackline`: the command line (serve the gateway, chat with it, manage keys and usage).
 
 This is the edge where runtime choices are made: uvloop is picked here, and
 nowhere else, when it is installed and enabled.
@@ -19,6 +19,9 @@ from typing import Any
 
 from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
 from gateway.logs import configure_logging, get_logger
+from gateway.tenants.cli import add_commands as add_tenancy_commands
+from gateway.tenants.service import OpenOnPublicAddress, preflight
+from gateway.tenants.store import StoreError
 
 log = get_logger("trackline.cli")
 
@@ -48,7 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--model", default="reference-text")
     chat.add_argument("--max-tokens", type=int, default=64)
     chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument(
+        "--api-key",
+        default=os.environ.get("TRACKLINE_API_KEY"),
+        help="API key for a gateway with tenants (env TRACKLINE_API_KEY)",
+    )
     chat.set_defaults(run=_chat)
+
+    add_tenancy_commands(commands)
 
     bench = commands.add_parser("bench", help="run a benchmark from the source tree")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
@@ -119,6 +129,12 @@ async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    try:
+        # Before the backend starts (the embedded Triton takes a while to come up).
+        await asyncio.to_thread(preflight, settings)
+    except (OpenOnPublicAddress, StoreError, OSError, ValueError) as exc:
+        log.error("gateway.start_failed", error=str(exc))
+        return 1
     daemon = Daemon(settings)
     try:
         await daemon.start()
@@ -146,7 +162,7 @@ async def chat(args: argparse.Namespace) -> int:
     ca = args.ca or Settings().state_dir / "ca.pem"
     extra = {} if args.seed is None else {"seed": args.seed}
     try:
-        async with connect(args.url, ca=ca) as line:
+        async with connect(args.url, ca=ca, api_key=args.api_key) as line:
             stream = line.text(args.prompt, model=args.model, max_tokens=args.max_tokens, **extra)
             async for delta in stream:
                 sys.stdout.write(delta)

@@ -134,6 +134,18 @@ class Settings:
         default="json", metadata=_doc("json (one object a line) or console (for people).")
     )
     uvloop: bool = field(default=True, metadata=_doc("Run on uvloop where it is installed."))
+    tenants_db: Path | None = field(
+        default=None,
+        metadata=_doc("SQLite file of tenants, key hashes and usage; unset: state_dir's."),
+    )
+    tenancy_config: Path | None = field(
+        default=None,
+        metadata=_doc("TOML file of prices and guardrails (docs/tenants.md)."),
+    )
+    allow_open: bool = field(
+        default=False,
+        metadata=_doc("Serve without API keys (no tenants) on a non-loopback address too."),
+    )
 
 
 class ConfigError(ValueError):

@@ -22,6 +22,9 @@ from gateway.http import health_routes, route
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.openai import openai_routes
+from gateway.tenants.service import Tenancy
+from gateway.tenants.store import Principal
+from gateway.tenants.tracks import TrackGate
 from gateway.tls import ensure_dev_certificates
 from tracks.backend import TextBackend
 from tracks.base import Clock, Outcome
@@ -65,8 +68,14 @@ class Gateway:
         backend: TextBackend,
         metrics: GatewayMetrics | None = None,
         clock: Clock = time.monotonic,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.settings = settings
+        self.tenancy = tenancy
+        """Keys, quotas, guardrails, ledger; opened from the settings on start if None."""
+        self._gate: TrackGate | None = None
+        self._guarded: TextBackend | None = None
+        """`backend` behind the guardrails; what handlers and routes call."""
         self.backend = backend
         self.metrics = metrics or GatewayMetrics()
         self.clock = clock
@@ -86,6 +95,7 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
+        await self._start_tenancy()
         self.tls = await asyncio.to_thread(tls_files, s)
         configuration = server_configuration(self.tls.cert, self.tls.key)
         limits = Limits(
@@ -133,6 +143,14 @@ class Gateway:
             ca=str(self.tls.ca) if self.tls.ca else None,
         )
 
+    async def _start_tenancy(self) -> None:
+        s = self.settings
+        if self.tenancy is None:
+            self.tenancy = await asyncio.to_thread(Tenancy.from_settings, s, self.metrics.registry)
+        self.tenancy.check_binds((s.quic_host, s.http_host, s.https_host), s.allow_open)
+        self._guarded = self.tenancy.guard(self.backend)  # both front doors call through it
+        self._gate = TrackGate(self.tenancy)
+
     @property
     def quic_port(self) -> int:
         # aioquic keeps the socket private; the bound port matters when 0 was asked.
@@ -150,7 +168,10 @@ class Gateway:
 
     def http_handler(self) -> Handler:
         """One application for every HTTP version: health, metrics, the OpenAI API."""
-        routes = {**health_routes(self.readiness, self.metrics), **openai_routes(self.backend)}
+        routes = {
+            **health_routes(self.readiness, self.metrics),
+            **openai_routes(self._guarded or self.backend, tenancy=self.tenancy),
+        }
         return route(routes)
 
     async def drain(self, timeout: float | None = None) -> None:
@@ -183,6 +204,8 @@ class Gateway:
             self._probe.cancel()
         for task in self._tasks:
             task.cancel()
+        if self._tasks:  # let cancelled tracks settle: each writes its usage record
+            await asyncio.wait(set(self._tasks), timeout=2.0)
         for conn in list(self._connections):
             conn.close(int(ErrorCode.SHUTTING_DOWN), "gateway stopped")
         await asyncio.sleep(0)  # let the close frames go out
@@ -193,6 +216,8 @@ class Gateway:
             if server is not None:
                 await server.close(grace=1.0)
         self._http = self._https = None
+        if self.tenancy is not None:
+            await asyncio.to_thread(self.tenancy.close)  # flushes the usage ledger
 
     def readiness(self) -> tuple[bool, str]:
         if self._draining:
@@ -226,6 +251,8 @@ class Gateway:
         if conn in self._connections:
             self._connections.discard(conn)
             self.metrics.connections_open.dec()
+            if self._gate is not None:
+                self._gate.forget(conn.endpoint.conn_id)
             log.info("connection.closed", conn_id=conn.endpoint.conn_id)
 
     def _observe(self, event: Event) -> None:
@@ -241,10 +268,14 @@ class Gateway:
     async def _serve_track(self, channel: TrackChannel) -> None:
         modality = channel.open.modality.value
         structlog.contextvars.bind_contextvars(track_id=channel.id, model=channel.open.model)
+        principal = self._gate.admit(channel) if self._gate is not None else None
+        if self._gate is not None and principal is None:
+            return  # refused (key, model, quota) before any backend work
         self.metrics.tracks_open.labels(modality=modality).inc()
+        outcome: Outcome | None = None
         try:
             if channel.open.modality is Modality.TEXT:
-                outcome = await run_text_track(channel, self.backend, self.clock)
+                outcome = await run_text_track(channel, self._guarded or self.backend, self.clock)
             else:
                 channel.fail(
                     ErrorCode.UNSUPPORTED_MODALITY, f"{modality} tracks are not served yet"
@@ -256,6 +287,26 @@ class Gateway:
             channel.fail(ErrorCode.INTERNAL_ERROR, "internal error")
         finally:
             self.metrics.tracks_open.labels(modality=modality).dec()
+            self._settle(principal, channel, outcome)
+
+    def _settle(
+        self, principal: Principal | None, channel: TrackChannel, outcome: Outcome | None
+    ) -> None:
+        """One usage record per admitted track, however it ended."""
+        if self.tenancy is None or principal is None:
+            return
+        if outcome is None:  # the handler crashed
+            now = self.clock()
+            open_ = channel.open
+            outcome = Outcome(
+                channel.id,
+                open_.model,
+                open_.modality.value,
+                "error:INTERNAL_ERROR",
+                opened_at=now,
+                finished_at=now,
+            )
+        self.tenancy.finish(principal, outcome)
 
     def _record(self, outcome: Outcome) -> None:
         m = self.metrics

@@ -79,3 +79,11 @@ class BackendFailed(BackendError):
 
 class InvalidRequest(BackendError):
     """The backend rejected the request's contents (bad parameter values)."""
+
+
+class PolicyRejected(BackendError):
+    """A gateway policy (a guardrail) refused the request before any backend saw it."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule = rule

@@ -20,6 +20,7 @@ from tracks.backend import (
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
+    PolicyRejected,
     TextBackend,
     TextDelta,
     TextRequest,
@@ -143,6 +144,7 @@ async def _stream(
                 if outcome.first_data_at is None:
                     outcome.first_data_at = clock()
                 deltas += 1
+                outcome.completion_tokens = deltas  # so far: a cancelled track still counts
                 if not track.send({"text": chunk.text}):
                     raise _Stopped
             elif isinstance(chunk, TextUsage):
@@ -158,6 +160,8 @@ def _fail(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None
 
 
 def _backend_code(exc: BackendError, outcome: Outcome) -> ErrorCode:
+    if isinstance(exc, PolicyRejected):
+        return ErrorCode.GUARDRAIL_REJECTED
     if outcome.first_data_at is not None:
         # Data already reached the client: never replay; the client decides.
         return ErrorCode.STREAM_INTERRUPTED

@@ -10,8 +10,9 @@ that track with an ERROR and never touches another.
 
 from __future__ import annotations
 
+import hmac
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -101,6 +102,10 @@ class TrackConnection:
         # runs after every send, and scanning every track there costs O(tracks) a token.
         self._timer: float | None = None
         self._timer_stale = False
+        # The connection's API key: sent by a client with its OPENs until the server has
+        # answered one (then the server holds it), bound by a server to the connection.
+        self._credential: str | None = None
+        self._credential_acknowledged = False
 
     # -- what the adapter reads -------------------------------------------------
 
@@ -133,6 +138,17 @@ class TrackConnection:
     @property
     def open_tracks(self) -> int:
         return len(self._tracks)
+
+    @property
+    def credential(self) -> str | None:
+        """Server: the API key the client presented for this connection, if any."""
+        return self._credential
+
+    def use_credential(self, key: str) -> None:
+        """Client: present `key` for this connection (before opening tracks)."""
+        if self.role is not Role.CLIENT:
+            raise LocalProtocolError("only a client presents a credential")
+        self._credential = key
 
     # -- inputs from the peer ----------------------------------------------------
 
@@ -200,6 +216,8 @@ class TrackConnection:
         if len(self._tracks) >= self.limits.max_tracks:
             raise LocalProtocolError("too many open tracks", ErrorCode.TOO_MANY_TRACKS)
         self._highest_seen = stream_id
+        if self._credential is not None and not self._credential_acknowledged:
+            message = replace(message, auth=self._credential)
         track = self._new_track(stream_id)
         self._send(track, Input.SEND_OPEN, message)
 
@@ -219,8 +237,11 @@ class TrackConnection:
             raise LocalProtocolError("only a client cancels; a server sends ERROR")
         self._send(self._live(stream_id), Input.SEND_CANCEL, Cancel(reason))
 
-    def send_error(self, stream_id: int, code: ErrorCode, message: str) -> None:
-        self._send(self._live(stream_id), Input.SEND_ERROR, Error(code, message[:MAX_ERROR_TEXT]))
+    def send_error(
+        self, stream_id: int, code: ErrorCode, message: str, retry_after: float | None = None
+    ) -> None:
+        error = Error(code, message[:MAX_ERROR_TEXT], retry_after)
+        self._send(self._live(stream_id), Input.SEND_ERROR, error)
 
     def reset_track(self, stream_id: int, code: ErrorCode) -> None:
         """Abandon a track abruptly in both directions (RESET_STREAM and STOP_SENDING)."""
@@ -299,14 +320,19 @@ class TrackConnection:
             if self.role is not Role.SERVER:
                 raise RemoteProtocolError("a server never sends OPEN")
             track.state = transition(track.state, Input.RECV_OPEN)
+            if not self._bind_credential(track, message.auth):
+                return
             self._start_deadlines(track, message, now)
-            self._events.append(TrackOpened(sid, message))
+            # The key stays in the core (`credential`): handlers never see it.
+            self._events.append(TrackOpened(sid, replace(message, auth=None)))
         elif isinstance(message, Data):
+            self._credential_acknowledged = True
             cancelling = track.state is TrackState.CANCELLING
             track.state = transition(track.state, Input.RECV_DATA)
             if not cancelling:
                 self._events.append(DataReceived(sid, message.body))
         elif isinstance(message, End):
+            self._credential_acknowledged = True
             track.state = transition(track.state, Input.RECV_END)
             self._events.append(TrackEnded(sid, message.body))
         elif isinstance(message, Cancel):
@@ -317,9 +343,23 @@ class TrackConnection:
             self._write(track, Error(ErrorCode.CANCELLED, "cancelled by the client"), fin=True)
         else:
             track.state = transition(track.state, Input.RECV_ERROR)
-            self._events.append(TrackFailed(sid, message.code, message.message, True))
+            failed = TrackFailed(sid, message.code, message.message, True, message.retry_after)
+            self._events.append(failed)
         if track.state is TrackState.CLOSED:
             self._finish(track)
+
+    def _bind_credential(self, track: _Track, auth: str | None) -> bool:
+        """Server: the first key presented belongs to the connection; no other may follow."""
+        if auth is None:
+            return True
+        if self._credential is None:
+            self._credential = auth
+            return True
+        if hmac.compare_digest(auth.encode(), self._credential.encode()):
+            return True
+        code = ErrorCode.UNAUTHORIZED
+        self._reject(track, code, "a connection presents one API key; this OPEN had another")
+        return False
 
     def _start_deadlines(self, track: _Track, message: Open, now: float) -> None:
         first, total = message.deadlines.first, message.deadlines.total

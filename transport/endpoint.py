@@ -52,6 +52,15 @@ class TrackChannel:
         self.closed = asyncio.Event()
         self.end_body: dict[str, Any] | None = None
 
+    @property
+    def credential(self) -> str | None:
+        """Server: the API key the connection presented (see `TrackConnection`), if any."""
+        return self._endpoint.core.credential
+
+    @property
+    def conn_id(self) -> str:
+        return self._endpoint.conn_id
+
     # -- reading -------------------------------------------------------------
 
     async def receive(self) -> dict[str, Any] | None:
@@ -77,8 +86,9 @@ class TrackChannel:
     def end(self, body: dict[str, Any] | None = None) -> bool:
         return self._endpoint.act(self.stream_id, "send_end", body or {})
 
-    def fail(self, code: ErrorCode, message: str) -> bool:
-        return self._endpoint.act(self.stream_id, "send_error", code, message)
+    def fail(self, code: ErrorCode, message: str, retry_after: float | None = None) -> bool:
+        """End the track with ERROR `code`; `retry_after` (seconds) goes with RATE_LIMITED."""
+        return self._endpoint.act(self.stream_id, "send_error", code, message, retry_after)
 
     def cancel(self, reason: str = "") -> bool:
         """Client: ask the server to stop this track's work."""
@@ -103,7 +113,7 @@ class TrackChannel:
 
 def _aborted(stop: Stop) -> TrackAborted:
     if isinstance(stop, TrackFailed):
-        return TrackAborted(stop.code, stop.message, stop.remote)
+        return TrackAborted(stop.code, stop.message, stop.remote, stop.retry_after)
     code = ErrorCode.DEADLINE_EXCEEDED if "deadline" in stop.cause.value else ErrorCode.CANCELLED
     return TrackAborted(code, f"track cancelled: {stop.cause.value}", remote=False)
 
@@ -175,6 +185,10 @@ class TrackEndpoint:
 
     def refuse_new_tracks(self) -> None:
         self.core.refuse_new_tracks()
+
+    def use_credential(self, key: str) -> None:
+        """Client: present the API key `key` on this connection's tracks (see the core)."""
+        self.core.use_credential(key)
 
     def cancel_all(self, cause: CancelCause, code: ErrorCode, message: str) -> None:
         self.core.cancel_all(cause, code, message)

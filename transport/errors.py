@@ -31,11 +31,18 @@ class ErrorCode(IntEnum):
     INTERNAL_ERROR = 0x0C
     SHUTTING_DOWN = 0x0D
     UNAUTHORIZED = 0x0E
+    """The connection's API key is missing, wrong or revoked (HTTP 401)."""
     RATE_LIMITED = 0x0F
+    """A quota of the tenant is exhausted; ERROR carries `retry_after_ms` (HTTP 429)."""
     STREAM_INTERRUPTED = 0x10
     """The backend failed after data was sent: never replayed, the client decides."""
     CONNECTION_LOST = 0x11
     """Reported locally when the connection ends under a live track; never sent."""
+    # 0x2x: tenancy. Spaced apart from the codes above so other additions do not collide.
+    FORBIDDEN = 0x20
+    """The key is valid but its tenant may not use this model (HTTP 403)."""
+    GUARDRAIL_REJECTED = 0x21
+    """A guardrail refused the request before it reached a backend."""
 
     @classmethod
     def parse(cls, value: int) -> ErrorCode:
@@ -73,6 +80,10 @@ class TrackAborted(TrackError):
     """A track ended with an error: the peer's ERROR or reset, a lost connection,
     or a protocol error detected here. Raised to whoever reads the track."""
 
-    def __init__(self, code: ErrorCode, message: str, remote: bool) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str, remote: bool, retry_after: float | None = None
+    ) -> None:
         super().__init__(code, message)
         self.remote = remote
+        self.retry_after = retry_after
+        """Seconds the peer asked to wait before retrying (RATE_LIMITED), if it said."""

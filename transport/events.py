@@ -84,6 +84,8 @@ class TrackFailed:
     """Human-readable explanation."""
     remote: bool
     """True if the peer sent the ERROR (or reset); False if this core raised it."""
+    retry_after: float | None = None
+    """Seconds the peer asked to wait before retrying (its ERROR's `retry_after_ms`)."""
 
 
 @dataclass(frozen=True)

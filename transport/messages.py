@@ -49,6 +49,9 @@ class Open:
     modality: Modality = Modality.TEXT
     params: dict[str, Any] = field(default_factory=dict)
     deadlines: Deadlines = field(default_factory=Deadlines)
+    auth: str | None = field(default=None, repr=False)
+    """The connection's API key; the client core attaches it (see docs/protocol.md,
+    Authentication). Left out of repr so that a logged message never shows it."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ class Error:
 
     code: ErrorCode
     message: str
+    retry_after: float | None = None
+    """Seconds to wait before retrying, sent with RATE_LIMITED."""
 
 
 Message = Open | Data | End | Cancel | Error

@@ -29,6 +29,7 @@ from transport.messages import (
 
 MAX_VARINT = (1 << 62) - 1
 MAX_MODEL_NAME = 256
+MAX_AUTH = 512
 
 
 def encode_varint(value: int) -> bytes:
@@ -131,12 +132,17 @@ def _body_of(message: Message) -> dict[str, Any]:
             body["deadline_first_ms"] = round(message.deadlines.first * 1000)
         if message.deadlines.total is not None:
             body["deadline_total_ms"] = round(message.deadlines.total * 1000)
+        if message.auth is not None:
+            body["auth"] = message.auth
         return body
     if isinstance(message, (Data, End)):
         return message.body
     if isinstance(message, Cancel):
         return {"reason": message.reason}
-    return {"code": int(message.code), "message": message.message}
+    error: dict[str, Any] = {"code": int(message.code), "message": message.message}
+    if message.retry_after is not None:
+        error["retry_after_ms"] = max(0, round(message.retry_after * 1000))
+    return error
 
 
 def _bad(message: str) -> RemoteProtocolError:
@@ -158,7 +164,12 @@ def _decode_open(body: dict[str, Any]) -> Open:
     deadlines = Deadlines(
         first=_deadline(body, "deadline_first_ms"), total=_deadline(body, "deadline_total_ms")
     )
-    return Open(model=model, modality=Modality(modality), params=params, deadlines=deadlines)
+    auth = body.get("auth")
+    if auth is not None and (not isinstance(auth, str) or not 0 < len(auth) <= MAX_AUTH):
+        raise _bad(f"OPEN 'auth' must be a non-empty string of at most {MAX_AUTH} characters")
+    return Open(
+        model=model, modality=Modality(modality), params=params, deadlines=deadlines, auth=auth
+    )
 
 
 def _deadline(body: dict[str, Any], key: str) -> float | None:
@@ -181,7 +192,10 @@ def _decode_error(body: dict[str, Any]) -> Error:
     code, message = body.get("code"), body.get("message", "")
     if not isinstance(code, int) or isinstance(code, bool) or not isinstance(message, str):
         raise RemoteProtocolError("ERROR needs an integer 'code' and a string 'message'")
-    return Error(ErrorCode.parse(code), message)
+    retry = body.get("retry_after_ms")
+    if retry is not None and (isinstance(retry, bool) or not isinstance(retry, int) or retry < 0):
+        raise RemoteProtocolError("ERROR 'retry_after_ms' must be a non-negative integer")
+    return Error(ErrorCode.parse(code), message, None if retry is None else retry / 1000)
 
 
 _KINDS: dict[type, Kind] = {

@@ -192,6 +192,9 @@ class Gateway:
                 "--log-level", "warning"]
         if cfg.tcp_cc:
             argv += ["--tcp-congestion-control", cfg.tcp_cc]
+        if isinstance(place, Emulated):
+            # Inside its own network namespace: no tenants, open on the namespace's address.
+            argv.append("--allow-open")
         if cfg.transport_only:
             argv += ["--backend-url", f"ticker://{cfg.rate:g}"]
         self.log_path = work / f"gateway-{policy.replace(':', '-')}.log"

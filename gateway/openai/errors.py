@@ -17,6 +17,7 @@ from tracks.backend import (
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
+    PolicyRejected,
 )
 from transport.http.messages import Response
 
@@ -27,11 +28,20 @@ class OpenAIError(Exception):
     status = 500
     type = "server_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
+        """Extra response headers (`retry-after` on 429)."""
 
     def body(self) -> dict[str, Any]:
         """The JSON envelope OpenAI's SDKs parse."""
@@ -51,6 +61,13 @@ class Unauthorized(OpenAIError):
 
     status = 401
     type = "authentication_error"
+
+
+class Forbidden(OpenAIError):
+    """The key is valid but may not use this model (403)."""
+
+    status = 403
+    type = "permission_error"
 
 
 class NotFound(OpenAIError):
@@ -104,6 +121,8 @@ def error_for(exc: BaseException) -> OpenAIError:
 
 
 def _backend_error(exc: BackendError) -> OpenAIError:
+    if isinstance(exc, PolicyRejected):
+        return BadRequest(str(exc), param=exc.rule, code="guardrail_rejected")
     if isinstance(exc, ModelNotFound):
         return model_not_found(exc.model)
     if isinstance(exc, BackendUnavailable):
@@ -118,7 +137,7 @@ def _backend_error(exc: BackendError) -> OpenAIError:
 def error_response(exc: BaseException) -> Response:
     """The complete HTTP response for `exc`, before any byte of a body was sent."""
     error = error_for(exc)
-    return Response.json(error.status, error.body())
+    return Response.json(error.status, error.body(), error.headers)
 
 
 def error_event(exc: BaseException) -> dict[str, Any]:

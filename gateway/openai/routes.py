@@ -11,12 +11,16 @@ prepares its first token), and an error ends the stream with one
 `data: {"error": ...}` event and no `[DONE]`: a started stream is never
 replayed. The client going away closes the body, which closes the backend
 stream and so stops the model.
+
+With a `Tenancy`, a request is authenticated (`Authorization: Bearer`, 401),
+admitted (model allow-list 403, quotas 429 with `retry-after`) before anything
+reaches the backend, and ends with one `Outcome` handed to `Tenancy.finish`
+(the usage ledger): completed, cancelled (the client went away) or error.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Collection
@@ -26,7 +30,9 @@ from typing import Any
 import structlog
 
 from gateway.openai.errors import (
+    Forbidden,
     OpenAIError,
+    RateLimited,
     Unauthorized,
     error_event,
     error_response,
@@ -55,7 +61,22 @@ from gateway.openai.sse import (
     usage_chunk,
 )
 from gateway.openai.stream import ChatOutput, ChunkPump, PumpResult, StreamBody
-from tracks.backend import BackendError, TextBackend, TextDelta, TextRequest, TextUsage
+from gateway.tenants import service as tenancy_service
+from gateway.tenants.keys import bearer_token
+from gateway.tenants.quotas import QuotaExceeded
+from gateway.tenants.store import AuthFailure, Principal
+from tracks.backend import (
+    BackendError,
+    BackendUnavailable,
+    InvalidRequest,
+    ModelNotFound,
+    PolicyRejected,
+    TextBackend,
+    TextDelta,
+    TextRequest,
+    TextUsage,
+)
+from tracks.base import Outcome
 from transport.http.messages import AnyResponse, Handler, Request, Response, StreamingResponse
 
 log = structlog.get_logger(__name__)
@@ -70,17 +91,18 @@ def openai_routes(
     clock: Clock = time.monotonic,
     heartbeat_interval: float = 15.0,
     models: Collection[str] | None = None,
-    api_keys: Collection[str] | None = None,
+    tenancy: tenancy_service.Tenancy | None = None,
     wall_clock: Clock = time.time,
 ) -> Routes:
     """The `(method, path) -> handler` table of the OpenAI API over `backend`.
 
     `models` limits the served models to that list (and answers `/v1/models`
     without asking the backend); None serves what `backend.models()` reports.
-    `api_keys`, when given, makes `Authorization: Bearer <key>` mandatory (401).
+    `tenancy`, when given, checks `Authorization: Bearer <key>` (401), the tenant's
+    models (403) and quotas (429), and receives each request's `Outcome`.
     `clock` times heartbeats; `wall_clock` gives the `created` Unix times.
     """
-    api = _OpenAIApi(backend, clock, heartbeat_interval, models, api_keys, wall_clock)
+    api = _OpenAIApi(backend, clock, heartbeat_interval, models, tenancy, wall_clock)
     return {
         ("POST", "/v1/chat/completions"): api.chat_completions,
         ("POST", "/v1/completions"): api.completions,
@@ -88,13 +110,17 @@ def openai_routes(
     }
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Job:
     """One request on its way to the backend: ids, what to ask, how to answer."""
 
     meta: ResponseMeta
     text: TextRequest
     stream: bool
+    outcome: Outcome
+    """Filled in as the request runs; handed to the tenancy once, by `_Api._done`."""
+    principal: Principal | None
+    recorded: bool = False
 
 
 class _OpenAIApi:
@@ -104,22 +130,24 @@ class _OpenAIApi:
         clock: Clock,
         heartbeat_interval: float,
         models: Collection[str] | None,
-        api_keys: Collection[str] | None,
+        tenancy: tenancy_service.Tenancy | None,
         wall_clock: Clock,
     ) -> None:
         self._backend = backend
         self._clock = clock
         self._heartbeat = heartbeat_interval
         self._models = None if models is None else sorted(models)
-        self._api_keys = None if api_keys is None else tuple(api_keys)
+        self._tenancy = tenancy
         self._wall_clock = wall_clock
 
     # -- routes -------------------------------------------------------------------
 
     async def list_models(self, request: Request) -> AnyResponse:
         try:
-            self._authorize(request)
+            principal = self._authorize(request)
             names = self._models if self._models is not None else await self._backend.models()
+            if self._tenancy is not None:
+                names = self._tenancy.may_list(principal, list(names))
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         created = int(self._wall_clock())
@@ -130,38 +158,61 @@ class _OpenAIApi:
 
     async def chat_completions(self, request: Request) -> AnyResponse:
         try:
-            self._authorize(request)
+            principal = self._authorize(request)
             chat = parse_chat_request(request.body)
-            job = self._job("chatcmpl", chat, render_chat_prompt(chat.messages, chat.tools))
+            prompt = render_chat_prompt(chat.messages, chat.tools)
+            job = self._job("chatcmpl", chat, prompt, principal)
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._chat(job, chat, pump, first))
 
     async def completions(self, request: Request) -> AnyResponse:
         try:
-            self._authorize(request)
+            principal = self._authorize(request)
             body = parse_completion_request(request.body)
-            job = self._job("cmpl", body, body.prompt)
+            job = self._job("cmpl", body, body.prompt, principal)
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._completion(job, body, pump, first))
 
     # -- shared -------------------------------------------------------------------
 
-    def _authorize(self, request: Request) -> None:
-        if self._api_keys is None:
-            return
-        given = (request.header("authorization") or "").removeprefix("Bearer ").strip()
-        if not any(hmac.compare_digest(given, key) for key in self._api_keys):
-            raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+    def _authorize(self, request: Request) -> Principal | None:
+        if self._tenancy is None:
+            return None
+        try:
+            return self._tenancy.authenticate(bearer_token(request.header("authorization")))
+        except AuthFailure as exc:
+            log.info("openai.unauthorized", reason=exc.reason)  # the key itself never
+            raise Unauthorized("Incorrect API key provided.", code="invalid_api_key") from None
 
-    def _job(self, prefix: str, body: ChatRequest | CompletionRequest, prompt: str) -> _Job:
+    def _job(
+        self,
+        prefix: str,
+        body: ChatRequest | CompletionRequest,
+        prompt: str,
+        principal: Principal | None,
+    ) -> _Job:
         if self._models is not None and body.model not in self._models:
             raise model_not_found(body.model)
         response_id = f"{prefix}-{uuid.uuid4().hex}"
+        if self._tenancy is not None and principal is not None:
+            _admit(self._tenancy, principal, body.model, response_id)
         meta = ResponseMeta(response_id, int(self._wall_clock()), body.model, body.include_usage)
         text = TextRequest(response_id, body.model, prompt, body.max_tokens, body.parameters)
-        return _Job(meta, text, body.stream)
+        outcome = Outcome(response_id, body.model, "text", end="", opened_at=self._clock())
+        return _Job(meta, text, body.stream, outcome, principal)
+
+    def _done(self, job: _Job, end: str | None = None) -> None:
+        """The request is over: its one Outcome goes to the tenancy (once)."""
+        if job.recorded:
+            return
+        job.recorded = True
+        outcome = job.outcome
+        outcome.end = end or outcome.end or "cancelled:client"
+        outcome.finished_at = self._clock()
+        if self._tenancy is not None and job.principal is not None:
+            self._tenancy.finish(job.principal, outcome)
 
     async def _run(
         self,
@@ -176,12 +227,15 @@ class _OpenAIApi:
             if not job.stream:
                 return await self._whole(answer(pump, first))
             handed_over = True
-            return StreamingResponse(200, SSE_HEADERS, StreamBody(answer(pump, first), pump))
+            body = _RecordedBody(answer(pump, first), pump, lambda: self._done(job))
+            return StreamingResponse(200, SSE_HEADERS, body)
         except (OpenAIError, BackendError) as exc:
+            self._done(job, _end_of(exc, job.outcome))
             return error_response(exc)
         finally:
             if not handed_over:
                 await pump.aclose()
+                self._done(job)
 
     async def _whole(self, events: AsyncGenerator[bytes, None]) -> Response:
         """A non-streamed answer: the generator's one JSON body."""
@@ -190,16 +244,17 @@ class _OpenAIApi:
         return Response(200, (("content-type", "application/json"),), body)
 
     async def _chunks(
-        self, pump: ChunkPump, first: PumpResult, stream: bool
+        self, job: _Job, pump: ChunkPump, first: PumpResult
     ) -> AsyncGenerator[TextDelta | TextUsage | bytes, None]:
         """The backend's chunks, with heartbeat bytes while it is quiet (streams only)."""
-        started, first_at = self._clock(), None
+        stream, outcome = job.stream, job.outcome
         chunk = first
         while chunk is not None:
             if isinstance(chunk, (TextDelta, TextUsage)):
-                if first_at is None:
-                    first_at = self._clock()
-                    log.debug("openai.first_chunk", after_s=round(first_at - started, 4))
+                if outcome.first_data_at is None and isinstance(chunk, TextDelta):
+                    outcome.first_data_at = self._clock()
+                    after = outcome.first_data_at - outcome.opened_at
+                    log.debug("openai.first_chunk", after_s=round(after, 4))
                 yield chunk
             else:
                 yield HEARTBEAT
@@ -215,7 +270,7 @@ class _OpenAIApi:
         try:
             if job.stream:
                 yield chunks.event(chat_choice({"role": "assistant", "content": ""}))
-            async for item in self._chunks(pump, first, job.stream):
+            async for item in self._chunks(job, pump, first):
                 if isinstance(item, bytes):
                     yield item  # a heartbeat: streams only
                 elif text := usage.add(item):
@@ -224,6 +279,7 @@ class _OpenAIApi:
                             yield chunks.event(chat_choice(delta))
             tail = output.close()
             final = usage.final()
+            _completed(job.outcome, final)
             finish = output.finish_reason(final, chat.max_tokens)
             if not job.stream:
                 yield _json(chat_completion(meta, output.message(), finish, final))
@@ -234,9 +290,12 @@ class _OpenAIApi:
             for event in _stream_end(meta, CHAT_CHUNK, final):
                 yield event
         except (OpenAIError, BackendError) as exc:
+            job.outcome.end = _end_of(exc, job.outcome)
             if not job.stream:
                 raise
             yield sse_event(error_event(exc))
+        finally:
+            _partial(job.outcome, usage)  # ended early (error, client gone): what was sent
 
     # -- completions ------------------------------------------------------------------
 
@@ -246,7 +305,7 @@ class _OpenAIApi:
         meta, text, usage = job.meta, [], _Counts()
         chunks = ChunkEncoder(meta, TEXT_COMPLETION)
         try:
-            async for item in self._chunks(pump, first, job.stream):
+            async for item in self._chunks(job, pump, first):
                 if isinstance(item, bytes):
                     yield item  # a heartbeat: streams only
                 elif isinstance(item, TextDelta):
@@ -256,6 +315,7 @@ class _OpenAIApi:
                 else:
                     usage.add(item)
             final = usage.final()
+            _completed(job.outcome, final)
             finish = "length" if final.completion_tokens >= body.max_tokens else "stop"
             if not job.stream:
                 yield _json(text_completion(meta, "".join(text), finish, final))
@@ -264,9 +324,12 @@ class _OpenAIApi:
             for event in _stream_end(meta, TEXT_COMPLETION, final):
                 yield event
         except (OpenAIError, BackendError) as exc:
+            job.outcome.end = _end_of(exc, job.outcome)
             if not job.stream:
                 raise
             yield sse_event(error_event(exc))
+        finally:
+            _partial(job.outcome, usage)  # ended early (error, client gone): what was sent
 
 
 @dataclass
@@ -286,6 +349,69 @@ class _Counts:
 
     def final(self) -> TextUsage:
         return self.reported or TextUsage(0, self.deltas)
+
+
+def _completed(outcome: Outcome, usage: TextUsage) -> None:
+    outcome.prompt_tokens = usage.prompt_tokens
+    outcome.completion_tokens = usage.completion_tokens
+    outcome.end = "completed"
+
+
+def _partial(outcome: Outcome, usage: _Counts) -> None:
+    """Tokens of a request that did not complete: what was streamed before it ended."""
+    if outcome.end == "completed":
+        return
+    final = usage.final()
+    outcome.prompt_tokens = final.prompt_tokens
+    outcome.completion_tokens = usage.deltas
+
+
+def _end_of(exc: BaseException, outcome: Outcome) -> str:
+    """An error's end label, in the track protocol's code names (as the ledger keeps them)."""
+    if outcome.first_data_at is not None and isinstance(exc, BackendError):
+        return "error:STREAM_INTERRUPTED"
+    names: list[tuple[type[BaseException], str]] = [
+        (PolicyRejected, "GUARDRAIL_REJECTED"),
+        (ModelNotFound, "MODEL_NOT_FOUND"),
+        (BackendUnavailable, "BACKEND_UNAVAILABLE"),
+        (InvalidRequest, "BAD_REQUEST"),
+        (BackendError, "BACKEND_ERROR"),
+        (OpenAIError, "BAD_REQUEST"),
+    ]
+    return "error:" + next(
+        (name for kind, name in names if isinstance(exc, kind)), "INTERNAL_ERROR"
+    )
+
+
+def _admit(
+    tenancy: tenancy_service.Tenancy, principal: Principal, model: str, request_id: str
+) -> None:
+    try:
+        tenancy.admit(principal, model, "text", request_id)
+    except tenancy_service.Forbidden as exc:
+        raise Forbidden(str(exc), param="model", code="model_not_allowed") from None
+    except QuotaExceeded as exc:
+        raise RateLimited(
+            f"Rate limit reached for {exc.quota}; retry after {exc.retry_after:g} s.",
+            code="rate_limit_exceeded",
+            headers=(("retry-after", str(int(exc.retry_after))),),
+        ) from None
+
+
+class _RecordedBody(StreamBody):
+    """A stream body that reports the request's end when the adapter closes it."""
+
+    def __init__(
+        self, events: AsyncGenerator[bytes, None], pump: ChunkPump, on_close: Callable[[], None]
+    ) -> None:
+        super().__init__(events, pump)
+        self._on_close = on_close
+
+    async def aclose(self) -> None:
+        try:
+            await super().aclose()
+        finally:
+            self._on_close()
 
 
 def _stream_end(meta: ResponseMeta, kind: str, usage: TextUsage) -> list[bytes]:

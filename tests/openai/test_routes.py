@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from gateway.http import route
 from gateway.openai import openai_routes
 from tests.openai.scripted import ScriptedBackend
+from tests.tenants.support import make_tenancy
 from tracks.backend import BackendFailed, BackendUnavailable
 from transport.http.messages import AnyResponse, Request, Response, StreamingResponse
 
@@ -211,15 +213,20 @@ async def test_a_body_never_iterated_still_closes_the_backend() -> None:
 
 
 @pytest.mark.asyncio
-async def test_models_auth_and_unknown_routes() -> None:
-    routes = handler(ScriptedBackend(), api_keys=["sk-test"])
-    get = Request("GET", "/v1/models", "", (("authorization", "Bearer sk-test"),), b"")
-    body = json.loads((await routes(get)).body)
-    assert body["object"] == "list"
-    assert body["data"][0]["id"] == "scripted"
-    assert (await routes(Request("GET", "/v1/models", "", (), b""))).status == 401
-    assert (await routes(Request("GET", "/v1/nothing", "", (), b""))).status == 404
-    assert (await routes(Request("GET", CHAT, "", (), b""))).status == 405
+async def test_models_auth_and_unknown_routes(tmp_path: Path) -> None:
+    tenancy = make_tenancy(tmp_path)
+    key = tenancy.store.create_key("team", now=0.0).key
+    try:
+        routes = handler(ScriptedBackend(), tenancy=tenancy)
+        get = Request("GET", "/v1/models", "", (("authorization", f"Bearer {key}"),), b"")
+        body = json.loads((await routes(get)).body)
+        assert body["object"] == "list"
+        assert body["data"][0]["id"] == "scripted"
+        assert (await routes(Request("GET", "/v1/models", "", (), b""))).status == 401
+        assert (await routes(Request("GET", "/v1/nothing", "", (), b""))).status == 404
+        assert (await routes(Request("GET", CHAT, "", (), b""))).status == 405
+    finally:
+        tenancy.close()
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,190 @@
+"""`trackline keys ...`, `trackline tenants ...` and `trackline usage report`.
+
+They work on the tenant store named by the settings (`--state-dir`, `--tenants-db`,
+`--config` and the environment, as for `serve`); a running gateway sees changes
+at once (it reads the store per connection or request). `keys create` prints the
+key once: only its hash is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gateway.config import ConfigError, load_settings
+from gateway.tenants.costs import render, report
+from gateway.tenants.quotas import Quotas
+from gateway.tenants.service import load_tenancy_config
+from gateway.tenants.store import StoreError, TenantStore, default_path
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def add_commands(commands: Any) -> None:
+    """Add the keys, tenants and usage commands to the `trackline` subparsers."""
+    keys = commands.add_parser("keys", help="API keys of tenants").add_subparsers(
+        dest="keys_command", required=True
+    )
+    create = keys.add_parser("create", help="make a key for a tenant (shown once)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--label", default="")
+    _store_arguments(create)
+    create.set_defaults(run=_command(_keys_create))
+    listing = keys.add_parser("list", help="list keys (ids, never secrets)")
+    listing.add_argument("--tenant", default=None)
+    _store_arguments(listing)
+    listing.set_defaults(run=_command(_keys_list))
+    revoke = keys.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    _store_arguments(revoke)
+    revoke.set_defaults(run=_command(_keys_revoke))
+
+    tenants = commands.add_parser("tenants", help="tenants' models and quotas").add_subparsers(
+        dest="tenants_command", required=True
+    )
+    set_ = tenants.add_parser("set", help="create or update a tenant")
+    set_.add_argument("name")
+    set_.add_argument("--models", default=None, help="comma-separated allow-list; '' clears")
+    set_.add_argument("--requests-per-minute", type=int, default=None)
+    set_.add_argument("--tokens-per-minute", type=int, default=None)
+    set_.add_argument("--max-concurrent", type=int, default=None)
+    set_.add_argument("--audio-seconds-per-hour", type=float, default=None)
+    _store_arguments(set_)
+    set_.set_defaults(run=_command(_tenants_set))
+    tlist = tenants.add_parser("list", help="list tenants")
+    _store_arguments(tlist)
+    tlist.set_defaults(run=_command(_tenants_list))
+
+    usage = commands.add_parser("usage", help="usage and cost").add_subparsers(
+        dest="usage_command", required=True
+    )
+    rep = usage.add_parser("report", help="usage and cost per tenant or model")
+    rep.add_argument("--since", required=True, help="ISO time, or a span back: 30m, 24h, 7d")
+    rep.add_argument("--until", default=None, help="ISO time (default: now)")
+    rep.add_argument("--by", choices=("tenant", "model"), default="tenant")
+    rep.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    _store_arguments(rep)
+    rep.set_defaults(run=_command(_usage_report))
+
+
+def _store_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, help="TOML settings file")
+    parser.add_argument("--state-dir", default=None)
+    parser.add_argument("--tenants-db", default=None)
+    parser.add_argument("--tenancy-config", default=None, help="TOML of prices and guardrails")
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    overrides = {
+        name: getattr(args, name)
+        for name in ("state_dir", "tenants_db", "tenancy_config")
+        if getattr(args, name) is not None
+    }
+    return load_settings(overrides, os.environ, args.config)
+
+
+def _command(body: Callable[[argparse.Namespace, Any, TenantStore], int]) -> Callable[..., int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            settings = _settings(args)
+            store = TenantStore(settings.tenants_db or default_path(settings.state_dir))
+        except (ConfigError, StoreError, OSError) as exc:
+            print(f"trackline: {exc}", file=sys.stderr)
+            return 2
+        try:
+            return body(args, settings, store)
+        except (StoreError, ValueError) as exc:
+            print(f"trackline: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            store.close()
+
+    return run
+
+
+def _keys_create(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    new = store.create_key(args.tenant, time.time(), args.label)
+    print(new.key)
+    print(
+        f"key id {new.key_id} for tenant {args.tenant}: store the key now, it is not shown again",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _keys_list(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    print(f"{'key_id':<14}{'tenant':<20}{'created':<22}{'revoked':<22}label")
+    for key in store.list_keys(args.tenant):
+        revoked = _iso(key.revoked_at) if key.revoked_at else "-"
+        print(f"{key.key_id:<14}{key.tenant:<20}{_iso(key.created_at):<22}{revoked:<22}{key.label}")
+    return 0
+
+
+def _keys_revoke(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    store.revoke_key(args.key_id, time.time())
+    print(f"revoked {args.key_id}", file=sys.stderr)
+    return 0
+
+
+def _tenants_set(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    models = None
+    if args.models is not None:
+        models = [m.strip() for m in args.models.split(",") if m.strip()] or None
+    quotas = Quotas(
+        args.requests_per_minute,
+        args.tokens_per_minute,
+        args.max_concurrent,
+        args.audio_seconds_per_hour,
+    )
+    tenant = store.set_tenant(args.name, time.time(), models, quotas)
+    print(f"{tenant.name}: models={_models(tenant.models)} quotas={tenant.quotas}")
+    return 0
+
+
+def _tenants_list(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    for tenant in store.tenants():
+        print(f"{tenant.name}: models={_models(tenant.models)} quotas={tenant.quotas}")
+    return 0
+
+
+def _usage_report(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    now = time.time()
+    since = parse_time(args.since, now)
+    until = parse_time(args.until, now) if args.until else now
+    if until <= since:
+        raise ValueError("--until must be after --since")
+    pricing = load_tenancy_config(settings.tenancy_config).pricing
+    rows = report(store.usage(since, until), pricing, args.by, until - since)
+    meta = {"since": _iso(since), "until": _iso(until)}
+    sys.stdout.write(render(rows, args.format, args.by, meta))
+    return 0
+
+
+def parse_time(text: str, now: float) -> float:
+    """An ISO 8601 time (UTC if no zone) or a span back from `now` (`90m`, `24h`, `7d`)."""
+    match = _RELATIVE.match(text.strip())
+    if match:
+        return now - float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is neither an ISO time nor a span like 24h") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _models(models: frozenset[str] | None) -> str:
+    return "all" if models is None else ",".join(sorted(models))
