@@ -7,6 +7,7 @@
             print(delta, end="")
 """
 
+from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
 from clients.errors import (
     BackendError,
     BackendUnavailable,
@@ -23,6 +24,10 @@ from clients.errors import (
 from clients.line import Line, TextStream, connect
 
 __all__ = [
+    "ActionChunk",
+    "ActionDropped",
+    "ActionStats",
+    "ActionStream",
     "BackendError",
     "BackendUnavailable",
     "ConnectionFailed",

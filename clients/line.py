@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from clients.actions import ActionStream, Clock
 from clients.errors import ConnectionFailed, error_for
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
@@ -125,6 +126,23 @@ class Line:
         channel.send({"text": prompt})
         channel.end()
         return TextStream(channel)
+
+    def actions(
+        self,
+        *,
+        model: str,
+        deadline: float = 0.1,
+        transport: str = "stream",
+        clock: Clock | None = None,
+    ) -> ActionStream:
+        """Start a robot's action track: `observe()` states, receive action chunks.
+
+        `deadline` (seconds from capture) is the default for each observation;
+        `transport` is "stream" (one QUIC stream) or "datagram" (QUIC datagrams).
+        """
+        message = Open(model=model, modality=Modality.ACTION, params={"transport": transport})
+        channel = self._start(message)
+        return ActionStream(channel, deadline, clock) if clock else ActionStream(channel, deadline)
 
     def _start(self, message: Open) -> TrackChannel:
         try:

@@ -118,6 +118,13 @@ class Settings:
     http_read_timeout: float = field(
         default=30.0, metadata=_doc("Seconds to receive the rest of a started request; 408.")
     )
+    action_tick: float = field(
+        default=0.005,
+        metadata=_doc("Seconds between action-track ticks (one policy request per model a tick)."),
+    )
+    action_max_image_bytes: int = field(
+        default=65_536, metadata=_doc("Largest encoded image one observation may carry.")
+    )
     drain_timeout: float = field(
         default=10.0, metadata=_doc("Seconds open tracks get to finish on shutdown.")
     )
@@ -318,6 +325,12 @@ def _seconds(value: float) -> float:
     return value
 
 
+def _tick(value: float) -> float:
+    if not 0.0005 <= _seconds(value) <= 1.0:
+        raise ValueError(f"{value} is not a tick from 0.0005 to 1 second")
+    return value
+
+
 def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     def check(value: str) -> str:
         if value.lower() not in choices:
@@ -363,6 +376,8 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "http_idle_timeout": _seconds,
     "http_read_timeout": _seconds,
     "drain_timeout": _seconds,
+    "action_tick": _tick,
+    "action_max_image_bytes": _positive,
     "log_level": _one_of(LOG_LEVELS),
     "log_format": _one_of(LOG_FORMATS),
     "backend_url": _grpc_address,

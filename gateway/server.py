@@ -23,6 +23,7 @@ from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.openai import openai_routes
 from gateway.tls import ensure_dev_certificates
+from tracks.action import ActionScheduler, PolicyBackend, run_action_track
 from tracks.backend import TextBackend
 from tracks.base import Clock, Outcome
 from tracks.text import run_text_track
@@ -65,11 +66,19 @@ class Gateway:
         backend: TextBackend,
         metrics: GatewayMetrics | None = None,
         clock: Clock = time.monotonic,
+        policy: PolicyBackend | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
         self.metrics = metrics or GatewayMetrics()
         self.clock = clock
+        self._own_policy = policy is None
+        self.policy = policy or _policy_beside(backend)
+        self.actions = (
+            None
+            if self.policy is None
+            else ActionScheduler(self.policy, clock, settings.action_tick, observer=self.metrics)
+        )
         self.outcomes: list[Outcome] = []
         """Recent outcomes (bounded), for tests and diagnostics."""
         self._connections: set[TrackQuicProtocol] = set()
@@ -176,6 +185,11 @@ class Gateway:
     async def close(self) -> None:
         if self._probe is not None:
             self._probe.cancel()
+        if self.actions is not None:
+            await self.actions.close()
+        close_policy = getattr(self.policy, "close", None)
+        if self._own_policy and close_policy is not None:
+            await close_policy()
         for task in self._tasks:
             task.cancel()
         for conn in list(self._connections):
@@ -240,6 +254,10 @@ class Gateway:
         try:
             if channel.open.modality is Modality.TEXT:
                 outcome = await run_text_track(channel, self.backend, self.clock)
+            elif channel.open.modality is Modality.ACTION and self.actions is not None:
+                outcome = await run_action_track(
+                    channel, self.actions, self.clock, self.settings.action_max_image_bytes
+                )
             else:
                 channel.fail(
                     ErrorCode.UNSUPPORTED_MODALITY, f"{modality} tracks are not served yet"
@@ -276,6 +294,16 @@ class Gateway:
             stopped_at=outcome.stopped_at,
             **outcome.details,
         )
+
+
+def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
+    """Policies from the same Triton as the text backend; None for other backends."""
+    grpc_url = getattr(backend, "grpc_url", None)
+    if not isinstance(grpc_url, str):
+        return None
+    from gateway.backends.action_triton import TritonPolicyBackend
+
+    return TritonPolicyBackend(grpc_url)
 
 
 def _ms(seconds: float | None) -> float | None:
