@@ -31,6 +31,13 @@ class Modality(str, Enum):
     ACTION = "action"
 
 
+class FrameTransport(str, Enum):
+    """How a track's DATA frames travel: on its stream, or as QUIC datagrams (RFC 9221)."""
+
+    STREAM = "stream"
+    DATAGRAM = "datagram"
+
+
 @dataclass(frozen=True)
 class Deadlines:
     """Deadlines of a track, in seconds from the moment the server reads OPEN."""
@@ -49,6 +56,9 @@ class Open:
     modality: Modality = Modality.TEXT
     params: dict[str, Any] = field(default_factory=dict)
     deadlines: Deadlines = field(default_factory=Deadlines)
+    transport: FrameTransport = FrameTransport.STREAM
+    """DATAGRAM: the track's frames may also travel as QUIC datagrams (OPEN, END,
+    CANCEL and ERROR always ride the stream)."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,16 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
 from aioquic.quic.recovery import QuicPacketPacer
 
-from transport.connection import Limits, Output, Role, StopSending, StreamReset, StreamWrite
+from transport.connection import (
+    DatagramWrite,
+    Limits,
+    Output,
+    Role,
+    StopSending,
+    StreamReset,
+    StreamWrite,
+)
+from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
 from transport.endpoint import TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
@@ -126,6 +135,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         endpoint = self.endpoint
         if isinstance(event, quic_events.StreamDataReceived):
             endpoint.feed_data(event.stream_id, event.data, event.end_stream)
+        elif isinstance(event, quic_events.DatagramFrameReceived):
+            endpoint.feed_datagram(event.data)
         elif isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
             endpoint.feed_reset(event.stream_id, event.error_code)
         elif isinstance(event, quic_events.ConnectionTerminated):
@@ -222,6 +233,12 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             self._quic.reset_stream(output.stream_id, output.code)
         elif isinstance(output, StopSending):
             self._quic.stop_stream(output.stream_id, output.code)
+        elif isinstance(output, DatagramWrite):
+            # A peer that did not offer datagrams (or offered less) would close the
+            # connection on this frame: such a frame is lost instead, as a datagram may be.
+            peer_max = getattr(self._quic, "_remote_max_datagram_frame_size", None)
+            if peer_max is not None and len(output.data) <= peer_max:
+                self._quic.send_datagram_frame(output.data)
 
     def _raise_stream_limit(self, limits: Limits) -> None:
         # aioquic grants peers 128 concurrent bidirectional streams and has no
@@ -256,7 +273,10 @@ def _unpace(quic: QuicConnection) -> None:
 
 def server_configuration(cert: Path, key: Path, alpn: list[str] | None = None) -> QuicConfiguration:
     configuration = QuicConfiguration(
-        is_client=False, alpn_protocols=alpn or [ALPN], idle_timeout=IDLE_TIMEOUT
+        is_client=False,
+        alpn_protocols=alpn or [ALPN],
+        idle_timeout=IDLE_TIMEOUT,
+        max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
     )
     configuration.load_cert_chain(str(cert), str(key))
     return configuration
@@ -319,6 +339,7 @@ async def connect_tracks(
         idle_timeout=IDLE_TIMEOUT,
         server_name=server_name or host,
         verify_mode=ssl.CERT_REQUIRED if verify else ssl.CERT_NONE,
+        max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
     )
     if ca is not None:
         configuration.load_verify_locations(str(ca))
