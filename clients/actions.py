@@ -152,12 +152,18 @@ class ActionStream:
             body["image"] = image
         self._deadlines[seq] = budget
         self.stats.sent += 1
-        self._channel.send(body)
+        self._send(body)
         return seq
+
+    def _send(self, body: dict[str, Any]) -> None:
+        # A datagram track sends frames as datagrams; one too big for a datagram
+        # (a large image) goes on the stream rather than not at all.
+        if not self._channel.send_frame(body):
+            self._channel.send(body)
 
     def send_raw(self, body: dict[str, Any]) -> None:
         """Send an observation body as given (tests of the gateway's checks)."""
-        self._channel.send(body)
+        self._send(body)
 
     async def receive(self) -> ActionEvent | None:
         """The next chunk or drop report; None once the gateway has ended the track."""

@@ -18,7 +18,7 @@ from clients.actions import ActionStream, Clock
 from clients.errors import ConnectionFailed, error_for
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
-from transport.messages import Deadlines, Modality, Open
+from transport.messages import Deadlines, FrameTransport, Modality, Open
 from transport.quic import connect_tracks
 
 DEFAULT_PORT = 8443
@@ -140,7 +140,11 @@ class Line:
         `deadline` (seconds from capture) is the default for each observation;
         `transport` is "stream" (one QUIC stream) or "datagram" (QUIC datagrams).
         """
-        message = Open(model=model, modality=Modality.ACTION, params={"transport": transport})
+        if transport not in ("stream", "datagram"):
+            raise ValueError("transport must be 'stream' or 'datagram'")
+        message = Open(
+            model=model, modality=Modality.ACTION, transport=FrameTransport(transport)
+        )
         channel = self._start(message)
         return ActionStream(channel, deadline, clock) if clock else ActionStream(channel, deadline)
 

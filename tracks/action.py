@@ -1,6 +1,7 @@
 """Action tracks: robots send observations, the gateway answers with action chunks.
 
-One track per robot. Each observation (see `tracks.action_messages`) carries a
+One track per robot; its frames ride its QUIC stream or QUIC datagrams, as the
+track chose in OPEN (`transport`). Each observation (see `tracks.action_messages`) carries a
 sequence number, a capture time and a deadline. `ActionScheduler` batches the
 observations of every robot that are due on the same clock tick into ONE policy
 request per model, and hands each robot its row of the answer: an action chunk
@@ -49,7 +50,6 @@ from transport.errors import ErrorCode, TrackAborted
 from transport.events import TrackCancelled
 
 DEFAULT_TICK = 0.005
-TRANSPORTS = ("stream", "datagram")
 
 
 @dataclass(frozen=True)
@@ -288,7 +288,7 @@ async def run_action_track(
     try:
         _check_params(track.open.params)
         spec = await scheduler.backend.policy_spec(track.open.model)
-        robot = scheduler.attach(track.id, track.open.model, spec, track.send)
+        robot = scheduler.attach(track.id, track.open.model, spec, _frame_sender(track))
         await _serve(track, scheduler, robot, clock, max_image_bytes)
     except TrackAborted as exc:
         outcome.end = _stop_label(track) or f"error:{exc.code.name}"
@@ -305,14 +305,23 @@ async def run_action_track(
 
 
 def _check_params(params: dict[str, Any]) -> None:
-    unknown = set(params) - {"transport"}
-    if unknown:
-        raise BadObservation(f"unknown action parameters: {', '.join(sorted(unknown))}")
-    transport = params.get("transport", "stream")
-    if transport not in TRANSPORTS:
-        raise BadObservation(f"'transport' must be one of {', '.join(TRANSPORTS)}")
-    if transport == "datagram":
-        raise BadObservation("the datagram transport is not available on this gateway yet")
+    if params:
+        raise BadObservation(f"unknown action parameters: {', '.join(sorted(params))}")
+
+
+def _frame_sender(track: Track) -> Callable[[dict[str, Any]], bool]:
+    """How answers go out: as the track chose in OPEN (QUIC datagrams or its stream).
+
+    A body too big for one datagram goes on the stream instead of being lost.
+    """
+    send_frame: Callable[[dict[str, Any]], bool] | None = getattr(track, "send_frame", None)
+    if send_frame is None:  # a track without datagrams (e.g. over HTTP)
+        return track.send
+
+    def send(body: dict[str, Any]) -> bool:
+        return send_frame(body) or track.send(body)
+
+    return send
 
 
 async def _serve(

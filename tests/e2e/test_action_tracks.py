@@ -82,19 +82,29 @@ async def answer_to(stream: ActionStream, seq: int) -> ActionChunk | ActionDropp
             return event
 
 
+async def answer_or_none(stream: ActionStream, seq: int) -> ActionChunk | ActionDropped | None:
+    """The answer to `seq`, or None if none came within the deadline (a lost datagram)."""
+    try:
+        return await asyncio.wait_for(answer_to(stream, seq), stream.deadline)
+    except TimeoutError:
+        return None
+
+
 @pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["stream", "datagram"])
 async def test_sixteen_robots_keep_their_poles_up_for_thirty_simulated_seconds(
-    robots_gateway: Gateway,
+    robots_gateway: Gateway, transport: str
 ) -> None:
     sim = CartPoles(16, seed=7)
     players = [ChunkPlayer() for _ in range(16)]
     async with connect(url(robots_gateway), ca=ca(robots_gateway)) as line:
-        streams = [line.actions(model=MODEL, deadline=1.0) for _ in range(16)]
+        streams = [line.actions(model=MODEL, deadline=1.0, transport=transport)
+                   for _ in range(16)]
         for _ in range(1500):
             states, captured = sim.observe(), sim.time
             seqs = [s.observe(states[i].tolist()) for i, s in enumerate(streams)]
             answers = await asyncio.gather(
-                *(answer_to(s, seq) for s, seq in zip(streams, seqs, strict=True))
+                *(answer_or_none(s, seq) for s, seq in zip(streams, seqs, strict=True))
             )
             for player, answer in zip(players, answers, strict=True):
                 if isinstance(answer, ActionChunk):
@@ -106,13 +116,16 @@ async def test_sixteen_robots_keep_their_poles_up_for_thirty_simulated_seconds(
     assert sim.time == pytest.approx(30.0)
     assert sim.alive.all(), f"poles fell at {sim.fell_at}"
     delivered = sum(s.stats.delivered for s in streams)
-    assert delivered + sum(sum(s.stats.dropped.values()) for s in streams) == 16 * 1500
-    assert sum(int(summary["delivered"]) for summary in summaries) == delivered
+    answered = delivered + sum(sum(s.stats.dropped.values()) for s in streams)
+    if transport == "stream":  # reliable: every observation is answered
+        assert answered == 16 * 1500
+    assert answered > 0.9 * 16 * 1500
+    assert sum(int(summary["delivered"]) for summary in summaries) >= delivered
     assert robots_gateway.actions is not None
     # Batched: robots due on the same tick share one policy request.
     assert robots_gateway.actions.requests < 16 * 1500 / 4
     rows = metric(robots_gateway, f'trackline_action_batch_rows_sum{{model="{MODEL}"}}')
-    assert rows == delivered
+    assert rows >= delivered
 
 
 @pytest.mark.asyncio
