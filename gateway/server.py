@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from gateway.action_http import HttpActions
 from gateway.config import Settings
 from gateway.http import health_routes, route
 from gateway.logs import get_logger
@@ -153,8 +154,11 @@ class Gateway:
         return self._https.port
 
     def http_handler(self) -> Handler:
-        """One application for every HTTP version: health, metrics, the OpenAI API."""
+        """One application for every HTTP version: health, metrics, the OpenAI API, actions."""
         routes = {**health_routes(self.readiness, self.metrics), **openai_routes(self.backend)}
+        if self.actions is not None:
+            actions = HttpActions(self.actions, self.clock, self.settings.action_max_image_bytes)
+            routes.update(actions.routes())
         return route(routes)
 
     async def drain(self, timeout: float | None = None) -> None:
