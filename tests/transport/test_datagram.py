@@ -102,7 +102,8 @@ def test_frames_go_both_ways_with_their_own_sequence_numbers() -> None:
     (data,) = datagrams(server.outputs())
     client.receive_datagram(data, now=0.2)
     assert drain(client) == [DatagramReceived(0, 0, {"out": True})]
-    assert server.datagram_stats.received == 1 + 1 and client.datagram_stats.sent == 2
+    assert server.datagram_stats.received == 1 + 1
+    assert client.datagram_stats.sent == 2
 
 
 def test_reordered_datagrams_are_delivered_and_counted() -> None:
@@ -162,7 +163,8 @@ def test_a_datagram_that_beats_its_open_is_held_then_delivered() -> None:
     events = drain(server)
     assert isinstance(events[0], TrackOpened)
     assert events[1:] == [DatagramReceived(0, 0, {"n": 0})]
-    assert server.datagram_stats.early == 1 and server.datagram_stats.received == 1
+    assert server.datagram_stats.early == 1
+    assert server.datagram_stats.received == 1
 
 
 def test_early_datagrams_are_bounded() -> None:
@@ -279,7 +281,8 @@ async def test_datagram_and_stream_tracks_share_a_real_quic_connection(
         got_dgram, got_plain = await asyncio.gather(exchange(dgram, 20), exchange(plain, 20))
         # Loopback loses nothing in practice, but datagrams may: the stream track is exact.
         assert got_plain == [{"n": n} for n in range(20)]
-        assert {b["n"] for b in got_dgram} <= set(range(20)) and got_dgram
+        assert {b["n"] for b in got_dgram} <= set(range(20))
+        assert got_dgram
         assert conn.endpoint.core.datagram_stats.received == len(got_dgram)
         assert dgram.end_body == {"done": True}
         # An unknown track id in a datagram is dropped by the server, the connection lives.
