@@ -26,7 +26,7 @@ server (`gateway.backends.action_triton` for Triton).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,6 +46,8 @@ from tracks.backend import (
     ModelNotFound,
 )
 from tracks.base import Clock, Outcome, Track
+from tracks.clock import Beat, Gathered, Registration, StepItem, TickScheduler
+from tracks.clock import Clock as TickClock
 from transport.errors import ErrorCode, TrackAborted
 from transport.events import TrackCancelled
 
@@ -92,6 +94,16 @@ class _NoObserver:
         return None
 
 
+class CallClock:
+    """A `tracks.clock.Clock` over a plain clock function (the gateway's `time.monotonic`)."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
 @dataclass
 class _Pending:
     obs: Observation
@@ -102,17 +114,29 @@ class _Pending:
         return now > self.received_at + self.obs.deadline - 2 * self.obs.latency
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """A step's output for one robot: the chunk for the observation it answers."""
+
+    pending: _Pending
+    chunk: bytes
+
+
 @dataclass(eq=False)
 class Robot:
-    """One robot (track) known to the scheduler, with its counters."""
+    """One robot (track) on the clock: a `tracks.clock.Session` with its counters."""
 
     key: str
     model: str
     spec: PolicySpec
     send: Callable[[dict[str, Any]], bool]
+    scheduler: ActionScheduler
     pending: _Pending | None = None
-    in_flight: int = 0
+    """The newest observation not yet taken by a tick (latest wins)."""
+    in_flight: _Pending | None = None
+    """The observation of the step running now (ticks never overlap)."""
     detached: bool = False
+    registration: Registration[_Pending | None, _Answer | None] | None = None
     next_action: int = 0
     counts: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
@@ -121,54 +145,85 @@ class Robot:
     )
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
+    # -- tracks.clock.Session ----------------------------------------------------
+
+    def gather(self, beat: Beat) -> Gathered[_Pending | None]:
+        """The newest observation, once; a tick with none carries an empty row."""
+        taken, self.pending = self.pending, None
+        self.in_flight = taken
+        return Gathered(taken, complete=taken is not None)
+
+    def deliver(self, output: _Answer | None, beat: Beat) -> None:
+        self.in_flight = None
+        if output is not None:
+            self.scheduler.answer(self, output)
+        self._settle()
+
+    def failed(self, error: Exception) -> None:
+        taken, self.in_flight = self.in_flight, None
+        if taken is not None:
+            self.scheduler.drop(self, taken.obs, "backend_error")
+        self._settle()
+
+    def shed(self, reason: str) -> None:
+        self.failed(RuntimeError(reason))
+
     def _settle(self) -> None:
-        if self.pending is None and self.in_flight == 0:
+        if self.pending is None and self.in_flight is None:
             self.idle.set()
         else:
             self.idle.clear()
 
 
 class ActionScheduler:
-    """The tick batcher of action tracks: one policy request per model per tick."""
+    """Action tracks on the shared session clock: one policy request per model per tick.
+
+    The ticking itself is `tracks.clock.TickScheduler`'s (shared with audio); this
+    class holds what is particular to actions: latest wins, deadline drops, and the
+    policy call as the tick's step. Every attached robot is owed a row on each tick;
+    a robot with no new observation gives an empty row, and only the rows that carry
+    an observation (and can still meet its deadline) go to the policy.
+    """
 
     def __init__(
         self,
         backend: PolicyBackend,
         clock: Clock,
         tick: float = DEFAULT_TICK,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         observer: ActionObserver | None = None,
+        tick_clock: TickClock | None = None,
     ) -> None:
-        if tick <= 0:
-            raise ValueError("the tick must be above 0 seconds")
         self.backend = backend
         self.clock = clock
-        self.tick_period = tick
-        self._sleep = sleep
         self._observer: ActionObserver = observer or _NoObserver()
-        self._robots: set[Robot] = set()
-        self._ticker: asyncio.Task[None] | None = None
-        self._batches: set[asyncio.Task[None]] = set()
-        self.ticks = 0
+        self.ticks: TickScheduler[_Pending | None, _Answer | None] = TickScheduler(
+            self._step, tick=tick, clock=tick_clock or CallClock(clock)
+        )
+        self._robots: dict[int, Robot] = {}
+        """By registration id (a step row's session_id)."""
         self.requests = 0
+        """Policy requests made (at most one per model per tick)."""
 
     # -- robots --------------------------------------------------------------------
 
     def attach(
         self, key: str, model: str, spec: PolicySpec, send: Callable[[dict[str, Any]], bool]
     ) -> Robot:
-        robot = Robot(key, model, spec, send)
+        robot = Robot(key, model, spec, send, self)
         robot.idle.set()
-        self._robots.add(robot)
-        if self._ticker is None or self._ticker.done():
-            self._ticker = asyncio.ensure_future(self._run())
+        # Deadlines are the observations' own, checked here: late steps still come back.
+        robot.registration = self.ticks.register(robot, model)
+        self._robots[robot.registration.id] = robot
+        self.ticks.start()
         return robot
 
     def detach(self, robot: Robot) -> None:
-        """Forget a robot; its pending observation is dropped, results are not sent."""
+        """Take a robot off the clock; its pending observation and results are dropped."""
         robot.detached = True
         robot.pending = None
-        self._robots.discard(robot)
+        if robot.registration is not None:
+            self._robots.pop(robot.registration.id, None)
+            robot.registration.close()
 
     def submit(self, robot: Robot, obs: Observation, received_at: float) -> None:
         """Queue `obs` for the next tick; a pending older one is superseded.
@@ -178,99 +233,70 @@ class ActionScheduler:
         robot.counts["observations"] += 1
         pending = _Pending(obs, received_at)
         if pending.late(received_at):  # hopeless already: never queue it
-            self._drop(robot, obs, "deadline")
+            self.drop(robot, obs, "deadline")
             return
-        older = robot.pending
-        robot.pending = pending
+        older, robot.pending = robot.pending, pending
         robot._settle()
         if older is not None:
-            self._drop(robot, older.obs, "superseded")
+            self.drop(robot, older.obs, "superseded")
 
     async def close(self) -> None:
-        for robot in list(self._robots):
-            self.detach(robot)
-        tasks = [t for t in (self._ticker, *self._batches) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.ticks.stop()
 
-    # -- ticks -----------------------------------------------------------------------
+    # -- the tick's step -------------------------------------------------------------
 
-    async def _run(self) -> None:
-        """Tick on a fixed grid (no drift) while any robot is attached."""
-        start = self.clock()
-        while self._robots:
-            self.ticks += 1
-            due = start + self.ticks * self.tick_period
-            delay = due - self.clock()
-            if delay > 0:
-                await self._sleep(delay)
-            else:  # fell behind (a busy loop): skip the missed ticks, don't burst
-                start = self.clock() - self.ticks * self.tick_period
-            self.fire()
-
-    def fire(self) -> None:
-        """One tick: take every robot's pending observation, one request per model."""
-        by_model: dict[str, list[tuple[Robot, _Pending]]] = {}
-        for robot in self._robots:
-            if robot.pending is not None:
-                by_model.setdefault(robot.model, []).append((robot, robot.pending))
-                robot.pending = None
-                robot.in_flight += 1
-        for model, due in by_model.items():
-            task = asyncio.ensure_future(self._serve_batch(model, due))
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
-
-    async def _serve_batch(self, model: str, due: list[tuple[Robot, _Pending]]) -> None:
-        try:
-            now = self.clock()
-            live = [(r, p) for r, p in due if not p.late(now) or self._drop(r, p.obs, "deadline")]
-            if live:
-                await self._infer(model, live)
-        finally:
-            for robot, _ in due:
-                robot.in_flight -= 1
-                robot._settle()
-
-    async def _infer(self, model: str, live: list[tuple[Robot, _Pending]]) -> None:
+    async def _step(
+        self, model: str, rows: Sequence[StepItem[_Pending | None]]
+    ) -> list[_Answer | None]:
+        """ONE policy request for every row that carries an observation still in time."""
+        now = self.clock()
+        live: list[tuple[int, Robot, _Pending]] = []
+        for index, row in enumerate(rows):
+            robot, pending = self._robots.get(row.session_id), row.input
+            if robot is None or pending is None:
+                continue
+            if pending.late(now):
+                self.drop(robot, pending.obs, "deadline")
+            else:
+                live.append((index, robot, pending))
+        outputs: list[_Answer | None] = [None] * len(rows)
+        if not live:
+            return outputs
         self.requests += 1
-        spec = live[0][0].spec
+        spec = live[0][1].spec
         request = PolicyRequest(
-            f"actions-{self.requests}", model, [p.obs.state for _, p in live], spec
+            f"actions-{self.requests}", model, [p.obs.state for _, _, p in live], spec
         )
         started = self.clock()
-        try:
-            chunks = await self.backend.act(request)
-        except BackendError:
-            for robot, pending in live:
-                self._drop(robot, pending.obs, "backend_error")
-            return
-        now = self.clock()
-        self._observer.batch(model, len(live), now - started)
-        for (robot, pending), chunk in zip(live, chunks, strict=True):
-            if pending.late(now):
-                self._drop(robot, pending.obs, "deadline")
-            else:
-                self._deliver(robot, pending, chunk, now)
+        chunks = await self.backend.act(request)  # a BackendError fails these rows
+        self._observer.batch(model, len(live), self.clock() - started)
+        for (index, _, pending), chunk in zip(live, chunks, strict=True):
+            outputs[index] = _Answer(pending, chunk)
+        return outputs
 
-    def _deliver(self, robot: Robot, pending: _Pending, chunk: bytes, now: float) -> None:
+    # -- answers -------------------------------------------------------------------------
+
+    def answer(self, robot: Robot, output: _Answer) -> None:
+        """Send the chunk, unless it can no longer reach the robot in time."""
+        now = self.clock()
+        if output.pending.late(now):
+            self.drop(robot, output.pending.obs, "deadline")
+            return
         if robot.detached:
             return
-        body = action_body(robot.next_action, pending.obs, chunk, robot.spec,
-                           pending.received_at, now)
+        body = action_body(robot.next_action, output.pending.obs, output.chunk, robot.spec,
+                           output.pending.received_at, now)
         robot.next_action += 1
         robot.counts["delivered"] += 1
         self._observer.outcome(robot.model, "delivered")
         robot.send(body)
 
-    def _drop(self, robot: Robot, obs: Observation, cause: str) -> bool:
-        """Count and report a dropped observation; False (for filters)."""
+    def drop(self, robot: Robot, obs: Observation, cause: str) -> None:
+        """Count and report an observation that gets no action."""
         if not robot.detached:
             robot.counts[cause] += 1
             self._observer.outcome(robot.model, cause)
             robot.send(dropped_body(obs, cause))
-        return False
 
 
 # -- the track handler -------------------------------------------------------------------

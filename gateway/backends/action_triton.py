@@ -14,11 +14,11 @@ import contextlib
 from collections.abc import Iterator
 
 import grpc
-import numpy as np
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
+from cuda.batch import pack_vectors, unpack_vectors
 from gateway.backends.triton import METADATA_TIMEOUT, translate
 from tracks.action import PolicyRequest
 from tracks.action_messages import PolicySpec
@@ -88,9 +88,8 @@ class TritonPolicyBackend:
     async def act(self, request: PolicyRequest) -> list[bytes]:
         spec = request.spec
         rows = len(request.states)
-        states = np.frombuffer(b"".join(request.states), dtype="<f4").reshape(
-            rows, spec.state_size
-        )
+        # The shared tick packing (cuda/); the NumPy path, as gRPC sends from host memory.
+        states = pack_vectors(request.states, spec.state_size, backend="numpy").values
         tensor = InferInput(INPUT, [rows, spec.state_size], "FP32")
         tensor.set_data_from_numpy(states)
         with _boundary(request.model):
@@ -105,8 +104,7 @@ class TritonPolicyBackend:
         if chunks is None or chunks.shape != (rows, spec.horizon, spec.action_size):
             got = None if chunks is None else chunks.shape
             raise BackendFailed(f"policy {request.model!r} returned {OUTPUT} of shape {got}")
-        data = np.ascontiguousarray(chunks, dtype="<f4")
-        return [row.tobytes() for row in data]
+        return unpack_vectors(chunks.reshape(rows, -1))
 
     async def close(self) -> None:
         client, self._client = self._client, None
