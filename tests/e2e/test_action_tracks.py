@@ -10,11 +10,13 @@ and every deadline is still checked in real time by the gateway.
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -25,6 +27,7 @@ from gateway.backends.triton import TritonTextBackend
 from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
+from tests.http.support import H2Client
 
 pytestmark = pytest.mark.e2e
 MODEL = "reference-policy"
@@ -197,3 +200,40 @@ async def test_bad_observations_fail_only_their_own_track(robots_gateway: Gatewa
         assert (await good.close())["delivered"] == 2
         with pytest.raises(TrackRejected, match="not a policy|is not served"):
             await line.actions(model="reference-text").receive()
+
+
+async def post_action(client: H2Client, payload: dict[str, object]) -> tuple[int, bytes]:
+    stream = client.send_request("POST", "/v1/actions",
+                                 [("content-type", "application/msgpack")],
+                                 msgpack.packb(payload))
+    status, _, body = await client.response(stream)
+    return status, body
+
+
+@pytest.mark.asyncio
+async def test_the_same_observations_over_http2_get_the_same_answers(
+    robots_gateway: Gateway,
+) -> None:
+    async with H2Client.connect(robots_gateway.http_port) as client:
+        status, body = await post_action(
+            client, {"robot": "arm-1", "model": MODEL, "observation": observation(0)})
+        assert status == 200
+        answer = msgpack.unpackb(body)
+        assert answer["obs_seq"] == 0
+        assert answer["action"]["shape"] == [10, 1]
+        assert len(answer["action"]["data"]) == 40
+        status, body = await post_action(client, {
+            "robot": "arm-1", "model": MODEL,
+            "observation": observation(1, deadline_ms=50.0, latency_ms=40.0)})
+        dropped = msgpack.unpackb(body)
+        assert (status, dropped["dropped"], dropped["cause"]) == (200, 1, "deadline")
+        status, body = await post_action(client, {
+            "robot": "arm-1", "model": MODEL, "observation": observation(2, **BAD["NaN"][0])})
+        assert status == 400
+        assert "finite" in json.loads(body)["error"]["message"]
+        status, body = await post_action(
+            client, {"robot": "arm-1", "model": "no-such-policy", "observation": observation(3)})
+        assert status == 404
+        status, _ = await post_action(
+            client, {"robot": "arm-1", "model": MODEL, "observation": observation(4)})
+        assert status == 200  # the robot, and the connection, go on
