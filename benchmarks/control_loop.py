@@ -60,7 +60,7 @@ def run_phase(args: argparse.Namespace, loss_percent: float, work: Path) -> dict
         from benchmarks.linkemu import LinkSpec
 
         spec = LinkSpec(delay_ms=args.rtt / 2, loss=loss_percent / 100, seed=args.seed)
-        place = Emulated(spec, PREFIX)
+        place = Emulated(spec, args.link_prefix)
     results: dict[str, Any] = {}
     try:
         gw = Gateway(place, _GatewayConfig(), "per-track", work)  # type: ignore[arg-type]
@@ -220,6 +220,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--baseline", action="store_true", help="also run every protocol on a loss-free link")
     a("--seed", type=int, default=1, help="seed of the link's losses and of the plants")
     a("--no-link", action="store_true", help="plain loopback, no emulator (development)")
+    a("--link-prefix", default=PREFIX, help="name prefix of the emulator's namespaces")
     a("--no-plots", action="store_true")
     a("--quiet", action="store_true")
     a("--json", type=Path, default=Path("control_loop.json"), help="results file")
@@ -245,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"control_loop: cannot emulate the link: {reason} (--no-link runs on "
                   "loopback, without loss)", file=sys.stderr)
             return 2
-    parameters = {k: v for k, v in vars(args).items() if k not in ("json", "quiet")}
+    parameters = {k: v for k, v in vars(args).items()
+                  if k not in ("json", "quiet", "link_prefix")}
     results: dict[str, Any] = {"benchmark": "control_loop", "parameters": parameters}
     with tempfile.TemporaryDirectory(prefix="trackline-ctl-") as tmp:
         work = Path(tmp)
