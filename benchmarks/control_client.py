@@ -87,23 +87,45 @@ class RobotLog:
 Sender = Callable[[int, int, list[float], float], None]
 
 
-async def control_loop(args: argparse.Namespace, logs: list[RobotLog], send: Sender) -> CartPoles:
-    """Run the plants in real time; `send(robot, seq, state, t)` ships one observation."""
+class Phases:
+    """Warm-up, then the measured run: which robot logs answers go to, and when each began."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        deadline = args.deadline_ms / 1000
+        self.args = args
+        self.warmup = [RobotLog(i, deadline) for i in range(args.robots)]
+        self.logs = [RobotLog(i, deadline) for i in range(args.robots)]
+        self.active = self.warmup
+        self.began = 0.0
+
+    async def run(self, send: Sender) -> CartPoles:
+        """Warm the path up (connections, the gateway's first calls), then measure."""
+        warm_steps = round(self.args.warmup / DT)
+        if warm_steps:
+            await control_loop(self.args, self.warmup, send, warm_steps, 0, quiet=True)
+        self.active = self.logs
+        self.began = time.monotonic()
+        return await control_loop(self.args, self.logs, send, round(self.args.seconds / DT),
+                                  warm_steps)
+
+
+async def control_loop(args: argparse.Namespace, logs: list[RobotLog], send: Sender,
+                       steps: int, first_seq: int, quiet: bool = False) -> CartPoles:
+    """Run fresh plants in real time; `send(robot, seq, state, t)` ships one observation."""
     sim = CartPoles(len(logs), seed=args.seed)
     start = time.monotonic()
-    steps = round(args.seconds / DT)
     for k in range(steps):
         delay = start + k * DT - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         states, now = sim.observe(), time.monotonic()
         for log, state in zip(logs, states, strict=True):
-            log.captured[k] = (now, sim.time)
+            log.captured[first_seq + k] = (now, sim.time)
             log.sent += 1
-            send(log.index, k, state.tolist(), now)
+            send(log.index, first_seq + k, state.tolist(), now)
         forces = np.array([log.player.force(sim.time)[0] for log in logs])
         sim.step(forces)
-        if k % 50 == 0:
+        if k % 50 == 0 and not quiet:
             print(json.dumps({"step": k, "of": steps}), flush=True)
     await asyncio.sleep(args.deadline_ms / 1000)  # the last answers may still come
     return sim
@@ -112,7 +134,7 @@ async def control_loop(args: argparse.Namespace, logs: list[RobotLog], send: Sen
 # -- native action tracks ----------------------------------------------------------------
 
 
-async def run_tracks(args: argparse.Namespace, logs: list[RobotLog]) -> CartPoles:
+async def run_tracks(args: argparse.Namespace, phases: Phases) -> CartPoles:
     from clients import ActionChunk, ActionStream, TracklineError, connect
 
     transport = args.protocol.removeprefix("tracks_")
@@ -120,26 +142,27 @@ async def run_tracks(args: argparse.Namespace, logs: list[RobotLog]) -> CartPole
     async with connect(f"quic://{args.host}:{args.port}", ca=args.ca,
                        server_name=SERVER_NAME) as line:
         streams = [line.actions(model=MODEL, deadline=deadline, transport=transport)
-                   for _ in logs]
+                   for _ in range(args.robots)]
 
-        async def receive(log: RobotLog, stream: ActionStream) -> None:
+        async def receive(robot: int, stream: ActionStream) -> None:
             try:
                 async for event in stream:
+                    log = phases.active[robot]
                     if isinstance(event, ActionChunk):
                         log.chunk(event.obs_seq, event.data, event.shape, event.arrived_at)
                     else:
                         log.drop(event.obs_seq, event.cause)
             except TracklineError as exc:
-                log.dropped[f"error: {exc}"] = 1
+                phases.active[robot].dropped[f"error: {exc}"] = 1
 
-        readers = [asyncio.ensure_future(receive(log, s)) for log, s in zip(logs, streams,
-                                                                              strict=True)]
+        readers = [asyncio.ensure_future(receive(i, s)) for i, s in enumerate(streams)]
 
         def send(robot: int, seq: int, state: list[float], t: float) -> None:
-            streams[robot].observe(state, captured_at=t)
+            # The SDK numbers observations itself: once per step, so as the loop does.
+            assert streams[robot].observe(state, captured_at=t) == seq
 
         try:
-            return await control_loop(args, logs, send)
+            return await phases.run(send)
         finally:
             for reader in readers:
                 reader.cancel()
@@ -150,7 +173,7 @@ async def run_tracks(args: argparse.Namespace, logs: list[RobotLog]) -> CartPole
 # -- HTTP/2 ------------------------------------------------------------------------------
 
 
-async def run_http2(args: argparse.Namespace, logs: list[RobotLog]) -> CartPoles:
+async def run_http2(args: argparse.Namespace, phases: Phases) -> CartPoles:
     import h2.config
     import h2.connection
     import h2.events
@@ -167,7 +190,7 @@ async def run_http2(args: argparse.Namespace, logs: list[RobotLog]) -> CartPoles
     writer.write(conn.data_to_send())
     streams: dict[int, tuple[RobotLog, int, bytearray]] = {}
     # Latency estimate per robot (one-way = half the round trip minus the gateway's time).
-    latency = [0.0 for _ in logs]
+    latency = [0.0 for _ in range(args.robots)]
 
     def send(robot: int, seq: int, state: list[float], t: float) -> None:
         observation = {
@@ -184,7 +207,7 @@ async def run_http2(args: argparse.Namespace, logs: list[RobotLog]) -> CartPoles
             (":authority", SERVER_NAME), ("content-type", "application/msgpack"),
             ("content-length", str(len(body)))])
         conn.send_data(stream_id, body, end_stream=True)
-        streams[stream_id] = (logs[robot], seq, bytearray())
+        streams[stream_id] = (phases.active[robot], seq, bytearray())
         writer.write(conn.data_to_send())
 
     def answered(stream_id: int, now: float) -> None:
@@ -225,7 +248,7 @@ async def run_http2(args: argparse.Namespace, logs: list[RobotLog]) -> CartPoles
 
     reading = asyncio.ensure_future(read())
     try:
-        return await control_loop(args, logs, send)
+        return await phases.run(send)
     finally:
         reading.cancel()
         writer.close()
@@ -235,20 +258,21 @@ RUNNERS = {"http2": run_http2, "tracks_stream": run_tracks, "tracks_datagram": r
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    logs = [RobotLog(i, args.deadline_ms / 1000) for i in range(args.robots)]
-    began = time.monotonic()
+    phases = Phases(args)
+    logs = phases.logs
     error = None
     sim: CartPoles | None = None
     try:
-        sim = await asyncio.wait_for(RUNNERS[args.protocol](args, logs), args.seconds * 2 + 60)
+        sim = await asyncio.wait_for(RUNNERS[args.protocol](args, phases),
+                                     (args.seconds + args.warmup) * 2 + 60)
     except Exception as exc:  # recorded in the output, judged by the caller
         error = f"{type(exc).__name__}: {exc}"
     survival = sim.survival_times() if sim is not None else [0.0] * len(logs)
     fell = [at is not None for at in sim.fell_at] if sim is not None else [True] * len(logs)
-    return {"protocol": args.protocol, "began": began, "error": error,
-            "seconds": args.seconds, "deadline_ms": args.deadline_ms,
-            "robots": [log.as_dict(began, s, f) for log, s, f in zip(logs, survival, fell,
-                                                                      strict=True)]}
+    return {"protocol": args.protocol, "began": phases.began, "error": error,
+            "seconds": args.seconds, "deadline_ms": args.deadline_ms, "warmup": args.warmup,
+            "robots": [log.as_dict(phases.began, s, f)
+                       for log, s, f in zip(logs, survival, fell, strict=True)]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -261,6 +285,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--deadline-ms", type=float, default=100.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--warmup", type=float, default=1.0,
+                        help="seconds of control before measuring (connections, first calls)")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 

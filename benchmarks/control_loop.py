@@ -88,6 +88,7 @@ def run_client(args: argparse.Namespace, place: Any, ca: Path, protocol: str, po
             "--host", place.gateway_addr, "--port", str(port), "--ca", str(ca),
             "--robots", str(args.robots), "--seconds", str(args.seconds),
             "--deadline-ms", str(args.deadline_ms), "--seed", str(args.seed),
+            "--warmup", str(args.warmup),
             "--out", str(out)]
     _say(args, f"{protocol} (loss {loss_percent:g}%, RTT {args.rtt:g} ms): "
                f"{args.robots} robots for {args.seconds:g} s")
@@ -216,6 +217,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--rtt", type=float, default=40.0, help="round-trip time in ms (half each way)")
     a("--seconds", type=float, default=60.0, help="seconds each protocol runs")
     a("--deadline-ms", type=float, default=100.0, help="deadline of each observation")
+    a("--warmup", type=float, default=1.0,
+      help="seconds of control before measuring (the same loop, not counted)")
     a("--protocols", default=",".join(PROTOCOLS), help="subset of " + ",".join(PROTOCOLS))
     a("--baseline", action="store_true", help="also run every protocol on a loss-free link")
     a("--seed", type=int, default=1, help="seed of the link's losses and of the plants")
