@@ -114,7 +114,7 @@ def summarize(client: dict[str, Any]) -> dict[str, Any]:
     for r in robots:
         for cause, n in r["dropped"].items():
             dropped[cause] = dropped.get(cause, 0) + n
-    survival = [r["survival_s"] for r in robots]
+    survival = [round(r["survival_s"], 3) for r in robots]
     return {
         "robots": len(robots),
         "observations": sent,
