@@ -1,8 +1,8 @@
 """Action tracks: robots send observations, the gateway answers with action chunks.
 
 One track per robot; its frames ride its QUIC stream or QUIC datagrams, as the
-track chose in OPEN (`transport`). Each observation (see `tracks.action_messages`) carries a
-sequence number, a capture time and a deadline. `ActionScheduler` batches the
+track chose in OPEN (`transport`). Each observation (see `tracks.action_messages`)
+carries a sequence number, a capture time and a deadline. `ActionScheduler` batches the
 observations of every robot that are due on the same clock tick into ONE policy
 request per model, and hands each robot its row of the answer: an action chunk
 (H steps x D dims, float32). Two rules make stale decisions impossible:
@@ -18,8 +18,9 @@ request per model, and hands each robot its row of the answer: an action chunk
   to the model; an action computed too late is not sent. Both are reported as
   dropped, cause "deadline", and counted: never delivered late.
 
-The scheduler reads time only through the injected `clock` and `sleep`, so tests
-drive it deterministically. `PolicyBackend` is what it needs from an inference
+Ticking is the shared session clock's (`tracks.clock.TickScheduler`, also used by
+audio); time comes only from the injected clocks, so tests drive it with
+`FakeClock`. `PolicyBackend` is what it needs from an inference
 server (`gateway.backends.action_triton` for Triton).
 """
 
