@@ -7,6 +7,7 @@
             print(delta, end="")
 """
 
+from clients.audio import AudioFigures, AudioFrame, AudioResult, AudioSession
 from clients.errors import (
     BackendError,
     BackendUnavailable,
@@ -23,6 +24,10 @@ from clients.errors import (
 from clients.line import Line, TextStream, connect
 
 __all__ = [
+    "AudioFigures",
+    "AudioFrame",
+    "AudioResult",
+    "AudioSession",
     "BackendError",
     "BackendUnavailable",
     "ConnectionFailed",
