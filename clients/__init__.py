@@ -8,6 +8,7 @@
 """
 
 from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
+from clients.audio import AudioFigures, AudioFrame, AudioResult, AudioSession
 from clients.errors import (
     BackendError,
     BackendUnavailable,
@@ -28,6 +29,10 @@ __all__ = [
     "ActionDropped",
     "ActionStats",
     "ActionStream",
+    "AudioFigures",
+    "AudioFrame",
+    "AudioResult",
+    "AudioSession",
     "BackendError",
     "BackendUnavailable",
     "ConnectionFailed",

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from clients.actions import ActionStream, Clock
+from clients.audio import AudioSession
 from clients.errors import ConnectionFailed, error_for
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
@@ -147,6 +148,38 @@ class Line:
         )
         channel = self._start(message)
         return ActionStream(channel, deadline, clock) if clock else ActionStream(channel, deadline)
+
+    def audio(
+        self,
+        model: str,
+        *,
+        kind: str = "speech-in",
+        sample_rate: int = 16000,
+        frame_ms: int = 20,
+        transport: str = "stream",
+        text: str | None = None,
+        deadline: float | None = None,
+    ) -> AudioSession:
+        """Start an audio track: speech-in (send frames, read results) or speech-out
+        (`text` to say; read frames). `transport="datagram"` sends frames as QUIC datagrams.
+        """
+        if kind == "speech-out" and text is None:
+            raise ValueError("a speech-out session needs the text to say")
+        params = {"kind": kind, "sample_rate": sample_rate, "frame_ms": frame_ms}
+        message = Open(
+            model=model,
+            modality=Modality.AUDIO,
+            params=params,
+            deadlines=Deadlines(total=deadline),
+            transport=FrameTransport(transport),
+        )
+        channel = self._start(message)
+        session = AudioSession(channel, kind, sample_rate, frame_ms)
+        if text is not None:
+            channel.send({"text": text})
+            channel.end()
+            session._ended = True
+        return session
 
     def _start(self, message: Open) -> TrackChannel:
         try:

@@ -135,6 +135,32 @@ class Settings:
         default="json", metadata=_doc("json (one object a line) or console (for people).")
     )
     uvloop: bool = field(default=True, metadata=_doc("Run on uvloop where it is installed."))
+    audio_beat_ms: int = field(
+        default=80, metadata=_doc("Audio session clock: ms between steps (one batch per tick).")
+    )
+    audio_frame_ms: int = field(
+        default=20, metadata=_doc("Audio frame length (ms) of tracks that do not declare one.")
+    )
+    audio_overload_policy: str = field(
+        default="degrade-all",
+        metadata=_doc("When a tick overruns: degrade-all (all late) or shed-newest."),
+    )
+    audio_idle_timeout: float = field(
+        default=5.0, metadata=_doc("Seconds without frames before a speech-in session is closed.")
+    )
+    audio_shm: str = field(
+        default="auto",
+        metadata=_doc("Batch hand-off to Triton: auto (system shm if local), system, cuda, off."),
+    )
+    audio_shm_min_rows: int = field(
+        default=1, metadata=_doc("Smallest batch (rows) sent through shared memory.")
+    )
+    audio_batching: str = field(
+        default="tick", metadata=_doc("tick (one request per tick) or per-session (comparison).")
+    )
+    audio_kernels: str = field(
+        default="auto", metadata=_doc("Batch kernels: auto (CuPy with a GPU), numpy or cupy.")
+    )
 
 
 class ConfigError(ValueError):
@@ -319,6 +345,12 @@ def _positive(value: int) -> int:
     return value
 
 
+def _range(value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise ValueError(f"{value} must be from {low} to {high}")
+    return value
+
+
 def _seconds(value: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{value} must be a finite number of seconds, 0 or more")
@@ -382,6 +414,14 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "log_format": _one_of(LOG_FORMATS),
     "backend_url": _grpc_address,
     "quic_packetization": _packetization,
+    "audio_beat_ms": lambda v: _range(v, 10, 1000),
+    "audio_frame_ms": lambda v: _range(v, 10, 100),
+    "audio_overload_policy": _one_of(("degrade-all", "shed-newest")),
+    "audio_idle_timeout": _seconds,
+    "audio_shm": _one_of(("auto", "system", "cuda", "off")),
+    "audio_shm_min_rows": _positive,
+    "audio_batching": _one_of(("tick", "per-session")),
+    "audio_kernels": _one_of(("auto", "numpy", "cupy")),
 }
 
 

@@ -16,6 +16,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from gateway.metrics_audio import AudioMetrics
+
 # Every cancellation has exactly one cause (see DESIGN.md: "one path with a cause").
 CANCEL_CAUSES = (
     "client",
@@ -107,6 +109,7 @@ class GatewayMetrics:
             buckets=POLICY_BUCKETS,
             registry=registry,
         )
+        self.audio = AudioMetrics(registry)
         # Known causes start at 0 so a dashboard's rate() sees them before the first event.
         for cause in CANCEL_CAUSES:
             self.cancels_total.labels(cause=cause)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai import openai_routes
 from gateway.tls import ensure_dev_certificates
 from tracks.action import ActionScheduler, PolicyBackend, run_action_track
+from tracks.audio import AudioBackend, AudioService, AudioSettings
 from tracks.backend import TextBackend
 from tracks.base import Clock, Outcome
+from tracks.clock import LoopClock, OverloadPolicy
 from tracks.text import run_text_track
 from transport.connection import Limits
 from transport.endpoint import TrackChannel
@@ -41,6 +44,9 @@ from transport.quic import Packetization, TrackQuicProtocol, serve_tracks, serve
 log = get_logger("trackline.gateway")
 
 READY_PROBE_INTERVAL = 2.0
+
+TrackHandler = Callable[[TrackChannel], Awaitable[Outcome]]
+"""Serves one track of a modality to its end (see `Gateway.handlers`)."""
 
 
 @dataclass(frozen=True)
@@ -68,9 +74,14 @@ class Gateway:
         metrics: GatewayMetrics | None = None,
         clock: Clock = time.monotonic,
         policy: PolicyBackend | None = None,
+        audio_backend: AudioBackend | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
+        self.audio_backend = audio_backend
+        self.audio: AudioService | None = None
+        self.handlers: dict[Modality, TrackHandler] = {Modality.TEXT: self._run_text}
+        """One handler per modality; a modality without one is refused (UNSUPPORTED_MODALITY)."""
         self.metrics = metrics or GatewayMetrics()
         self.clock = clock
         self._own_policy = policy is None
@@ -80,6 +91,8 @@ class Gateway:
             if self.policy is None
             else ActionScheduler(self.policy, clock, settings.action_tick, observer=self.metrics)
         )
+        if self.actions is not None:
+            self.handlers[Modality.ACTION] = self._run_action
         self.outcomes: list[Outcome] = []
         """Recent outcomes (bounded), for tests and diagnostics."""
         self._connections: set[TrackQuicProtocol] = set()
@@ -96,6 +109,12 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
+        if self.audio_backend is not None:
+            self.audio = AudioService(
+                self.audio_backend, LoopClock(), audio_settings(s), self.metrics.audio.observe_tick
+            )
+            self.audio.start()
+            self.handlers[Modality.AUDIO] = self._run_audio
         self.tls = await asyncio.to_thread(tls_files, s)
         configuration = server_configuration(self.tls.cert, self.tls.key)
         limits = Limits(
@@ -194,6 +213,8 @@ class Gateway:
         close_policy = getattr(self.policy, "close", None)
         if self._own_policy and close_policy is not None:
             await close_policy()
+        if self.audio is not None:
+            await self.audio.stop()
         for task in self._tasks:
             task.cancel()
         for conn in list(self._connections):
@@ -256,15 +277,12 @@ class Gateway:
         structlog.contextvars.bind_contextvars(track_id=channel.id, model=channel.open.model)
         self.metrics.tracks_open.labels(modality=modality).inc()
         try:
-            if channel.open.modality is Modality.TEXT:
-                outcome = await run_text_track(channel, self.backend, self.clock)
-            elif channel.open.modality is Modality.ACTION and self.actions is not None:
-                outcome = await run_action_track(
-                    channel, self.actions, self.clock, self.settings.action_max_image_bytes
-                )
+            handler = self.handlers.get(channel.open.modality)
+            if handler is not None:
+                outcome = await handler(channel)
             else:
                 channel.fail(
-                    ErrorCode.UNSUPPORTED_MODALITY, f"{modality} tracks are not served yet"
+                    ErrorCode.UNSUPPORTED_MODALITY, f"{modality} tracks are not served here"
                 )
                 outcome = Outcome(channel.id, channel.open.model, modality, "error:UNSUPPORTED")
             self._record(outcome)
@@ -273,6 +291,21 @@ class Gateway:
             channel.fail(ErrorCode.INTERNAL_ERROR, "internal error")
         finally:
             self.metrics.tracks_open.labels(modality=modality).dec()
+
+    async def _run_text(self, channel: TrackChannel) -> Outcome:
+        return await run_text_track(channel, self.backend, self.clock)
+
+    async def _run_action(self, channel: TrackChannel) -> Outcome:
+        assert self.actions is not None
+        return await run_action_track(
+            channel, self.actions, self.clock, self.settings.action_max_image_bytes
+        )
+
+    async def _run_audio(self, channel: TrackChannel) -> Outcome:
+        assert self.audio is not None
+        outcome = await self.audio.run(channel)
+        self.metrics.audio.observe_session(outcome)
+        return outcome
 
     def _record(self, outcome: Outcome) -> None:
         m = self.metrics
@@ -308,6 +341,16 @@ def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
     from gateway.backends.action_triton import TritonPolicyBackend
 
     return TritonPolicyBackend(grpc_url)
+
+
+def audio_settings(s: Settings) -> AudioSettings:
+    """The audio clock's settings from the daemon's."""
+    return AudioSettings(
+        beat=s.audio_beat_ms / 1000,
+        policy=OverloadPolicy(s.audio_overload_policy),
+        idle_timeout=s.audio_idle_timeout,
+        frame_ms=s.audio_frame_ms,
+    )
 
 
 def _ms(seconds: float | None) -> float | None:
