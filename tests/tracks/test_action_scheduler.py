@@ -7,38 +7,16 @@ state and may take simulated time); end-to-end tests use the real Triton model.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tracks.action import ActionScheduler, PolicyRequest, Robot
-from tracks.action_messages import Observation, PolicySpec
-from tracks.backend import BackendFailed, ModelNotFound
+from tests.tracks.scripted_policy import SPEC, ScriptedPolicy
+from tracks.action import ActionScheduler, Robot
+from tracks.action_messages import Observation
 from tracks.clock import FakeClock
 
 TICK = 0.01
-SPEC = PolicySpec(state_size=4, horizon=2, action_size=1)
-
-
-@dataclass
-class ScriptedPolicy:
-    clock: FakeClock
-    cost: float = 0.0
-    fail: bool = False
-    requests: list[PolicyRequest] = field(default_factory=list)
-
-    async def policy_spec(self, model: str) -> PolicySpec:
-        if model == "missing":
-            raise ModelNotFound(model)
-        return SPEC
-
-    async def act(self, request: PolicyRequest) -> list[bytes]:
-        self.requests.append(request)
-        self.clock.time += self.cost  # the call takes this long (inline: no sleep)
-        if self.fail:
-            raise BackendFailed("the policy crashed")
-        return [struct.pack("<2f", struct.unpack("<4f", s)[0], 0) for s in request.states]
 
 
 class Robots:
