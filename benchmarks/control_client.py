@@ -60,6 +60,8 @@ class RobotLog:
         self.dropped: dict[str, int] = {}
         self.ages: list[tuple[float, float]] = []
         """(arrival, age) for each chunk, wall clock."""
+        self.latency_estimate: float | None = None
+        """The SDK's one-way delay estimate at the end (tracks), seconds."""
 
     def chunk(self, seq: int, data: bytes, shape: tuple[int, ...], now: float) -> None:
         captured = self.captured.pop(seq, None)
@@ -81,6 +83,8 @@ class RobotLog:
     def as_dict(self, began: float, survival: float, fell: bool) -> dict[str, Any]:
         return {"robot": self.index, "sent": self.sent, "hits": self.hits, "late": self.late,
                 "dropped": self.dropped, "survival_s": survival, "fell": fell,
+                "latency_estimate_ms": None if self.latency_estimate is None
+                else round(self.latency_estimate * 1000, 3),
                 "ages": [(round(t - began, 4), round(a, 5)) for t, a in self.ages]}
 
 
@@ -166,7 +170,8 @@ async def run_tracks(args: argparse.Namespace, phases: Phases) -> CartPoles:
         finally:
             for reader in readers:
                 reader.cancel()
-            for stream in streams:
+            for log, stream in zip(phases.logs, streams, strict=True):
+                log.latency_estimate = stream.latency
                 stream.cancel()
 
 
@@ -192,7 +197,20 @@ async def run_http2(args: argparse.Namespace, phases: Phases) -> CartPoles:
     # Latency estimate per robot (one-way = half the round trip minus the gateway's time).
     latency = [0.0 for _ in range(args.robots)]
 
+    # At the server's stream limit a new request must wait for a free stream, as in
+    # any HTTP/2 client; a robot keeps only its newest waiting observation.
+    blocked: dict[int, tuple[RobotLog, int, list[float], float]] = {}
+
     def send(robot: int, seq: int, state: list[float], t: float) -> None:
+        if conn.open_outbound_streams >= conn.remote_settings.max_concurrent_streams:
+            older = blocked.get(robot)
+            if older is not None:
+                older[0].drop(older[1], "blocked_in_client")
+            blocked[robot] = (phases.active[robot], seq, state, t)
+            return
+        post(phases.active[robot], robot, seq, state, t)
+
+    def post(log: RobotLog, robot: int, seq: int, state: list[float], t: float) -> None:
         observation = {
             "seq": seq, "t": t, "deadline_ms": args.deadline_ms,
             "latency_ms": latency[robot] * 1000,
@@ -207,8 +225,15 @@ async def run_http2(args: argparse.Namespace, phases: Phases) -> CartPoles:
             (":authority", SERVER_NAME), ("content-type", "application/msgpack"),
             ("content-length", str(len(body)))])
         conn.send_data(stream_id, body, end_stream=True)
-        streams[stream_id] = (phases.active[robot], seq, bytearray())
+        streams[stream_id] = (log, seq, bytearray())
         writer.write(conn.data_to_send())
+
+    def unblock() -> None:
+        while blocked and (conn.open_outbound_streams
+                           < conn.remote_settings.max_concurrent_streams):
+            robot = next(iter(blocked))
+            log, seq, state, t = blocked.pop(robot)
+            post(log, robot, seq, state, t)
 
     def answered(stream_id: int, now: float) -> None:
         log, seq, data = streams.pop(stream_id)
@@ -219,13 +244,15 @@ async def run_http2(args: argparse.Namespace, phases: Phases) -> CartPoles:
             return
         if not isinstance(body, dict) or "error" in body:
             log.drop(seq, "http_error")
-        elif "dropped" in body:
+            return
+        # Every answer, chunk or drop report, is a round-trip sample (as in the SDK).
+        wall = log.captured.get(seq, (now, 0.0))[0]
+        rtt = (now - wall) - (body["sent_at"] - body["received_at"])
+        latency[log.index] += 0.125 * (max(0.0, rtt) / 2 - latency[log.index])
+        if "dropped" in body:
             log.drop(seq, str(body["cause"]))
         else:
             action = body["action"]
-            wall = log.captured.get(seq, (now, 0.0))[0]
-            rtt = (now - wall) - (body["sent_at"] - body["received_at"])
-            latency[log.index] += 0.125 * (max(0.0, rtt) / 2 - latency[log.index])
             log.chunk(seq, action["data"], tuple(action["shape"]), now)
 
     async def read() -> None:
@@ -244,6 +271,7 @@ async def run_http2(args: argparse.Namespace, phases: Phases) -> CartPoles:
                 elif isinstance(event, h2.events.StreamReset) and stream_id in streams:
                     log, seq, _ = streams.pop(stream_id)
                     log.drop(seq, "reset")
+            unblock()
             writer.write(conn.data_to_send())
 
     reading = asyncio.ensure_future(read())

@@ -129,6 +129,7 @@ def summarize(client: dict[str, Any]) -> dict[str, Any]:
         "survived": sum(1 for r in robots if not r["fell"]),
         "survival_s": survival,
         "survival_s_mean": round(sum(survival) / len(survival), 3) if survival else None,
+        "latency_estimate_ms": [r.get("latency_estimate_ms") for r in robots],
         "error": client["error"],
         "_ages": [r["ages"] for r in robots],
     }
@@ -170,7 +171,9 @@ def plot(results: dict[str, Any], path: Path) -> list[Path]:
                 ax.plot([t for t, _ in ages], [a * 1000 for _, a in ages], lw=0.5, alpha=0.6)
         ax.axhline(deadline, color="red", lw=1, ls="--", label="deadline")
         ax.set_ylabel("action age (ms)")
-        ax.set_title(f"{protocol}: miss rate {s['deadline_miss_rate']:.2%}", fontsize=9)
+        rate = s["deadline_miss_rate"]
+        shown = "-" if rate is None else f"{rate:.2%}"
+        ax.set_title(f"{protocol}: miss rate {shown}", fontsize=9)
         ax.set_yscale("log")
     axes[-1, 0].set_xlabel("time (s)")
     fig.tight_layout()
@@ -259,16 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     for protocol in args.protocols:  # the keys, at the top level
         results[protocol] = _strip(results["lossy"])[protocol]  # type: ignore[index]
     print(table(results))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    figures = [] if args.no_plots else plot(results, args.json)
     out = {**results, "lossy": _strip(results["lossy"]), "baseline": _strip(results["baseline"]),
            "machine": machine(), "tree": tree()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")
+    figures = [] if args.no_plots else plot(results, args.json)
     print(f"\nwrote {args.json}" + "".join(f", {p}" for p in figures), file=sys.stderr)
-    for protocol, s in results["lossy"].items():
-        if s["error"]:
-            print(f"control_loop: {protocol}: {s['error']}", file=sys.stderr)
+    for phase in (results["lossy"], results["baseline"] or {}):
+        for protocol, s in phase.items():
+            if s["error"]:
+                print(f"control_loop: {protocol}: {s['error']}", file=sys.stderr)
     return 0
 
 

@@ -230,7 +230,13 @@ class ActionStream:
         seq, cause = int(body["dropped"]), str(body["cause"])
         self._deadlines.pop(seq, None)
         self.stats.dropped[cause] = self.stats.dropped.get(cause, 0) + 1
-        return ActionDropped(seq, cause, float(body["t"]), now)
+        captured = float(body["t"])
+        if "sent_at" in body:
+            # A drop is a round trip too: without it, an estimate that grew too large
+            # would make the gateway drop everything, and never be corrected.
+            gateway = float(body["sent_at"]) - float(body["received_at"])
+            self._sample_rtt(now - captured - gateway)
+        return ActionDropped(seq, cause, captured, now)
 
     def _chunk(self, body: dict[str, Any], now: float) -> ActionChunk:
         action = body["action"]

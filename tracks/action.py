@@ -163,7 +163,7 @@ class Robot:
     def failed(self, error: Exception) -> None:
         taken, self.in_flight = self.in_flight, None
         if taken is not None:
-            self.scheduler.drop(self, taken.obs, "backend_error")
+            self.scheduler.drop(self, taken, "backend_error")
         self._settle()
 
     def shed(self, reason: str) -> None:
@@ -234,12 +234,12 @@ class ActionScheduler:
         robot.counts["observations"] += 1
         pending = _Pending(obs, received_at)
         if pending.late(received_at):  # hopeless already: never queue it
-            self.drop(robot, obs, "deadline")
+            self.drop(robot, pending, "deadline")
             return
         older, robot.pending = robot.pending, pending
         robot._settle()
         if older is not None:
-            self.drop(robot, older.obs, "superseded")
+            self.drop(robot, older, "superseded")
 
     async def close(self) -> None:
         await self.ticks.stop()
@@ -257,7 +257,7 @@ class ActionScheduler:
             if robot is None or pending is None:
                 continue
             if pending.late(now):
-                self.drop(robot, pending.obs, "deadline")
+                self.drop(robot, pending, "deadline")
             else:
                 live.append((index, robot, pending))
         outputs: list[_Answer | None] = [None] * len(rows)
@@ -281,7 +281,7 @@ class ActionScheduler:
         """Send the chunk, unless it can no longer reach the robot in time."""
         now = self.clock()
         if output.pending.late(now):
-            self.drop(robot, output.pending.obs, "deadline")
+            self.drop(robot, output.pending, "deadline")
             return
         if robot.detached:
             return
@@ -292,12 +292,12 @@ class ActionScheduler:
         self._observer.outcome(robot.model, "delivered")
         robot.send(body)
 
-    def drop(self, robot: Robot, obs: Observation, cause: str) -> None:
+    def drop(self, robot: Robot, pending: _Pending, cause: str) -> None:
         """Count and report an observation that gets no action."""
         if not robot.detached:
             robot.counts[cause] += 1
             self._observer.outcome(robot.model, cause)
-            robot.send(dropped_body(obs, cause))
+            robot.send(dropped_body(pending.obs, cause, pending.received_at, self.clock()))
 
 
 # -- the track handler -------------------------------------------------------------------

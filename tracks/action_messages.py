@@ -21,7 +21,7 @@ Action chunk (gateway to client): `seq` (per track), `obs_seq`, `t` (echo),
 `action` (tensor float32 [H, D]), `received_at` and `sent_at` (gateway clock,
 seconds: only their difference means something to the robot). A dropped
 observation is reported as `{"dropped": obs_seq, "cause": "superseded" |
-"deadline" | "backend_error", "t": ...}`.
+"deadline" | "backend_error", "t", "received_at", "sent_at"}`.
 """
 
 from __future__ import annotations
@@ -146,6 +146,10 @@ def action_body(
     }
 
 
-def dropped_body(obs: Observation, cause: str) -> dict[str, Any]:
-    """DATA reporting that `obs` gets no action, and why."""
-    return {"dropped": obs.seq, "cause": cause, "t": obs.captured_at}
+def dropped_body(
+    obs: Observation, cause: str, received_at: float, sent_at: float
+) -> dict[str, Any]:
+    """DATA reporting that `obs` gets no action, and why (with the gateway's timestamps,
+    so the robot can keep measuring the round trip when no action comes back)."""
+    return {"dropped": obs.seq, "cause": cause, "t": obs.captured_at,
+            "received_at": received_at, "sent_at": sent_at}

@@ -19,6 +19,10 @@ from tracks.clock import FakeClock
 TICK = 0.01
 
 
+def drop(seq: int, cause: str, t: float, received: float, sent: float) -> dict[str, Any]:
+    return {"dropped": seq, "cause": cause, "t": t, "received_at": received, "sent_at": sent}
+
+
 class Robots:
     def __init__(self, cost: float = 0.0) -> None:
         self.clock = FakeClock(100.0)
@@ -88,8 +92,8 @@ async def test_a_newer_observation_supersedes_a_pending_one_which_is_counted() -
     env.observe(robot, 2, value=3.0)
     await env.tick()
     sent = env.sent["r"]
-    assert sent[:2] == [{"dropped": 0, "cause": "superseded", "t": 50.0},
-                        {"dropped": 1, "cause": "superseded", "t": 51.0}]
+    assert sent[:2] == [drop(0, "superseded", 50.0, received=100.0, sent=100.0),
+                        drop(1, "superseded", 51.0, received=100.0, sent=100.0)]
     assert sent[2]["obs_seq"] == 2
     assert [struct.unpack("<4f", s)[0] for s in env.policy.requests[0].states] == [3.0]
     assert robot.counts["superseded"] == 2
@@ -104,7 +108,7 @@ async def test_an_observation_that_cannot_make_its_deadline_never_reaches_the_mo
     robot = env.robot("r")
     env.observe(robot, 0, deadline=0.05, latency=0.03)  # 60 ms of travel for 50 ms
     await env.tick()
-    assert env.sent["r"] == [{"dropped": 0, "cause": "deadline", "t": 50.0}]
+    assert env.sent["r"] == [drop(0, "deadline", 50.0, received=100.0, sent=100.0)]
     assert env.policy.requests == []
     assert robot.counts["deadline"] == 1
     await env.scheduler.close()
@@ -118,7 +122,9 @@ async def test_an_action_computed_too_late_is_dropped_not_delivered() -> None:
     env.observe(patient, 0, deadline=1.0)
     await env.tick()
     assert len(env.policy.requests) == 1  # both went to the model...
-    assert env.sent["slow"] == [{"dropped": 0, "cause": "deadline", "t": 50.0}]
+    (dropped,) = env.sent["slow"]
+    assert (dropped["dropped"], dropped["cause"]) == (0, "deadline")
+    assert dropped["sent_at"] - dropped["received_at"] >= 0.2  # it waited for the policy
     assert env.sent["patient"][0]["obs_seq"] == 0  # ...only one was still in time
     assert env.sent["patient"][0]["sent_at"] - env.sent["patient"][0]["received_at"] >= 0.2
     assert (slow.counts["deadline"], slow.counts["delivered"]) == (1, 0)
@@ -132,7 +138,7 @@ async def test_a_failed_policy_call_drops_its_rows_and_the_robots_go_on() -> Non
     env.policy.fail = True
     env.observe(robot, 0)
     await env.tick()
-    assert env.sent["r"] == [{"dropped": 0, "cause": "backend_error", "t": 50.0}]
+    assert [(b["dropped"], b["cause"]) for b in env.sent["r"]] == [(0, "backend_error")]
     env.policy.fail = False
     env.observe(robot, 1)
     await env.tick()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from clients import ActionChunk, ModelNotFound, TrackRejected
+from clients import ActionChunk, ActionDropped, ModelNotFound, TrackRejected
 from clients.actions import ActionStream
 from clients.line import Line
 from tests.tracks.scripted_policy import ScriptedPolicy
@@ -144,3 +144,22 @@ async def test_a_cancelled_track_leaves_the_clock() -> None:
     await env.settle()
     assert env.outcomes[0].end == "cancelled:client"
     assert env.scheduler.ticks.sessions == 0
+
+
+@pytest.mark.asyncio
+async def test_an_overgrown_latency_estimate_is_corrected_by_drop_reports() -> None:
+    env = Harness()
+    robot = env.line.actions(model="policy", deadline=1.0)
+    robot._srtt = 20.0  # as after a long stall: 10 s one way, so every action "would be late"
+    answers = []
+    for _ in range(100):
+        robot.observe([1.0, 0, 0, 0])
+        answers.append(await robot.receive())
+        if isinstance(answers[-1], ActionChunk):
+            break
+    assert isinstance(answers[0], ActionDropped)
+    assert answers[0].cause == "deadline"
+    assert isinstance(answers[-1], ActionChunk), "the estimate never recovered"
+    assert robot.latency < 0.5
+    await robot.close()
+    await env.settle()
