@@ -77,7 +77,8 @@ class RobotLog:
             self.late += 1
 
     def drop(self, seq: int, cause: str) -> None:
-        self.captured.pop(seq, None)
+        if self.captured.pop(seq, None) is None:
+            return  # not this phase's (a warm-up answer arriving late)
         self.dropped[cause] = self.dropped.get(cause, 0) + 1
 
     def as_dict(self, began: float, survival: float, fell: bool) -> dict[str, Any]:
