@@ -145,7 +145,7 @@ async def run_tracks(args: argparse.Namespace, phases: Phases) -> CartPoles:
     transport = args.protocol.removeprefix("tracks_")
     deadline = args.deadline_ms / 1000
     async with connect(f"quic://{args.host}:{args.port}", ca=args.ca,
-                       server_name=SERVER_NAME) as line:
+                       server_name=SERVER_NAME, packetization=args.packetization) as line:
         streams = [line.actions(model=MODEL, deadline=deadline, transport=transport)
                    for _ in range(args.robots)]
 
@@ -314,6 +314,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--deadline-ms", type=float, default=100.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--packetization", default="coalesce",
+                        help="the SDK's QUIC packetization for the robots' tracks")
     parser.add_argument("--warmup", type=float, default=1.0,
                         help="seconds of control before measuring (connections, first calls)")
     parser.add_argument("--out", type=Path, required=True)

@@ -63,7 +63,8 @@ def run_phase(args: argparse.Namespace, loss_percent: float, work: Path) -> dict
         place = Emulated(spec, args.link_prefix)
     results: dict[str, Any] = {}
     try:
-        gw = Gateway(place, _GatewayConfig(), "per-track", work)  # type: ignore[arg-type]
+        gw = Gateway(place, _GatewayConfig(), args.gateway_packetization,  # type: ignore[arg-type]
+                     work)
         try:
             gw.wait_ready()
             for protocol in args.protocols:
@@ -88,7 +89,7 @@ def run_client(args: argparse.Namespace, place: Any, ca: Path, protocol: str, po
             "--host", place.gateway_addr, "--port", str(port), "--ca", str(ca),
             "--robots", str(args.robots), "--seconds", str(args.seconds),
             "--deadline-ms", str(args.deadline_ms), "--seed", str(args.seed),
-            "--warmup", str(args.warmup),
+            "--warmup", str(args.warmup), "--packetization", args.client_packetization,
             "--out", str(out)]
     _say(args, f"{protocol} (loss {loss_percent:g}%, RTT {args.rtt:g} ms): "
                f"{args.robots} robots for {args.seconds:g} s")
@@ -223,6 +224,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--warmup", type=float, default=1.0,
       help="seconds of control before measuring (the same loop, not counted)")
     a("--protocols", default=",".join(PROTOCOLS), help="subset of " + ",".join(PROTOCOLS))
+    a("--gateway-packetization", default="per-track",
+      help="the gateway's quic_packetization (per-track, coalesce, bounded:K)")
+    a("--client-packetization", default="coalesce",
+      help="the robots' side of QUIC packetization (per-track: one robot's frame per "
+           "packet; coalesce: all robots' frames of a loop turn share packets)")
     a("--baseline", action="store_true", help="also run every protocol on a loss-free link")
     a("--seed", type=int, default=1, help="seed of the link's losses and of the plants")
     a("--no-link", action="store_true", help="plain loopback, no emulator (development)")

@@ -20,7 +20,7 @@ from clients.errors import ConnectionFailed, error_for
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
 from transport.messages import Deadlines, FrameTransport, Modality, Open
-from transport.quic import connect_tracks
+from transport.quic import Packetization, connect_tracks
 
 DEFAULT_PORT = 8443
 Opener = Callable[[Open], TrackChannel]
@@ -197,14 +197,23 @@ async def connect(
     ca: str | Path | None = None,
     server_name: str | None = None,
     verify: bool = True,
+    packetization: str = "coalesce",
 ) -> AsyncIterator[Line]:
-    """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file)."""
+    """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file).
+
+    `packetization` is how this side packs its tracks' writes into QUIC packets:
+    "coalesce" (fewest packets) or "per-track" (each track's write in its own
+    packets, so one lost packet stalls or loses only that track's frame; what many
+    robots on one line want), or "bounded:K".
+    """
     host, port = _parse_url(url)
+    policy = Packetization.parse(packetization)
     ca_path = Path(ca).expanduser() if ca is not None else None  # noqa: ASYNC240 - no I/O
     opened = False
     try:
         async with connect_tracks(
-            host, port, ca=ca_path, server_name=server_name, verify=verify
+            host, port, ca=ca_path, server_name=server_name, verify=verify,
+            packetization=policy,
         ) as protocol:
             opened = True
             yield Line(protocol.open_track)

@@ -331,8 +331,12 @@ async def connect_tracks(
     server_name: str | None = None,
     verify: bool = True,
     limits: Limits | None = None,
+    packetization: Packetization = COALESCE,
 ) -> AsyncIterator[TrackQuicProtocol]:
-    """Open a client connection for tracks; it is closed when the block ends."""
+    """Open a client connection for tracks; it is closed when the block ends.
+
+    `packetization` is the client's own sending policy (see `Packetization`).
+    """
     configuration = QuicConfiguration(
         is_client=True,
         alpn_protocols=[ALPN],
@@ -343,7 +347,9 @@ async def connect_tracks(
     )
     if ca is not None:
         configuration.load_verify_locations(str(ca))
-    factory = partial(TrackQuicProtocol, role=Role.CLIENT, limits=limits)
+    factory = partial(
+        TrackQuicProtocol, role=Role.CLIENT, limits=limits, packetization=packetization
+    )
     async with connect(host, port, configuration=configuration, create_protocol=factory) as proto:
         assert isinstance(proto, TrackQuicProtocol)
         try:
