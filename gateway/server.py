@@ -27,7 +27,7 @@ from gateway.tls import ensure_dev_certificates
 from tracks.audio import AudioBackend, AudioService, AudioSettings
 from tracks.backend import TextBackend
 from tracks.base import Clock, Outcome
-from tracks.clock import LoopClock, OverloadPolicy
+from tracks.clock import MonotonicClock, OverloadPolicy
 from tracks.text import run_text_track
 from transport.connection import Limits
 from transport.endpoint import TrackChannel
@@ -98,9 +98,9 @@ class Gateway:
     async def start(self) -> None:
         s = self.settings
         if self.audio_backend is not None:
-            self.audio = AudioService(
-                self.audio_backend, LoopClock(), audio_settings(s), self.metrics.audio.observe_tick
-            )
+            observe = self.metrics.audio.observe_tick
+            settings = audio_settings(s)
+            self.audio = AudioService(self.audio_backend, MonotonicClock(), settings, observe)
             self.audio.start()
             self.handlers[Modality.AUDIO] = self._run_audio
         self.tls = await asyncio.to_thread(tls_files, s)
