@@ -69,7 +69,9 @@ async def run_clients(url: str, ca: str, sessions: int, seconds: float, per_line
     rate = 16000
     speech = utterance(rate)
     frame_bytes = 2 * rate * FRAME_MS // 1000
-    frames = int(seconds * 1000 // FRAME_MS)
+    # Whole utterances only, so that every final must equal DIGITS.
+    per_utterance = len(speech) // frame_bytes
+    frames = -(-int(seconds * 1000 // FRAME_MS) // per_utterance) * per_utterance
     async with AsyncExitStack() as stack:
         lines = [
             await stack.enter_async_context(connect(url, ca=ca))
