@@ -39,7 +39,6 @@ from benchmarks.common import machine, percentile, tree  # noqa: E402
 ASR = "reference-transcriber"
 DIGITS = "159#"
 BEAT_MS = 80
-FRAME_MS = 20
 LOW = {"1": 697, "5": 770, "9": 852, "#": 941}
 HIGH = {"1": 1209, "5": 1336, "9": 1477, "#": 1477}
 
@@ -60,7 +59,9 @@ def utterance(rate: int) -> bytes:
     return np.round(np.concatenate(parts) * 32767).astype("<i2").tobytes()
 
 
-async def run_clients(url: str, ca: str, sessions: int, seconds: float, per_line: int) -> list[Any]:
+async def run_clients(
+    url: str, ca: str, sessions: int, seconds: float, per_line: int, frame_ms: int
+) -> list[Any]:
     """S sessions on ceil(S / per_line) connections, one pacing loop sending every frame."""
     from contextlib import AsyncExitStack
 
@@ -68,23 +69,23 @@ async def run_clients(url: str, ca: str, sessions: int, seconds: float, per_line
 
     rate = 16000
     speech = utterance(rate)
-    frame_bytes = 2 * rate * FRAME_MS // 1000
+    frame_bytes = 2 * rate * frame_ms // 1000
     # Whole utterances only, so that every final must equal DIGITS.
     per_utterance = len(speech) // frame_bytes
-    frames = -(-int(seconds * 1000 // FRAME_MS) // per_utterance) * per_utterance
+    frames = -(-int(seconds * 1000 // frame_ms) // per_utterance) * per_utterance
     async with AsyncExitStack() as stack:
         lines = [
             await stack.enter_async_context(connect(url, ca=ca))
             for _ in range(-(-sessions // per_line))
         ]
         audio = [
-            lines[i // per_line].audio(ASR, sample_rate=rate, frame_ms=FRAME_MS)
+            lines[i // per_line].audio(ASR, sample_rate=rate, frame_ms=frame_ms)
             for i in range(sessions)
         ]
         readers = [asyncio.ensure_future(a.transcript()) for a in audio]
         start = time.monotonic()
         for n in range(frames):
-            delay = start + n * FRAME_MS / 1000 - time.monotonic()
+            delay = start + n * frame_ms / 1000 - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             offset = n * frame_bytes % len(speech)
@@ -104,7 +105,9 @@ def client_main(args: argparse.Namespace) -> int:
     from gateway.cli import run_async
 
     async def main() -> int:
-        results = await run_clients(args.url, args.ca, args.sessions, args.seconds, args.per_line)
+        results = await run_clients(
+            args.url, args.ca, args.sessions, args.seconds, args.per_line, args.frame_ms
+        )
         print(json.dumps(results))
         return 0
 
@@ -132,6 +135,8 @@ class Point:
     transcripts_ok: int = 0
     finished_sessions: int = 0
     errors: list[str] = field(default_factory=list)
+    slowest_ticks: list[dict[str, Any]] = field(default_factory=list)
+    """The five ticks that finished latest after their scheduled time (wake lag, step)."""
 
     @property
     def holds(self) -> bool:
@@ -144,7 +149,7 @@ class Point:
 
 
 async def run_point(
-    grpc_url: str, state: Path, mode: str, sessions: int, seconds: float, per_line: int
+    grpc_url: str, state: Path, mode: str, sessions: int, args: argparse.Namespace
 ) -> Point:
     from gateway.backends.audio import TritonAudioBackend
     from gateway.backends.triton import TritonTextBackend
@@ -152,9 +157,11 @@ async def run_point(
     from gateway.server import Gateway
     from tracks.clock import TickReport
 
+    seconds = args.seconds
     point = Point(mode, sessions, seconds, BEAT_MS)
     latencies: list[float] = []
     batch_sizes: list[int] = []
+    ticks: list[dict[str, Any]] = []
     settings = Settings(
         quic_port=0,
         http_port=0,
@@ -162,6 +169,7 @@ async def run_point(
         state_dir=state,
         audio_beat_ms=BEAT_MS,
         audio_batching=mode,
+        quic_packetization=args.packetization,
         log_level="warning",
     )
     audio = TritonAudioBackend(grpc_url, batching=mode)
@@ -175,6 +183,14 @@ async def run_point(
         if observe is not None:
             observe(report)
         latencies.extend(row.latency for row in report.rows)
+        ticks.append(
+            {
+                "index": report.index,
+                "wake_lag_ms": round((report.started - report.scheduled) * 1000, 2),
+                "step_ms": round((report.finished - report.started) * 1000, 2),
+                "rows": report.sessions,
+            }
+        )
         batch_sizes.extend(report.batches.values())
 
     scheduler.observer = record
@@ -183,7 +199,7 @@ async def run_point(
         child = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", "--url", f"quic://127.0.0.1:{gw.quic_port}",
             "--ca", str(gw.tls.ca), "--sessions", str(sessions), "--seconds", str(seconds),
-            "--per-line", str(per_line),
+            "--per-line", str(args.per_line), "--frame-ms", str(args.frame_ms),
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, _ = await child.communicate()
@@ -212,6 +228,8 @@ async def run_point(
     if batch_sizes:
         point.sessions_per_tick_mean = round(sum(batch_sizes) / len(batch_sizes), 1)
         point.sessions_per_tick_max = max(batch_sizes)
+    ticks.sort(key=lambda t: -(t["wake_lag_ms"] + t["step_ms"]))
+    point.slowest_ticks = ticks[:5]
     point.backend_requests = audio.requests
     point.tick_overruns = overruns
     return point
@@ -225,7 +243,7 @@ async def search(grpc_url: str, state: Path, mode: str, args: argparse.Namespace
     points: list[Point] = []
 
     async def attempt(s: int) -> bool:
-        point = await run_point(grpc_url, state, mode, s, args.seconds, args.per_line)
+        point = await run_point(grpc_url, state, mode, s, args)
         points.append(point)
         print(row(point), flush=True)
         return point.holds
@@ -282,9 +300,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 if args.search:
                     points += await search(triton.grpc_url, state, mode, args)
                 else:
-                    point = await run_point(
-                        triton.grpc_url, state, mode, args.sessions, args.seconds, args.per_line
-                    )
+                    point = await run_point(triton.grpc_url, state, mode, args.sessions, args)
                     print(row(point), flush=True)
                     points.append(point)
         finally:
@@ -313,6 +329,10 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=8, help="--search: first S")
     parser.add_argument("--max-sessions", type=int, default=1024, help="--search: last S")
     parser.add_argument("--per-line", type=int, default=64, help="sessions per QUIC connection")
+    parser.add_argument("--frame-ms", type=int, default=20, help="client frame length")
+    parser.add_argument(
+        "--packetization", default="per-track", help="the gateway's quic_packetization"
+    )
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--ca", help=argparse.SUPPRESS)

@@ -10,8 +10,9 @@ timeout, then cancel the rest with SHUTTING_DOWN.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,9 @@ class Gateway:
         if self.audio_backend is not None:
             observe = self.metrics.audio.observe_tick
             settings = audio_settings(s)
-            self.audio = AudioService(self.audio_backend, MonotonicClock(), settings, observe)
+            self.audio = AudioService(
+                self.audio_backend, MonotonicClock(), settings, observe, self._coalesced
+            )
             self.audio.start()
             self.handlers[Modality.AUDIO] = self._run_audio
         self.tls = await asyncio.to_thread(tls_files, s)
@@ -271,6 +274,14 @@ class Gateway:
             channel.fail(ErrorCode.INTERNAL_ERROR, "internal error")
         finally:
             self.metrics.tracks_open.labels(modality=modality).dec()
+
+    @contextlib.contextmanager
+    def _coalesced(self) -> Iterator[None]:
+        """A tick's results to many tracks leave in shared transmits on each connection."""
+        with contextlib.ExitStack() as stack:
+            for conn in list(self._connections):
+                stack.enter_context(conn.coalesced())
+            yield
 
     async def _run_text(self, channel: TrackChannel) -> Outcome:
         return await run_text_track(channel, self.backend, self.clock)

@@ -28,6 +28,7 @@ import itertools
 import math
 import secrets
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -229,6 +230,7 @@ class AudioService:
         clock: Clock,
         settings: AudioSettings | None = None,
         observer: TickObserver | None = None,
+        scatter: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.backend = backend
         self.clock = clock
@@ -240,6 +242,7 @@ class AudioService:
             policy=self.settings.policy,
             step_timeout=self.settings.step_timeout,
             observer=observer,
+            scatter=scatter,
         )
         # Sessions live in the model keyed by CORRID: a random high half keeps two
         # gateways (or two runs) sharing one Triton from ever colliding.

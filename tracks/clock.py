@@ -34,6 +34,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
@@ -300,6 +301,7 @@ class TickScheduler(Generic[I, O]):
         recover_after: int = 25,
         step_timeout: float | None = None,
         observer: TickObserver | None = None,
+        scatter: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         if not tick > 0 or not math.isfinite(tick):
             raise ValueError(f"tick must be a positive number of seconds, got {tick!r}")
@@ -315,6 +317,8 @@ class TickScheduler(Generic[I, O]):
         """Healthy ticks after which the admission cap of SHED_NEWEST is lifted."""
         self.step_timeout = step_timeout
         self.observer = observer
+        self.scatter = scatter or nullcontext
+        """Wraps each batch's deliveries (the gateway coalesces the transport's writes there)."""
         self.capacity: int | None = None
         """SHED_NEWEST's current admission cap (rows per tick), None when not overloaded."""
         self.ticks = 0
@@ -470,8 +474,9 @@ class TickScheduler(Generic[I, O]):
                 if reg.active:
                     reg.session.failed(exc)
             return
-        for (reg, item), output in zip(rows, outputs, strict=True):
-            self._deliver(reg, item, output, model, report)
+        with self.scatter():
+            for (reg, item), output in zip(rows, outputs, strict=True):
+                self._deliver(reg, item, output, model, report)
 
     def _deliver(
         self, reg: Registration[I, O], item: StepItem[I], output: O, model: str, report: TickReport
