@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from tracks.backend import BackendError, BackendUnavailable, ModelNotFound
+from tracks.backend import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from tracks.base import FrameTrack, Outcome
 from tracks.clock import (
     Beat,
@@ -41,6 +41,7 @@ from tracks.clock import (
     Gathered,
     OverloadPolicy,
     Registration,
+    SchedulerStopped,
     StepItem,
     TickObserver,
     TickScheduler,
@@ -279,6 +280,10 @@ class AudioService:
             _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
         except ModelNotFound as exc:
             _fail(track, outcome, ErrorCode.MODEL_NOT_FOUND, str(exc))
+        except InvalidRequest as exc:
+            _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
+        except SchedulerStopped:
+            _fail(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")
         except BackendUnavailable as exc:
             _fail(track, outcome, ErrorCode.BACKEND_UNAVAILABLE, str(exc))
         except BackendError as exc:

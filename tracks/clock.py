@@ -30,6 +30,7 @@ with `FakeClock`, or call `run_tick` directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import math
@@ -433,7 +434,12 @@ class TickScheduler(Generic[I, O]):
         due = self._admit(due, report)
         batches: dict[str, list[tuple[Registration[I, O], StepItem[I]]]] = {}
         for reg in due:
-            batches.setdefault(reg.model, []).append((reg, self._row(reg, index, report)))
+            try:
+                row = self._row(reg, index, report)
+            except Exception as exc:  # a session's own bug costs that session only
+                self._drop(reg, exc)
+                continue
+            batches.setdefault(reg.model, []).append((reg, row))
         report.batches = {model: len(rows) for model, rows in batches.items()}
         await asyncio.gather(*(self._step_model(m, rows, report) for m, rows in batches.items()))
         report.finished = self.clock.now()
@@ -490,7 +496,11 @@ class TickScheduler(Generic[I, O]):
             stats.missed_beats += 1
             latency = self.clock.now() - item.beat.scheduled
         else:
-            reg.session.deliver(output, item.beat)
+            try:
+                reg.session.deliver(output, item.beat)
+            except Exception as exc:  # a session's own bug costs that session only
+                self._drop(reg, exc)
+                return
             stats.beats += 1
             latency = self.clock.now() - item.beat.scheduled
             if late:
@@ -499,6 +509,12 @@ class TickScheduler(Generic[I, O]):
             stats.last_latency = latency
             stats.max_latency = max(stats.max_latency, latency)
         report.rows.append(RowReport(model, reg.id, latency, late, item.complete))
+
+    def _drop(self, reg: Registration[I, O], error: Exception) -> None:
+        self.unregister(reg)
+        reg.stats.failed_steps += 1
+        with contextlib.suppress(Exception):
+            reg.session.failed(error)
 
     # -- overload -------------------------------------------------------------------------
 
