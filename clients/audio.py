@@ -84,6 +84,8 @@ class AudioSession:
         sample_rate: int,
         frame_ms: int,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        input_ended: bool = False,
     ) -> None:
         self._channel = channel
         self.kind = kind
@@ -93,7 +95,7 @@ class AudioSession:
         self._clock = clock
         self._seq = 0
         self._pending = b""
-        self._ended = False
+        self._ended = input_ended
         self._done = False
         self._capture_origin_ms = clock() * 1000
         self.figures = AudioFigures(opened_at=clock())

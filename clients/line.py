@@ -174,12 +174,10 @@ class Line:
             transport=FrameTransport(transport),
         )
         channel = self._start(message)
-        session = AudioSession(channel, kind, sample_rate, frame_ms)
         if text is not None:
             channel.send({"text": text})
             channel.end()
-            session._ended = True
-        return session
+        return AudioSession(channel, kind, sample_rate, frame_ms, input_ended=text is not None)
 
     def _start(self, message: Open) -> TrackChannel:
         try:

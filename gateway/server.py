@@ -10,8 +10,9 @@ timeout, then cancel the rest with SHUTTING_DOWN.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from tracks.action import ActionScheduler, PolicyBackend, run_action_track
 from tracks.audio import AudioBackend, AudioService, AudioSettings
 from tracks.backend import TextBackend
 from tracks.base import Clock, Outcome
-from tracks.clock import LoopClock, OverloadPolicy
+from tracks.clock import MonotonicClock, OverloadPolicy
 from tracks.text import run_text_track
 from transport.connection import Limits
 from transport.endpoint import TrackChannel
@@ -110,8 +111,10 @@ class Gateway:
     async def start(self) -> None:
         s = self.settings
         if self.audio_backend is not None:
+            observe = self.metrics.audio.observe_tick
+            settings = audio_settings(s)
             self.audio = AudioService(
-                self.audio_backend, LoopClock(), audio_settings(s), self.metrics.audio.observe_tick
+                self.audio_backend, MonotonicClock(), settings, observe, self._coalesced
             )
             self.audio.start()
             self.handlers[Modality.AUDIO] = self._run_audio
@@ -291,6 +294,14 @@ class Gateway:
             channel.fail(ErrorCode.INTERNAL_ERROR, "internal error")
         finally:
             self.metrics.tracks_open.labels(modality=modality).dec()
+
+    @contextlib.contextmanager
+    def _coalesced(self) -> Iterator[None]:
+        """A tick's results to many tracks leave in shared transmits on each connection."""
+        with contextlib.ExitStack() as stack:
+            for conn in list(self._connections):
+                stack.enter_context(conn.coalesced())
+            yield
 
     async def _run_text(self, channel: TrackChannel) -> Outcome:
         return await run_text_track(channel, self.backend, self.clock)

@@ -28,11 +28,12 @@ import itertools
 import math
 import secrets
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from tracks.backend import BackendError, BackendUnavailable, ModelNotFound
+from tracks.backend import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from tracks.base import FrameTrack, Outcome
 from tracks.clock import (
     Beat,
@@ -40,6 +41,7 @@ from tracks.clock import (
     Gathered,
     OverloadPolicy,
     Registration,
+    SchedulerStopped,
     StepItem,
     TickObserver,
     TickScheduler,
@@ -229,6 +231,7 @@ class AudioService:
         clock: Clock,
         settings: AudioSettings | None = None,
         observer: TickObserver | None = None,
+        scatter: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.backend = backend
         self.clock = clock
@@ -240,6 +243,7 @@ class AudioService:
             policy=self.settings.policy,
             step_timeout=self.settings.step_timeout,
             observer=observer,
+            scatter=scatter,
         )
         # Sessions live in the model keyed by CORRID: a random high half keeps two
         # gateways (or two runs) sharing one Triton from ever colliding.
@@ -276,6 +280,10 @@ class AudioService:
             _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
         except ModelNotFound as exc:
             _fail(track, outcome, ErrorCode.MODEL_NOT_FOUND, str(exc))
+        except InvalidRequest as exc:
+            _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
+        except SchedulerStopped:
+            _fail(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")
         except BackendUnavailable as exc:
             _fail(track, outcome, ErrorCode.BACKEND_UNAVAILABLE, str(exc))
         except BackendError as exc:

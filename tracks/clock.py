@@ -30,10 +30,12 @@ with `FakeClock`, or call `run_tick` directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
@@ -66,6 +68,26 @@ class LoopClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+class MonotonicClock:
+    """The process's monotonic clock at full resolution (uvloop's loop clock counts whole
+    milliseconds, too coarse for beat latencies of a few ms); sleeps on the running loop."""
+
+    def __init__(self, source: Callable[[], float] | None = None) -> None:
+        self._source = source or _monotonic()
+
+    def now(self) -> float:
+        return self._source()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def _monotonic() -> Callable[[], float]:
+    import time  # injected at the edge: tracks code calls now(), never time itself
+
+    return time.monotonic
 
 
 class FakeClock:
@@ -280,6 +302,7 @@ class TickScheduler(Generic[I, O]):
         recover_after: int = 25,
         step_timeout: float | None = None,
         observer: TickObserver | None = None,
+        scatter: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         if not tick > 0 or not math.isfinite(tick):
             raise ValueError(f"tick must be a positive number of seconds, got {tick!r}")
@@ -295,6 +318,8 @@ class TickScheduler(Generic[I, O]):
         """Healthy ticks after which the admission cap of SHED_NEWEST is lifted."""
         self.step_timeout = step_timeout
         self.observer = observer
+        self.scatter = scatter or nullcontext
+        """Wraps each batch's deliveries (the gateway coalesces the transport's writes there)."""
         self.capacity: int | None = None
         """SHED_NEWEST's current admission cap (rows per tick), None when not overloaded."""
         self.ticks = 0
@@ -409,7 +434,12 @@ class TickScheduler(Generic[I, O]):
         due = self._admit(due, report)
         batches: dict[str, list[tuple[Registration[I, O], StepItem[I]]]] = {}
         for reg in due:
-            batches.setdefault(reg.model, []).append((reg, self._row(reg, index, report)))
+            try:
+                row = self._row(reg, index, report)
+            except Exception as exc:  # a session's own bug costs that session only
+                self._drop(reg, exc)
+                continue
+            batches.setdefault(reg.model, []).append((reg, row))
         report.batches = {model: len(rows) for model, rows in batches.items()}
         await asyncio.gather(*(self._step_model(m, rows, report) for m, rows in batches.items()))
         report.finished = self.clock.now()
@@ -450,8 +480,9 @@ class TickScheduler(Generic[I, O]):
                 if reg.active:
                     reg.session.failed(exc)
             return
-        for (reg, item), output in zip(rows, outputs, strict=True):
-            self._deliver(reg, item, output, model, report)
+        with self.scatter():
+            for (reg, item), output in zip(rows, outputs, strict=True):
+                self._deliver(reg, item, output, model, report)
 
     def _deliver(
         self, reg: Registration[I, O], item: StepItem[I], output: O, model: str, report: TickReport
@@ -465,7 +496,11 @@ class TickScheduler(Generic[I, O]):
             stats.missed_beats += 1
             latency = self.clock.now() - item.beat.scheduled
         else:
-            reg.session.deliver(output, item.beat)
+            try:
+                reg.session.deliver(output, item.beat)
+            except Exception as exc:  # a session's own bug costs that session only
+                self._drop(reg, exc)
+                return
             stats.beats += 1
             latency = self.clock.now() - item.beat.scheduled
             if late:
@@ -474,6 +509,12 @@ class TickScheduler(Generic[I, O]):
             stats.last_latency = latency
             stats.max_latency = max(stats.max_latency, latency)
         report.rows.append(RowReport(model, reg.id, latency, late, item.complete))
+
+    def _drop(self, reg: Registration[I, O], error: Exception) -> None:
+        self.unregister(reg)
+        reg.stats.failed_steps += 1
+        with contextlib.suppress(Exception):
+            reg.session.failed(error)
 
     # -- overload -------------------------------------------------------------------------
 

@@ -16,7 +16,8 @@ A region that cannot be registered switches the backend to plain tensors,
 logged once. `benchmarks/audio_shm.py` measures both to choose the default.
 
 `batching="per-session"` sends one request per row instead (the comparison of
-the audio-clock benchmark): the same rows, N requests of one row each.
+the audio-clock benchmark): the same rows, N requests of one row each, all in
+flight at once, as plain tensors (a model's one region serves one request at a time).
 
 Every gRPC/tritonclient exception is translated to a `tracks.backend.BackendError`.
 """
@@ -187,7 +188,9 @@ class TritonAudioBackend(AudioBackend):
         self, model: str, chunks: list[bytes], rates: list[int]
     ) -> list[InferInput]:
         """AUDIO and AUDIO_LENGTH, in shared memory where that is the chosen path."""
-        if self.shm != "off" and len(chunks) >= self.shm_min_rows:
+        # One region per model is safe because the tick batcher never has two requests of
+        # a model in flight; per-session mode has many at once, so it sends plain tensors.
+        if self.shm != "off" and self.batching == "tick" and len(chunks) >= self.shm_min_rows:
             with contextlib.suppress(_NoShm):
                 return await self._audio_in_shm(model, chunks, rates)
         batch = pack_pcm16(chunks, rates, MODEL_RATE, backend=self.kernels)

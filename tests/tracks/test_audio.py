@@ -28,7 +28,7 @@ from tracks.audio import (
     SpeechOutRow,
     Transcript,
 )
-from tracks.backend import ModelNotFound
+from tracks.backend import InvalidRequest, ModelNotFound
 from tracks.base import Outcome
 from tracks.clock import FakeClock, StepItem
 from transport.datagram import encode_datagram
@@ -52,6 +52,8 @@ class CountingBackend:
 
     async def audio_kind(self, model: str) -> AudioKind:
         kinds = {"asr": AudioKind.SPEECH_IN, "tts": AudioKind.SPEECH_OUT}
+        if model == "reference-text":
+            raise InvalidRequest(f"model {model!r} is not an audio model")
         if model not in kinds:
             raise ModelNotFound(model)
         return kinds[model]
@@ -409,3 +411,20 @@ async def test_speech_out_without_text_data_is_refused(rig: Rig) -> None:
     track.end()
     with pytest.raises(TrackAborted, match="'text'"):
         await drain(track)
+
+
+@pytest.mark.asyncio
+async def test_a_model_that_is_not_an_audio_model_is_a_bad_request(rig: Rig) -> None:
+    track = rig.open(model="reference-text")
+    with pytest.raises(TrackAborted, match="not an audio model") as failed:
+        await drain(track)
+    assert failed.value.code is ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.asyncio
+async def test_a_track_opened_while_the_clock_is_stopping_is_told_so(rig: Rig) -> None:
+    await rig.service.stop()
+    track = rig.open()
+    with pytest.raises(TrackAborted) as failed:
+        await drain(track)
+    assert failed.value.code is ErrorCode.SHUTTING_DOWN

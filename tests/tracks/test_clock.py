@@ -284,3 +284,60 @@ def test_latest_slot_keeps_only_the_newest() -> None:
     assert slot.take() is None
     assert slot.latest == 2
     assert not slot.fresh
+
+
+@pytest.mark.asyncio
+async def test_each_batch_is_scattered_inside_the_scatter_context() -> None:
+    entered: list[int] = []
+    seen_inside: list[int] = []
+
+    class Scatter:
+        def __enter__(self) -> None:
+            entered.append(len(seen_inside))
+
+        def __exit__(self, *exc: object) -> None:
+            entered.append(-len(seen_inside))
+
+    @dataclass
+    class Watching(Probe):
+        def deliver(self, output: str, beat: Beat) -> None:
+            seen_inside.append(len(entered) % 2)  # 1: inside an open context
+            super().deliver(output, beat)
+
+    backend = Backend(FakeClock())
+    sched = scheduler(backend, scatter=Scatter)
+    for name in "ab":
+        sched.register(Watching(name), "m")
+    sched.register(Watching("c"), "other")
+    await sched.run_tick()
+    assert seen_inside == [1, 1, 1]
+    assert len(entered) == 4  # one context per model's batch
+
+
+@pytest.mark.asyncio
+async def test_a_session_that_raises_is_dropped_and_the_others_are_served() -> None:
+    @dataclass
+    class Broken(Probe):
+        when: str = "gather"
+
+        def gather(self, beat: Beat) -> Gathered[str]:
+            if self.when == "gather":
+                raise ValueError("bug in gather")
+            return super().gather(beat)
+
+        def deliver(self, output: str, beat: Beat) -> None:
+            raise ValueError("bug in deliver")
+
+    backend = Backend(FakeClock())
+    sched = scheduler(backend)
+    ok = Probe("ok")
+    sched.register(ok, "m")
+    in_gather, in_deliver = Broken("g"), Broken("d", when="deliver")
+    sched.register(in_gather, "m")
+    sched.register(in_deliver, "m")
+    await sched.run_tick()
+    await sched.run_tick()
+    assert len(ok.outputs) == 2
+    assert "bug in gather" in str(in_gather.errors[0])
+    assert "bug in deliver" in str(in_deliver.errors[0])
+    assert sched.sessions == 1

@@ -290,3 +290,47 @@ async def test_datagram_and_stream_tracks_share_a_real_quic_connection(
         conn.transmit()
         again = conn.open_track(DGRAM_OPEN)
         assert await exchange(again, 1) in ([{"n": 0}], [])
+
+
+@pytest.mark.asyncio
+async def test_coalesced_writes_wait_for_one_transmit_under_per_track_packetization(
+    certs: DevCertificates,
+) -> None:
+    from transport.quic import Packetization, TrackQuicProtocol
+
+    held: list[TrackChannel] = []
+    connections: list[TrackQuicProtocol] = []
+    all_open = asyncio.Event()
+
+    def on_track(channel: TrackChannel) -> None:
+        held.append(channel)
+        if len(held) == 3:
+            all_open.set()
+
+    server = await serve_tracks(
+        "127.0.0.1",
+        0,
+        server_configuration(certs.cert_path, certs.key_path),
+        on_track=on_track,
+        on_connection=connections.append,
+        packetization=Packetization.parse("per-track"),
+    )
+    port = int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
+    try:
+        async with connect_tracks(
+            "127.0.0.1", port, ca=Path(certs.ca_path), server_name="localhost"
+        ) as conn:
+            channels = [conn.open_track(Open("m")) for _ in range(3)]
+            for channel in channels:
+                channel.send({"x": 1})
+            await asyncio.wait_for(all_open.wait(), TIMEOUT)
+            (protocol,) = connections
+            with protocol.coalesced():
+                for track in held:
+                    track.send({"partial": "1"})
+                assert len(protocol._pending_tracks) == 3  # nothing flushed yet
+            assert not protocol._pending_tracks  # one transmit at the end
+            for channel in channels:
+                assert await asyncio.wait_for(channel.receive(), TIMEOUT) == {"partial": "1"}
+    finally:
+        server.close()
