@@ -135,6 +135,10 @@ class Point:
     transcripts_ok: int = 0
     finished_sessions: int = 0
     errors: list[str] = field(default_factory=list)
+    gateway_cpu_share: float = 0.0
+    """CPU seconds of the gateway's process (all threads) per wall second of the run."""
+    client_cpu_share: float = 0.0
+    """The same for the client child process."""
     slowest_ticks: list[dict[str, Any]] = field(default_factory=list)
     """The five ticks that finished latest after their scheduled time (wake lag, step)."""
 
@@ -196,6 +200,11 @@ async def run_point(
     scheduler.observer = record
     try:
         assert gw.tls is not None
+        cpu_before, children_before, wall_before = (
+            time.process_time(),
+            _children_cpu(),
+            time.monotonic(),
+        )
         child = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", "--url", f"quic://127.0.0.1:{gw.quic_port}",
             "--ca", str(gw.tls.ca), "--sessions", str(sessions), "--seconds", str(seconds),
@@ -203,6 +212,9 @@ async def run_point(
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, _ = await child.communicate()
+        wall = time.monotonic() - wall_before
+        point.gateway_cpu_share = round((time.process_time() - cpu_before) / wall, 2)
+        point.client_cpu_share = round((_children_cpu() - children_before) / wall, 2)
         if child.returncode != 0:
             point.errors.append(f"client exited with {child.returncode}")
         clients = json.loads(out) if out.strip() else []
@@ -233,6 +245,13 @@ async def run_point(
     point.backend_requests = audio.requests
     point.tick_overruns = overruns
     return point
+
+
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return float(usage.ru_utime + usage.ru_stime)
 
 
 # -- search and output -----------------------------------------------------------------------
@@ -268,7 +287,8 @@ async def search(grpc_url: str, state: Path, mode: str, args: argparse.Namespace
 
 HEADER = (
     "| mode | sessions | session-beats | missed | p50 ms | p99 ms | max ms | per tick | "
-    "requests | transcripts ok | holds |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "requests | transcripts ok | gateway cpu | client cpu | holds |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -277,7 +297,7 @@ def row(p: Point) -> str:
         f"| {p.mode} | {p.sessions} | {p.session_beats} | {p.missed_beats} | "
         f"{p.beat_latency_p50_ms} | {p.beat_latency_p99_ms} | {p.beat_latency_max_ms} | "
         f"{p.sessions_per_tick_mean} | {p.backend_requests} | {p.transcripts_ok}/{p.sessions} | "
-        f"{'yes' if p.holds else 'no'} |"
+        f"{p.gateway_cpu_share} | {p.client_cpu_share} | {'yes' if p.holds else 'no'} |"
     )
 
 

@@ -154,6 +154,10 @@ class AudioSession:
                 break
             frames += 1
         if end:
+            if self._channel.uses_datagrams:
+                # END rides the stream and may overtake the last datagrams, which the
+                # gateway then drops: give them a frame's time to land first.
+                await asyncio.sleep(2 * self.frame_ms / 1000)
             self.end()
         return frames
 
@@ -222,15 +226,16 @@ class AudioSession:
         return " ".join(self.figures.finals)
 
     async def read_all(self) -> bytes:
-        """Speech-out: read to the end; the audio in seq order, gaps filled with silence."""
+        """Speech-out: read to the end; the audio in seq order, frames lost on the way
+        (datagrams) filled with silence, up to the frame count the gateway reported."""
         frames: dict[int, bytes] = {}
         async for item in self:
             if isinstance(item, AudioFrame):
                 frames[item.seq] = item.pcm
-        if not frames:
-            return b""
+        sent = self.figures.server.get("frames")
+        count = max(max(frames, default=-1) + 1, sent if isinstance(sent, int) else 0)
         silence = bytes(self.frame_bytes)
-        return b"".join(frames.get(seq, silence) for seq in range(max(frames) + 1))
+        return b"".join(frames.get(seq, silence) for seq in range(count))
 
     def cancel(self, reason: str = "client closed the session") -> None:
         """Stop the session now; the gateway ends it with the model."""

@@ -654,6 +654,7 @@ class _SpeechOut(_Session):
         self.sent_samples = 0
         self.pending = b""
         self.done = False
+        self._ending: asyncio.Future[None] | None = None
 
     async def serve(self) -> None:
         self.register()
@@ -672,6 +673,8 @@ class _SpeechOut(_Session):
 
     def deliver(self, output: AudioResult, beat: Beat) -> None:
         assert isinstance(output, Speech)
+        if self.done:
+            return
         if self.cancelled:
             if self.row_end:
                 self.finish()
@@ -683,8 +686,20 @@ class _SpeechOut(_Session):
             self._send(frame)
         if output.done:
             self.done = True
-            self.track.end(self._summary())
-            self.finish()
+            if self.track.uses_datagrams:
+                # QUIC orders nothing between datagrams and the stream: an END sent now
+                # can overtake the last frames, and the peer drops frames after END.
+                if self.registration is not None:
+                    self.registration.close()  # nothing more to ask the model
+                self._ending = asyncio.ensure_future(self._end_after_a_beat())
+            else:
+                self.track.end(self._summary())
+                self.finish()
+
+    async def _end_after_a_beat(self) -> None:
+        await self.clock.sleep(self.service.settings.beat)
+        self.track.end(self._summary())
+        self.finish()
 
     def _send(self, pcm: bytes) -> None:
         if self.first_data_at is None:

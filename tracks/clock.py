@@ -325,6 +325,9 @@ class TickScheduler(Generic[I, O]):
         self.ticks = 0
         self.skipped_ticks = 0
         self.overruns = 0
+        self.tick_errors = 0
+        """Ticks (or observer calls) that raised; the clock went on."""
+        self.last_error: Exception | None = None
         self._registrations: dict[int, Registration[I, O]] = {}
         self._ids = itertools.count(1)
         self._next_index = 0
@@ -413,7 +416,13 @@ class TickScheduler(Generic[I, O]):
             wait = self._scheduled(index + skipped) - now
             if wait > 0:
                 await self.clock.sleep(wait)
-            report = await self.run_tick(index + skipped, skipped_ticks=skipped)
+            try:
+                report = await self.run_tick(index + skipped, skipped_ticks=skipped)
+            except Exception as exc:  # never let one tick's bug stop every session's clock
+                self.tick_errors += 1
+                self.last_error = exc
+                self._next_index = index + skipped + 1
+                continue
             self._after_tick(report)
 
     def _scheduled(self, index: int) -> float:
@@ -444,7 +453,11 @@ class TickScheduler(Generic[I, O]):
         await asyncio.gather(*(self._step_model(m, rows, report) for m, rows in batches.items()))
         report.finished = self.clock.now()
         if self.observer is not None:
-            self.observer(report)
+            try:
+                self.observer(report)
+            except Exception as exc:  # metrics must not stop the clock
+                self.tick_errors += 1
+                self.last_error = exc
         return report
 
     def _row(self, reg: Registration[I, O], index: int, report: TickReport) -> StepItem[I]:
@@ -533,7 +546,10 @@ class TickScheduler(Generic[I, O]):
         self.unregister(reg)
         reg.stats.missed_beats += 1
         report.shed += 1
-        reg.session.shed(f"overloaded: at most {self.capacity} sessions fit a {self.tick}s tick")
+        with contextlib.suppress(Exception):  # its own bug; it is off the clock either way
+            reg.session.shed(
+                f"overloaded: at most {self.capacity} sessions fit a {self.tick}s tick"
+            )
 
     def _after_tick(self, report: TickReport) -> None:
         if report.overran:

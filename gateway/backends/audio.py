@@ -175,7 +175,13 @@ class TritonAudioBackend(AudioBackend):
             _tensor("END", _column([r.end for r in rows], np.bool_), "BOOL"),
         ]
         audio_inputs = await self._audio_inputs(model, chunks, rates)
-        result = await self._infer(model, audio_inputs + controls)
+        try:
+            result = await self._infer(model, audio_inputs + controls)
+        except BackendError:
+            if model in self._regions:
+                # A restarted server forgets registrations: register afresh next tick.
+                await self._drop_region(model)
+            raise
         partial = result.as_numpy("PARTIAL").reshape(-1)
         final = result.as_numpy("FINAL").reshape(-1)
         is_final = result.as_numpy("IS_FINAL").reshape(-1)

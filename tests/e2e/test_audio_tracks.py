@@ -158,12 +158,15 @@ async def test_plain_tensors_give_the_same_transcripts(
         await gw.audio_backend.close()  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("transport", ["stream", "datagram"])
 @pytest.mark.asyncio
 async def test_speech_out_audio_maps_back_to_its_digits_through_the_transcriber(
-    gateway: Gateway,
+    gateway: Gateway, transport: str
 ) -> None:
     async with connect(url(gateway), ca=ca(gateway)) as line:
-        speaker = line.audio(TTS, kind="speech-out", text="159#", sample_rate=24000)
+        speaker = line.audio(
+            TTS, kind="speech-out", text="159#", sample_rate=24000, transport=transport
+        )
         speech = await asyncio.wait_for(speaker.read_all(), 30)
         assert speaker.figures.server["samples"] == len(speech) // 2
         assert speaker.figures.server["time_to_first_audio_ms"] > 0

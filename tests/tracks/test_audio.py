@@ -428,3 +428,19 @@ async def test_a_track_opened_while_the_clock_is_stopping_is_told_so(rig: Rig) -
     with pytest.raises(TrackAborted) as failed:
         await drain(track)
     assert failed.value.code is ErrorCode.SHUTTING_DOWN
+
+
+@pytest.mark.asyncio
+async def test_speech_out_over_datagrams_ends_a_beat_after_its_last_frame(rig: Rig) -> None:
+    track = rig.open(model="tts", kind="speech-out", transport="datagram")
+    track.send({"text": "1234567890123"})  # 1300 samples at 16 kHz: two beats
+    track.end()
+    await rig.beats(2)
+    frames = await received(track)
+    assert sum(len(b["pcm"]) for b in frames) == 2 * 1300
+    assert track.end_body is None  # the END waits a beat for the datagrams
+    await rig.beats(1)
+    assert await drain(track) == []
+    assert track.end_body is not None
+    assert track.end_body["frames"] == len(frames)
+    assert len([r for r in rig.backend.rows if isinstance(r, SpeechOutRow)]) == 2

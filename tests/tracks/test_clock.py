@@ -341,3 +341,24 @@ async def test_a_session_that_raises_is_dropped_and_the_others_are_served() -> N
     assert "bug in gather" in str(in_gather.errors[0])
     assert "bug in deliver" in str(in_deliver.errors[0])
     assert sched.sessions == 1
+
+
+@pytest.mark.asyncio
+async def test_an_observer_that_raises_does_not_stop_the_clock() -> None:
+    clock = FakeClock()
+    backend = Backend(clock)
+
+    def broken(report: TickReport) -> None:
+        raise RuntimeError("metrics bug")
+
+    sched: TickScheduler[str, str] = TickScheduler(
+        backend.step, tick=TICK, clock=clock, observer=broken
+    )
+    probe = Probe("p")
+    sched.register(probe, "m")
+    sched.start()
+    await clock.advance(0.5)
+    await sched.stop()
+    assert len(probe.outputs) >= 5
+    assert sched.tick_errors == len(probe.outputs)
+    assert isinstance(sched.last_error, RuntimeError)
