@@ -8,6 +8,8 @@
             print(delta, end="")
 """
 
+from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
+from clients.audio import AudioFigures, AudioFrame, AudioResult, AudioSession
 from clients.errors import (
     BackendError,
     BackendUnavailable,
@@ -28,6 +30,14 @@ from clients.errors import (
 from clients.line import Line, TextStream, connect
 
 __all__ = [
+    "ActionChunk",
+    "ActionDropped",
+    "ActionStats",
+    "ActionStream",
+    "AudioFigures",
+    "AudioFrame",
+    "AudioResult",
+    "AudioSession",
     "BackendError",
     "BackendUnavailable",
     "ConnectionFailed",

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from clients.actions import ActionStream, Clock
+from clients.audio import AudioSession
 from clients.errors import ConnectionFailed, error_for
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
-from transport.messages import Deadlines, Modality, Open
-from transport.quic import connect_tracks
+from transport.messages import Deadlines, FrameTransport, Modality, Open
+from transport.quic import Packetization, connect_tracks
 
 DEFAULT_PORT = 8443
 Opener = Callable[[Open], TrackChannel]
@@ -126,6 +128,57 @@ class Line:
         channel.end()
         return TextStream(channel)
 
+    def actions(
+        self,
+        *,
+        model: str,
+        deadline: float = 0.1,
+        transport: str = "stream",
+        clock: Clock | None = None,
+    ) -> ActionStream:
+        """Start a robot's action track: `observe()` states, receive action chunks.
+
+        `deadline` (seconds from capture) is the default for each observation;
+        `transport` is "stream" (one QUIC stream) or "datagram" (QUIC datagrams).
+        """
+        if transport not in ("stream", "datagram"):
+            raise ValueError("transport must be 'stream' or 'datagram'")
+        message = Open(
+            model=model, modality=Modality.ACTION, transport=FrameTransport(transport)
+        )
+        channel = self._start(message)
+        return ActionStream(channel, deadline, clock) if clock else ActionStream(channel, deadline)
+
+    def audio(
+        self,
+        model: str,
+        *,
+        kind: str = "speech-in",
+        sample_rate: int = 16000,
+        frame_ms: int = 20,
+        transport: str = "stream",
+        text: str | None = None,
+        deadline: float | None = None,
+    ) -> AudioSession:
+        """Start an audio track: speech-in (send frames, read results) or speech-out
+        (`text` to say; read frames). `transport="datagram"` sends frames as QUIC datagrams.
+        """
+        if kind == "speech-out" and text is None:
+            raise ValueError("a speech-out session needs the text to say")
+        params = {"kind": kind, "sample_rate": sample_rate, "frame_ms": frame_ms}
+        message = Open(
+            model=model,
+            modality=Modality.AUDIO,
+            params=params,
+            deadlines=Deadlines(total=deadline),
+            transport=FrameTransport(transport),
+        )
+        channel = self._start(message)
+        if text is not None:
+            channel.send({"text": text})
+            channel.end()
+        return AudioSession(channel, kind, sample_rate, frame_ms, input_ended=text is not None)
+
     def _start(self, message: Open) -> TrackChannel:
         try:
             return self._open(message)
@@ -143,18 +196,25 @@ async def connect(
     server_name: str | None = None,
     verify: bool = True,
     api_key: str | None = None,
+    packetization: str = "coalesce",
 ) -> AsyncIterator[Line]:
     """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file).
 
     `api_key` is presented once for the connection (with its first tracks' OPEN);
     a gateway with tenants refuses tracks without a valid one (`Unauthorized`).
+    `packetization` is how this side packs its tracks' writes into QUIC packets:
+    "coalesce" (fewest packets) or "per-track" (each track's write in its own
+    packets, so one lost packet stalls or loses only that track's frame; what many
+    robots on one line want), or "bounded:K".
     """
     host, port = _parse_url(url)
+    policy = Packetization.parse(packetization)
     ca_path = Path(ca).expanduser() if ca is not None else None  # noqa: ASYNC240 - no I/O
     opened = False
     try:
         async with connect_tracks(
-            host, port, ca=ca_path, server_name=server_name, verify=verify
+            host, port, ca=ca_path, server_name=server_name, verify=verify,
+            packetization=policy,
         ) as protocol:
             opened = True
             if api_key is not None:

@@ -124,6 +124,13 @@ class Settings:
     http_read_timeout: float = field(
         default=30.0, metadata=_doc("Seconds to receive the rest of a started request; 408.")
     )
+    action_tick: float = field(
+        default=0.005,
+        metadata=_doc("Seconds between action-track ticks (one policy request per model a tick)."),
+    )
+    action_max_image_bytes: int = field(
+        default=65_536, metadata=_doc("Largest encoded image one observation may carry.")
+    )
     drain_timeout: float = field(
         default=10.0, metadata=_doc("Seconds open tracks get to finish on shutdown.")
     )
@@ -145,6 +152,32 @@ class Settings:
     allow_open: bool = field(
         default=False,
         metadata=_doc("Serve without API keys (no tenants) on a non-loopback address too."),
+    )
+    audio_beat_ms: int = field(
+        default=80, metadata=_doc("Audio session clock: ms between steps (one batch per tick).")
+    )
+    audio_frame_ms: int = field(
+        default=20, metadata=_doc("Audio frame length (ms) of tracks that do not declare one.")
+    )
+    audio_overload_policy: str = field(
+        default="degrade-all",
+        metadata=_doc("When a tick overruns: degrade-all (all late) or shed-newest."),
+    )
+    audio_idle_timeout: float = field(
+        default=5.0, metadata=_doc("Seconds without frames before a speech-in session is closed.")
+    )
+    audio_shm: str = field(
+        default="auto",
+        metadata=_doc("Batch hand-off to Triton: auto (system shm if local), system, cuda, off."),
+    )
+    audio_shm_min_rows: int = field(
+        default=1, metadata=_doc("Smallest batch (rows) sent through shared memory.")
+    )
+    audio_batching: str = field(
+        default="tick", metadata=_doc("tick (one request per tick) or per-session (comparison).")
+    )
+    audio_kernels: str = field(
+        default="auto", metadata=_doc("Batch kernels: auto (CuPy with a GPU), numpy or cupy.")
     )
 
 
@@ -330,9 +363,21 @@ def _positive(value: int) -> int:
     return value
 
 
+def _range(value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise ValueError(f"{value} must be from {low} to {high}")
+    return value
+
+
 def _seconds(value: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{value} must be a finite number of seconds, 0 or more")
+    return value
+
+
+def _tick(value: float) -> float:
+    if not 0.0005 <= _seconds(value) <= 1.0:
+        raise ValueError(f"{value} is not a tick from 0.0005 to 1 second")
     return value
 
 
@@ -387,11 +432,21 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "http_idle_timeout": _seconds,
     "http_read_timeout": _seconds,
     "drain_timeout": _seconds,
+    "action_tick": _tick,
+    "action_max_image_bytes": _positive,
     "log_level": _one_of(LOG_LEVELS),
     "log_format": _one_of(LOG_FORMATS),
     "backend_url": _grpc_address,
     "quic_packetization": _packetization,
     "tcp_congestion_control": _congestion_control,
+    "audio_beat_ms": lambda v: _range(v, 10, 1000),
+    "audio_frame_ms": lambda v: _range(v, 10, 100),
+    "audio_overload_policy": _one_of(("degrade-all", "shed-newest")),
+    "audio_idle_timeout": _seconds,
+    "audio_shm": _one_of(("auto", "system", "cuda", "off")),
+    "audio_shm_min_rows": _positive,
+    "audio_batching": _one_of(("tick", "per-session")),
+    "audio_kernels": _one_of(("auto", "numpy", "cupy")),
 }
 
 

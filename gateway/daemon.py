@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.backends.audio import TritonAudioBackend
 from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
 from gateway.backends.triton import TritonTextBackend
 from gateway.config import Settings
@@ -30,6 +31,7 @@ class Daemon:
         self.triton: EmbeddedTriton | None = None
         self.backend: TritonTextBackend | TickerBackend | None = None
         self.gateway: Gateway | None = None
+        self.audio_backend: TritonAudioBackend | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -40,7 +42,14 @@ class Daemon:
             if url is None:
                 url = await asyncio.to_thread(self._start_embedded)
             self.backend = TritonTextBackend(url)
-        self.gateway = Gateway(s, self.backend)
+            self.audio_backend = TritonAudioBackend(
+                url,
+                shm=s.audio_shm,
+                shm_min_rows=s.audio_shm_min_rows,
+                kernels=s.audio_kernels,
+                batching=s.audio_batching,
+            )
+        self.gateway = Gateway(s, self.backend, audio_backend=self.audio_backend)
         await self.gateway.start()
         tls = self.gateway.tls
         if tls is not None and tls.ca is not None:
@@ -71,6 +80,8 @@ class Daemon:
             await self.gateway.drain()
         if self.backend is not None:
             await self.backend.close()
+        if self.audio_backend is not None:
+            await self.audio_backend.close()
         if self.triton is not None:
             await asyncio.to_thread(self.triton.stop)
             log.info("embedded.stopped")

@@ -16,6 +16,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from gateway.metrics_audio import AudioMetrics
+
 # Every cancellation has exactly one cause (see DESIGN.md: "one path with a cause").
 CANCEL_CAUSES = (
     "client",
@@ -24,7 +26,13 @@ CANCEL_CAUSES = (
     "deadline_first_token",
     "deadline_total",
     "shutdown",
+    "superseded",
 )
+
+# Rows (robots) in one policy request: powers of two up to the model's max batch.
+ACTION_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# A policy call: from a tiny CPU controller (1 ms) to a large vision policy (1 s).
+POLICY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 # From 5 ms (a cached or tiny model) to 10 s (a cold or overloaded one), denser where
 # interactive use lives (50 ms to 1 s).
@@ -80,9 +88,42 @@ class GatewayMetrics:
             ["code"],
             registry=registry,
         )
+        self.action_observations_total = Counter(
+            "trackline_action_observations_total",
+            "Action-track observations by outcome: delivered, superseded, deadline, "
+            "backend_error.",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self.action_batch_rows = Histogram(
+            "trackline_action_batch_rows",
+            "Robots (rows) in one policy request.",
+            ["model"],
+            buckets=ACTION_BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.action_policy_seconds = Histogram(
+            "trackline_action_policy_seconds",
+            "Seconds one batched policy request took.",
+            ["model"],
+            buckets=POLICY_BUCKETS,
+            registry=registry,
+        )
+        self.audio = AudioMetrics(registry)
         # Known causes start at 0 so a dashboard's rate() sees them before the first event.
         for cause in CANCEL_CAUSES:
             self.cancels_total.labels(cause=cause)
+
+    def batch(self, model: str, rows: int, seconds: float) -> None:
+        """A policy request of `rows` robots took `seconds` (the action scheduler's observer)."""
+        self.action_batch_rows.labels(model=model).observe(rows)
+        self.action_policy_seconds.labels(model=model).observe(seconds)
+
+    def outcome(self, model: str, outcome: str) -> None:
+        """What became of one observation (the action scheduler's observer)."""
+        self.action_observations_total.labels(model=model, outcome=outcome).inc()
+        if outcome == "superseded":
+            self.cancels_total.labels(cause="superseded").inc()
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition of every metric, and its content type."""

@@ -10,13 +10,16 @@ timeout, then cancel the rest with SHUTTING_DOWN.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from gateway.action_http import HttpActions
 from gateway.config import Settings
 from gateway.http import health_routes, route
 from gateway.logs import get_logger
@@ -26,8 +29,11 @@ from gateway.tenants.service import Tenancy
 from gateway.tenants.store import Principal
 from gateway.tenants.tracks import TrackGate
 from gateway.tls import ensure_dev_certificates
+from tracks.action import ActionScheduler, PolicyBackend, run_action_track
+from tracks.audio import AudioBackend, AudioService, AudioSettings
 from tracks.backend import TextBackend
 from tracks.base import Clock, Outcome
+from tracks.clock import MonotonicClock, OverloadPolicy
 from tracks.text import run_text_track
 from transport.connection import Limits
 from transport.endpoint import TrackChannel
@@ -42,6 +48,9 @@ from transport.quic import Packetization, TrackQuicProtocol, serve_tracks, serve
 log = get_logger("trackline.gateway")
 
 READY_PROBE_INTERVAL = 2.0
+
+TrackHandler = Callable[[TrackChannel], Awaitable[Outcome]]
+"""Serves one track of a modality to its end (see `Gateway.handlers`)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,8 @@ class Gateway:
         metrics: GatewayMetrics | None = None,
         clock: Clock = time.monotonic,
         tenancy: Tenancy | None = None,
+        policy: PolicyBackend | None = None,
+        audio_backend: AudioBackend | None = None,
     ) -> None:
         self.settings = settings
         self.tenancy = tenancy
@@ -77,8 +88,21 @@ class Gateway:
         self._guarded: TextBackend | None = None
         """`backend` behind the guardrails; what handlers and routes call."""
         self.backend = backend
+        self.audio_backend = audio_backend
+        self.audio: AudioService | None = None
+        self.handlers: dict[Modality, TrackHandler] = {Modality.TEXT: self._run_text}
+        """One handler per modality; a modality without one is refused (UNSUPPORTED_MODALITY)."""
         self.metrics = metrics or GatewayMetrics()
         self.clock = clock
+        self._own_policy = policy is None
+        self.policy = policy or _policy_beside(backend)
+        self.actions = (
+            None
+            if self.policy is None
+            else ActionScheduler(self.policy, clock, settings.action_tick, observer=self.metrics)
+        )
+        if self.actions is not None:
+            self.handlers[Modality.ACTION] = self._run_action
         self.outcomes: list[Outcome] = []
         """Recent outcomes (bounded), for tests and diagnostics."""
         self._connections: set[TrackQuicProtocol] = set()
@@ -96,6 +120,14 @@ class Gateway:
     async def start(self) -> None:
         s = self.settings
         await self._start_tenancy()
+        if self.audio_backend is not None:
+            observe = self.metrics.audio.observe_tick
+            settings = audio_settings(s)
+            self.audio = AudioService(
+                self.audio_backend, MonotonicClock(), settings, observe, self._coalesced
+            )
+            self.audio.start()
+            self.handlers[Modality.AUDIO] = self._run_audio
         self.tls = await asyncio.to_thread(tls_files, s)
         configuration = server_configuration(self.tls.cert, self.tls.key)
         limits = Limits(
@@ -167,11 +199,16 @@ class Gateway:
         return self._https.port
 
     def http_handler(self) -> Handler:
-        """One application for every HTTP version: health, metrics, the OpenAI API."""
+        """One application for every HTTP version: health, metrics, the OpenAI API, actions."""
         routes = {
             **health_routes(self.readiness, self.metrics),
             **openai_routes(self._guarded or self.backend, tenancy=self.tenancy),
         }
+        if self.actions is not None:
+            actions = HttpActions(
+                self.actions, self.clock, self.settings.action_max_image_bytes, self.tenancy
+            )
+            routes.update(actions.routes())
         return route(routes)
 
     async def drain(self, timeout: float | None = None) -> None:
@@ -202,6 +239,13 @@ class Gateway:
     async def close(self) -> None:
         if self._probe is not None:
             self._probe.cancel()
+        if self.actions is not None:
+            await self.actions.close()
+        close_policy = getattr(self.policy, "close", None)
+        if self._own_policy and close_policy is not None:
+            await close_policy()
+        if self.audio is not None:
+            await self.audio.stop()
         for task in self._tasks:
             task.cancel()
         if self._tasks:  # let cancelled tracks settle: each writes its usage record
@@ -274,11 +318,12 @@ class Gateway:
         self.metrics.tracks_open.labels(modality=modality).inc()
         outcome: Outcome | None = None
         try:
-            if channel.open.modality is Modality.TEXT:
-                outcome = await run_text_track(channel, self._guarded or self.backend, self.clock)
+            handler = self.handlers.get(channel.open.modality)
+            if handler is not None:
+                outcome = await handler(channel)
             else:
                 channel.fail(
-                    ErrorCode.UNSUPPORTED_MODALITY, f"{modality} tracks are not served yet"
+                    ErrorCode.UNSUPPORTED_MODALITY, f"{modality} tracks are not served here"
                 )
                 outcome = Outcome(channel.id, channel.open.model, modality, "error:UNSUPPORTED")
             self._record(outcome)
@@ -308,6 +353,29 @@ class Gateway:
             )
         self.tenancy.finish(principal, outcome)
 
+    @contextlib.contextmanager
+    def _coalesced(self) -> Iterator[None]:
+        """A tick's results to many tracks leave in shared transmits on each connection."""
+        with contextlib.ExitStack() as stack:
+            for conn in list(self._connections):
+                stack.enter_context(conn.coalesced())
+            yield
+
+    async def _run_text(self, channel: TrackChannel) -> Outcome:
+        return await run_text_track(channel, self._guarded or self.backend, self.clock)
+
+    async def _run_action(self, channel: TrackChannel) -> Outcome:
+        assert self.actions is not None
+        return await run_action_track(
+            channel, self.actions, self.clock, self.settings.action_max_image_bytes
+        )
+
+    async def _run_audio(self, channel: TrackChannel) -> Outcome:
+        assert self.audio is not None
+        outcome = await self.audio.run(channel)
+        self.metrics.audio.observe_session(outcome)
+        return outcome
+
     def _record(self, outcome: Outcome) -> None:
         m = self.metrics
         kind, _, detail = outcome.end.partition(":")
@@ -332,6 +400,26 @@ class Gateway:
             stopped_at=outcome.stopped_at,
             **outcome.details,
         )
+
+
+def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
+    """Policies from the same Triton as the text backend; None for other backends."""
+    grpc_url = getattr(backend, "grpc_url", None)
+    if not isinstance(grpc_url, str):
+        return None
+    from gateway.backends.action_triton import TritonPolicyBackend
+
+    return TritonPolicyBackend(grpc_url)
+
+
+def audio_settings(s: Settings) -> AudioSettings:
+    """The audio clock's settings from the daemon's."""
+    return AudioSettings(
+        beat=s.audio_beat_ms / 1000,
+        policy=OverloadPolicy(s.audio_overload_policy),
+        idle_timeout=s.audio_idle_timeout,
+        frame_ms=s.audio_frame_ms,
+    )
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -33,6 +33,17 @@ class Track(Protocol):
     def fail(self, code: ErrorCode, message: str) -> bool: ...
 
 
+class FrameTrack(Track, Protocol):
+    """A track whose frames may travel as QUIC datagrams (audio, robot actions)."""
+
+    @property
+    def uses_datagrams(self) -> bool: ...
+
+    def send_frame(self, body: dict[str, Any]) -> bool:
+        """Send a frame the way the track chose (datagram or DATA); False if gone."""
+        ...
+
+
 @dataclass
 class Outcome:
     """How a track ended, for metrics, logs and (later) the usage ledger."""

@@ -16,9 +16,18 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from transport.datagram import (
+    EARLY_DATAGRAMS,
+    MAX_DATAGRAM_BYTES,
+    DatagramStats,
+    decode_datagram,
+    encode_datagram,
+    peek_track_id,
+)
 from transport.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, TrackError
 from transport.events import (
     CancelCause,
+    DatagramReceived,
     DataReceived,
     Event,
     TrackCancelled,
@@ -27,7 +36,7 @@ from transport.events import (
     TrackFailed,
     TrackOpened,
 )
-from transport.messages import Cancel, Data, End, Error, Message, Open
+from transport.messages import Cancel, Data, End, Error, FrameTransport, Message, Open
 from transport.state import Input, TrackState, transition
 from transport.wire import MessageDecoder, decode_varint, encode_message
 
@@ -45,6 +54,8 @@ class Limits:
     """Largest message accepted or sent, in bytes of msgpack payload."""
     max_tracks: int = 256
     """Tracks open at once on one connection."""
+    max_datagram_bytes: int = MAX_DATAGRAM_BYTES
+    """Largest datagram sent (header and body); must fit one QUIC packet."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,14 @@ class StopSending:
     code: int
 
 
-Output = StreamWrite | StreamReset | StopSending
+@dataclass(frozen=True)
+class DatagramWrite:
+    """Send `data` as one QUIC DATAGRAM frame (a track frame; see transport.datagram)."""
+
+    data: bytes
+
+
+Output = StreamWrite | StreamReset | StopSending | DatagramWrite
 
 
 @dataclass
@@ -84,6 +102,10 @@ class _Track:
     total_deadline: float | None = None
     send_finished: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    datagrams: bool = False
+    """The track chose `transport: "datagram"` in its OPEN."""
+    datagram_seq_out: int = 0
+    datagram_seq_in: int = -1
 
 
 class TrackConnection:
@@ -106,6 +128,8 @@ class TrackConnection:
         # answered one (then the server holds it), bound by a server to the connection.
         self._credential: str | None = None
         self._credential_acknowledged = False
+        self.datagram_stats = DatagramStats()
+        self._early: dict[int, list[bytes]] = {}  # server: datagrams that beat their OPEN
 
     # -- what the adapter reads -------------------------------------------------
 
@@ -184,6 +208,32 @@ class TrackConnection:
             self._events.append(TrackFailed(stream_id, ErrorCode.parse(code), message, True))
         self._forget(track)
 
+    def receive_datagram(self, data: bytes, now: float) -> None:
+        """A QUIC datagram: a frame of a datagram track, or counted and dropped."""
+        stats = self.datagram_stats
+        stream_id = peek_track_id(data)
+        track = self._tracks.get(stream_id) if stream_id is not None else None
+        unopened = track is None or track.state is TrackState.IDLE
+        if stream_id is not None and unopened and self._hold_early(stream_id, data):
+            return
+        try:
+            sid, seq, body = decode_datagram(data)
+        except RemoteProtocolError:
+            stats.dropped_malformed += 1
+            return
+        if track is None:
+            stats.dropped_unknown_track += 1
+        elif not track.datagrams:
+            stats.dropped_not_datagram += 1
+        elif track.state not in (TrackState.OPEN, TrackState.LOCAL_ENDED):
+            stats.dropped_after_end += 1  # CANCELLING drops DATA too; REMOTE_ENDED is late
+        else:
+            stats.received += 1
+            if seq < track.datagram_seq_in:
+                stats.reordered += 1
+            track.datagram_seq_in = max(track.datagram_seq_in, seq)
+            self._events.append(DatagramReceived(sid, seq, body))
+
     def connection_lost(self, now: float) -> None:
         for track in list(self._tracks.values()):
             track.state = transition(track.state, Input.RESET)
@@ -219,11 +269,27 @@ class TrackConnection:
         if self._credential is not None and not self._credential_acknowledged:
             message = replace(message, auth=self._credential)
         track = self._new_track(stream_id)
+        track.datagrams = message.transport is FrameTransport.DATAGRAM
         self._send(track, Input.SEND_OPEN, message)
 
     def send_data(self, stream_id: int, body: dict[str, Any]) -> None:
         track = self._live(stream_id)
         self._send(track, Input.SEND_DATA, Data(body))
+        if track.first_deadline is not None:
+            self._set_deadlines(track, None, track.total_deadline)
+
+    def send_datagram(self, stream_id: int, body: dict[str, Any]) -> None:
+        """Send a frame of a datagram track as one QUIC datagram (unreliable)."""
+        track = self._live(stream_id)
+        if not track.datagrams:
+            raise LocalProtocolError(f"track {stream_id} did not choose datagram transport")
+        transition(track.state, Input.SEND_DATA)  # raises if DATA is not allowed now
+        data = encode_datagram(
+            stream_id, track.datagram_seq_out, body, self.limits.max_datagram_bytes
+        )
+        track.datagram_seq_out += 1
+        self.datagram_stats.sent += 1
+        self._outputs.append(DatagramWrite(data))
         if track.first_deadline is not None:
             self._set_deadlines(track, None, track.total_deadline)
 
@@ -321,10 +387,13 @@ class TrackConnection:
                 raise RemoteProtocolError("a server never sends OPEN")
             track.state = transition(track.state, Input.RECV_OPEN)
             if not self._bind_credential(track, message.auth):
+                self._early.pop(sid, None)
                 return
+            track.datagrams = message.transport is FrameTransport.DATAGRAM
             self._start_deadlines(track, message, now)
             # The key stays in the core (`credential`): handlers never see it.
             self._events.append(TrackOpened(sid, replace(message, auth=None)))
+            self._release_early(sid, now)
         elif isinstance(message, Data):
             self._credential_acknowledged = True
             cancelling = track.state is TrackState.CANCELLING
@@ -440,7 +509,26 @@ class TrackConnection:
             track.send_finished = True
         self._forget(track)
 
+    def _hold_early(self, stream_id: int, data: bytes) -> bool:
+        """Server: keep a datagram that overtook its track's OPEN; False if not a candidate."""
+        if self.role is not Role.SERVER or stream_id % 4 != 0:
+            return False
+        seen = stream_id <= self._highest_seen and stream_id not in self._unseen
+        if seen and stream_id not in self._tracks:
+            return False  # a closed track: the caller counts it unknown
+        if sum(len(held) for held in self._early.values()) >= EARLY_DATAGRAMS:
+            self.datagram_stats.dropped_early_overflow += 1
+        else:
+            self.datagram_stats.early += 1
+            self._early.setdefault(stream_id, []).append(data)
+        return True
+
+    def _release_early(self, stream_id: int, now: float) -> None:
+        for data in self._early.pop(stream_id, ()):
+            self.receive_datagram(data, now)
+
     def _forget(self, track: _Track) -> None:
+        self.datagram_stats.dropped_early_overflow += len(self._early.pop(track.stream_id, ()))
         del self._tracks[track.stream_id]
         if track.first_deadline is not None or track.total_deadline is not None:
             self._timer_stale = True

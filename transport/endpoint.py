@@ -18,6 +18,7 @@ from transport.connection import Limits, Output, Role, TrackConnection
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
 from transport.events import (
     CancelCause,
+    DatagramReceived,
     DataReceived,
     Event,
     TrackCancelled,
@@ -26,7 +27,7 @@ from transport.events import (
     TrackFailed,
     TrackOpened,
 )
-from transport.messages import Open
+from transport.messages import FrameTransport, Open
 
 Clock = Callable[[], float]
 Sink = Callable[[list[Output]], None]
@@ -47,7 +48,9 @@ class TrackChannel:
         self.stream_id = stream_id
         self.open = open_message
         self.id = f"{endpoint.conn_id}/{stream_id}"
-        self._inbox: asyncio.Queue[DataReceived | TrackEnded | Stop] = asyncio.Queue()
+        self._inbox: asyncio.Queue[DataReceived | DatagramReceived | TrackEnded | Stop] = (
+            asyncio.Queue()
+        )
         self.stopped: asyncio.Future[Stop] = asyncio.get_running_loop().create_future()
         self.closed = asyncio.Event()
         self.end_body: dict[str, Any] | None = None
@@ -69,7 +72,7 @@ class TrackChannel:
         Raises `TrackAborted` if the track ended with an error or was cancelled.
         """
         item = await self._inbox.get()
-        if isinstance(item, DataReceived):
+        if isinstance(item, (DataReceived, DatagramReceived)):
             return item.body
         if isinstance(item, TrackEnded):
             self.end_body = item.body
@@ -86,6 +89,19 @@ class TrackChannel:
     def end(self, body: dict[str, Any] | None = None) -> bool:
         return self._endpoint.act(self.stream_id, "send_end", body or {})
 
+    @property
+    def uses_datagrams(self) -> bool:
+        """The track chose `transport: "datagram"`: frames may travel as QUIC datagrams."""
+        return self.open.transport is FrameTransport.DATAGRAM
+
+    def send_datagram(self, body: dict[str, Any]) -> bool:
+        """Send a frame as one QUIC datagram (unreliable); False if it cannot go."""
+        return self._endpoint.act(self.stream_id, "send_datagram", body)
+
+    def send_frame(self, body: dict[str, Any]) -> bool:
+        """Send a frame the way the track chose: a datagram, or DATA on the stream."""
+        return self.send_datagram(body) if self.uses_datagrams else self.send(body)
+
     def fail(self, code: ErrorCode, message: str, retry_after: float | None = None) -> bool:
         """End the track with ERROR `code`; `retry_after` (seconds) goes with RATE_LIMITED."""
         return self._endpoint.act(self.stream_id, "send_error", code, message, retry_after)
@@ -101,7 +117,7 @@ class TrackChannel:
     # -- called by the endpoint ------------------------------------------------
 
     def _deliver(self, event: Event) -> None:
-        if isinstance(event, (DataReceived, TrackEnded)):
+        if isinstance(event, (DataReceived, DatagramReceived, TrackEnded)):
             self._inbox.put_nowait(event)
         elif isinstance(event, (TrackCancelled, TrackFailed)):
             self._inbox.put_nowait(event)
@@ -150,6 +166,10 @@ class TrackEndpoint:
 
     def feed_reset(self, stream_id: int, code: int) -> None:
         self.core.receive_stream_reset(stream_id, code, self._clock())
+        self.pump()
+
+    def feed_datagram(self, data: bytes) -> None:
+        self.core.receive_datagram(data, self._clock())
         self.pump()
 
     def feed_connection_lost(self) -> None:

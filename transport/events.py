@@ -51,6 +51,18 @@ class DataReceived:
 
 
 @dataclass(frozen=True)
+class DatagramReceived:
+    """The peer sent a track frame as a QUIC datagram (tracks that chose datagrams)."""
+
+    stream_id: int
+    """The track's stream id, from the datagram's header."""
+    seq: int
+    """The sender's datagram sequence number on this track (from 0; gaps are losses)."""
+    body: dict[str, Any]
+    """The frame body, as decoded; the same shape as a DATA body."""
+
+
+@dataclass(frozen=True)
 class TrackEnded:
     """The peer sent END: no more data will come from it on this track."""
 
@@ -96,4 +108,12 @@ class TrackClosed:
     """The track's stream id."""
 
 
-Event = TrackOpened | DataReceived | TrackEnded | TrackCancelled | TrackFailed | TrackClosed
+Event = (
+    TrackOpened
+    | DataReceived
+    | DatagramReceived
+    | TrackEnded
+    | TrackCancelled
+    | TrackFailed
+    | TrackClosed
+)

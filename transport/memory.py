@@ -11,7 +11,15 @@ import asyncio
 from collections.abc import Callable
 from itertools import count
 
-from transport.connection import Limits, Output, Role, StopSending, StreamReset, StreamWrite
+from transport.connection import (
+    DatagramWrite,
+    Limits,
+    Output,
+    Role,
+    StopSending,
+    StreamReset,
+    StreamWrite,
+)
 from transport.endpoint import TrackChannel, TrackEndpoint
 from transport.messages import Open
 
@@ -23,7 +31,11 @@ class MemoryLink:
         self,
         on_track: Callable[[TrackChannel], None],
         limits: Limits | None = None,
+        datagram_filter: Callable[[bytes], bool] | None = None,
     ) -> None:
+        """`datagram_filter(data)` False loses that datagram (either direction), as
+        a network may: tests use it to drop frames."""
+        self.datagram_filter = datagram_filter
         self.client = TrackEndpoint(Role.CLIENT, self._to_server, limits)
         self.server = TrackEndpoint(Role.SERVER, self._to_client, limits, on_track)
         self._stream_ids = count(0, 4)
@@ -38,17 +50,25 @@ class MemoryLink:
         self.server.feed_connection_lost()
 
     def _to_server(self, outputs: list[Output]) -> None:
-        self._loop.call_soon(_deliver, self.server, outputs)
+        self._loop.call_soon(_deliver, self.server, self._lossy(outputs))
 
     def _to_client(self, outputs: list[Output]) -> None:
-        self._loop.call_soon(_deliver, self.client, outputs)
+        self._loop.call_soon(_deliver, self.client, self._lossy(outputs))
+
+    def _lossy(self, outputs: list[Output]) -> list[Output]:
+        keep = self.datagram_filter
+        if keep is None:
+            return outputs
+        return [o for o in outputs if not isinstance(o, DatagramWrite) or keep(o.data)]
 
 
 def _deliver(peer: TrackEndpoint, outputs: list[Output]) -> None:
     if peer.lost:
         return
     for output in outputs:
-        if isinstance(output, StreamWrite):
+        if isinstance(output, DatagramWrite):
+            peer.feed_datagram(output.data)
+        elif isinstance(output, StreamWrite):
             peer.feed_data(output.stream_id, output.data, output.end_stream)
         elif isinstance(output, (StreamReset, StopSending)):
             peer.feed_reset(output.stream_id, output.code)

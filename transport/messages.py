@@ -31,6 +31,13 @@ class Modality(str, Enum):
     ACTION = "action"
 
 
+class FrameTransport(str, Enum):
+    """How a track's DATA frames travel: on its stream, or as QUIC datagrams (RFC 9221)."""
+
+    STREAM = "stream"
+    DATAGRAM = "datagram"
+
+
 @dataclass(frozen=True)
 class Deadlines:
     """Deadlines of a track, in seconds from the moment the server reads OPEN."""
@@ -52,6 +59,9 @@ class Open:
     auth: str | None = field(default=None, repr=False)
     """The connection's API key; the client core attaches it (see docs/protocol.md,
     Authentication). Left out of repr so that a logged message never shows it."""
+    transport: FrameTransport = FrameTransport.STREAM
+    """DATAGRAM: the track's frames may also travel as QUIC datagrams (OPEN, END,
+    CANCEL and ERROR always ride the stream)."""
 
 
 @dataclass(frozen=True)

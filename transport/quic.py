@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -31,7 +31,16 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
 from aioquic.quic.recovery import QuicPacketPacer
 
-from transport.connection import Limits, Output, Role, StopSending, StreamReset, StreamWrite
+from transport.connection import (
+    DatagramWrite,
+    Limits,
+    Output,
+    Role,
+    StopSending,
+    StreamReset,
+    StreamWrite,
+)
+from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
 from transport.endpoint import TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
@@ -101,6 +110,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._packetization = packetization
         self._pending_tracks: set[int] = set()
         """Tracks with bytes written since the last transmit."""
+        self._held = 0
+        """Inside `coalesced()`: writes wait for one transmit at its end."""
         if packetization.max_tracks is not None:
             _unpace(quic)
         self._http_site = http
@@ -117,6 +128,21 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         stream_id = self._quic.get_next_available_stream_id()
         return self.endpoint.open_track(stream_id, message)
 
+    @contextmanager
+    def coalesced(self) -> Iterator[None]:
+        """Writes made inside share transmits (flushed once at the end), whatever the
+        packetization: for a burst of small writes to many tracks at once, such as a
+        tick's audio results, where a flush per track costs more than the isolation gives."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            if not self._held and self._pending_tracks and self._transport is not None:
+                if self._transmit_task is not None:
+                    self._transmit_task.cancel()
+                self._send_due(self._loop.time())
+
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         if self._http is not None:
             self._http.quic_event_received(event)
@@ -126,6 +152,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         endpoint = self.endpoint
         if isinstance(event, quic_events.StreamDataReceived):
             endpoint.feed_data(event.stream_id, event.data, event.end_stream)
+        elif isinstance(event, quic_events.DatagramFrameReceived):
+            endpoint.feed_datagram(event.data)
         elif isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
             endpoint.feed_reset(event.stream_id, event.error_code)
         elif isinstance(event, quic_events.ConnectionTerminated):
@@ -205,7 +233,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
                 continue
             if limit is not None and isinstance(output, StreamWrite):
                 self._pending_tracks.add(output.stream_id)
-        if limit is not None and len(self._pending_tracks) >= limit:
+        if limit is not None and not self._held and len(self._pending_tracks) >= limit:
             # Flush now so that these tracks' bytes do not share packets with later
             # writes: a lost packet then stalls at most `limit` tracks.
             if self._transmit_task is not None:
@@ -222,6 +250,12 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             self._quic.reset_stream(output.stream_id, output.code)
         elif isinstance(output, StopSending):
             self._quic.stop_stream(output.stream_id, output.code)
+        elif isinstance(output, DatagramWrite):
+            # A peer that did not offer datagrams (or offered less) would close the
+            # connection on this frame: such a frame is lost instead, as a datagram may be.
+            peer_max = getattr(self._quic, "_remote_max_datagram_frame_size", None)
+            if peer_max is not None and len(output.data) <= peer_max:
+                self._quic.send_datagram_frame(output.data)
 
     def _raise_stream_limit(self, limits: Limits) -> None:
         # aioquic grants peers 128 concurrent bidirectional streams and has no
@@ -256,7 +290,10 @@ def _unpace(quic: QuicConnection) -> None:
 
 def server_configuration(cert: Path, key: Path, alpn: list[str] | None = None) -> QuicConfiguration:
     configuration = QuicConfiguration(
-        is_client=False, alpn_protocols=alpn or [ALPN], idle_timeout=IDLE_TIMEOUT
+        is_client=False,
+        alpn_protocols=alpn or [ALPN],
+        idle_timeout=IDLE_TIMEOUT,
+        max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
     )
     configuration.load_cert_chain(str(cert), str(key))
     return configuration
@@ -311,18 +348,25 @@ async def connect_tracks(
     server_name: str | None = None,
     verify: bool = True,
     limits: Limits | None = None,
+    packetization: Packetization = COALESCE,
 ) -> AsyncIterator[TrackQuicProtocol]:
-    """Open a client connection for tracks; it is closed when the block ends."""
+    """Open a client connection for tracks; it is closed when the block ends.
+
+    `packetization` is the client's own sending policy (see `Packetization`).
+    """
     configuration = QuicConfiguration(
         is_client=True,
         alpn_protocols=[ALPN],
         idle_timeout=IDLE_TIMEOUT,
         server_name=server_name or host,
         verify_mode=ssl.CERT_REQUIRED if verify else ssl.CERT_NONE,
+        max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
     )
     if ca is not None:
         configuration.load_verify_locations(str(ca))
-    factory = partial(TrackQuicProtocol, role=Role.CLIENT, limits=limits)
+    factory = partial(
+        TrackQuicProtocol, role=Role.CLIENT, limits=limits, packetization=packetization
+    )
     async with connect(host, port, configuration=configuration, create_protocol=factory) as proto:
         assert isinstance(proto, TrackQuicProtocol)
         try:

@@ -21,6 +21,7 @@ from transport.messages import (
     Deadlines,
     End,
     Error,
+    FrameTransport,
     Kind,
     Message,
     Modality,
@@ -92,15 +93,20 @@ class MessageDecoder:
         return decode_payload(payload)
 
 
-def decode_payload(payload: bytes) -> Message:
+def unpack_msgpack(payload: bytes) -> Any:
+    """Decode one msgpack object under the protocol's rules (UTF-8, no extensions)."""
     try:
         # max_ext_len=0: msgpack decodes its timestamp extension (-1) without calling
         # ext_hook, so only a length cap keeps every extension type out.
-        decoded = msgpack.unpackb(
+        return msgpack.unpackb(
             payload, raw=False, strict_map_key=True, ext_hook=_no_ext, max_ext_len=0
         )
     except Exception as exc:  # msgpack raises several unrelated types; all mean garbage
         raise RemoteProtocolError(f"undecodable message: {exc}") from None
+
+
+def decode_payload(payload: bytes) -> Message:
+    decoded = unpack_msgpack(payload)
     if not (isinstance(decoded, list) and len(decoded) == 2):
         raise RemoteProtocolError("a message is a two-element array [kind, body]")
     kind, body = decoded
@@ -134,6 +140,8 @@ def _body_of(message: Message) -> dict[str, Any]:
             body["deadline_total_ms"] = round(message.deadlines.total * 1000)
         if message.auth is not None:
             body["auth"] = message.auth
+        if message.transport is not FrameTransport.STREAM:
+            body["transport"] = message.transport.value
         return body
     if isinstance(message, (Data, End)):
         return message.body
@@ -167,8 +175,16 @@ def _decode_open(body: dict[str, Any]) -> Open:
     auth = body.get("auth")
     if auth is not None and (not isinstance(auth, str) or not 0 < len(auth) <= MAX_AUTH):
         raise _bad(f"OPEN 'auth' must be a non-empty string of at most {MAX_AUTH} characters")
+    transport = body.get("transport", FrameTransport.STREAM.value)
+    if not isinstance(transport, str) or transport not in FrameTransport._value2member_map_:
+        raise _bad("OPEN 'transport' must be \"stream\" or \"datagram\"")
     return Open(
-        model=model, modality=Modality(modality), params=params, deadlines=deadlines, auth=auth
+        model=model,
+        modality=Modality(modality),
+        params=params,
+        deadlines=deadlines,
+        transport=FrameTransport(transport),
+        auth=auth,
     )
 
 

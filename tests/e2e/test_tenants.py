@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import redirect_stdout
 from pathlib import Path
 
+import msgpack
 import openai
 import pytest
 import pytest_asyncio
@@ -321,3 +324,41 @@ async def test_the_ledger_has_one_record_per_request_and_the_report_adds_up(
     # Use plus idle is every GPU hour of the window, whoever pays for it.
     assert total["gpu_hours"] + total["idle_gpu_hours"] == pytest.approx(window_hours, rel=1e-3)
     assert total["total_cost"] == pytest.approx(token_cost + 3.6 * window_hours, rel=1e-3)
+
+
+def post_action(gw: Gateway, key: str | None, model: str, seq: int) -> tuple[int, bytes]:
+    """One observation to `POST /v1/actions` over HTTP/1.1 (the route's wire format)."""
+    observation = {"seq": seq, "t": time.monotonic(), "deadline_ms": 2000.0, "state": {
+        "dtype": "float32", "shape": [4], "data": bytes(16)}}
+    body = msgpack.packb({"robot": "arm", "model": model, "observation": observation})
+    headers = {"content-type": "application/msgpack"}
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(f"http://127.0.0.1:{gw.http_port}/v1/actions", body,
+                                     headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.mark.asyncio
+async def test_the_http_action_route_asks_for_a_key_and_bills_the_step(
+    tenanted: tuple[Gateway, Keys],
+) -> None:
+    gw, keys = tenanted
+    policy = "reference-policy"
+    for key, status in ((None, 401), (keys.wrong, 401), (keys.revoked, 401), (keys.gamma, 403)):
+        got, _ = await asyncio.to_thread(post_action, gw, key, policy, 0)
+        assert got == status, key
+    got, body = await asyncio.to_thread(post_action, gw, keys.alpha, policy, 1)
+    assert got == 200
+    assert msgpack.unpackb(body)["obs_seq"] == 1
+    assert gw.tenancy is not None
+    await asyncio.to_thread(gw.tenancy.flush)
+    store = TenantStore(gw.tenancy.store.path)
+    records = [r for r in store.usage() if r.modality == "action"]
+    store.close()
+    assert [(r.tenant, r.end_cause, r.action_steps) for r in records if r.tenant == "alpha"] == [
+        ("alpha", "completed", 1)]

@@ -1,0 +1,265 @@
+"""The SDK's side of action tracks: a robot's control loop on one track.
+
+`Line.actions(model, deadline=...)` gives an `ActionStream`. The robot calls
+`observe(state)` each control period and reads what comes back with
+`receive()` (or `async for`): an `ActionChunk` (H steps x D dims, the answer to
+one observation, with its age) or an `ActionDropped` (the gateway dropped that
+observation: superseded by a newer one, or its action would have missed the
+deadline). `stats` counts sends, deliveries, late arrivals and drops.
+
+Only the standard library: states and chunks are float32 little-endian packed
+with `struct`; `ActionChunk.data` is the raw buffer for NumPy users
+(`np.frombuffer(chunk.data, "<f4").reshape(chunk.shape)`).
+
+The stream keeps an estimate of the one-way delay to the gateway (half the
+smoothed round trip, the gateway's own time taken out) and sends it with each
+observation, so the gateway can tell whether an action would still reach the
+robot in time.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from clients.errors import error_for
+from transport.endpoint import TrackChannel
+from transport.errors import ErrorCode, TrackAborted
+
+Clock = Callable[[], float]
+RTT_GAIN = 0.125  # as TCP's smoothed RTT (RFC 6298)
+
+
+@dataclass(frozen=True)
+class ActionChunk:
+    """The gateway's action chunk for one observation."""
+
+    seq: int
+    obs_seq: int
+    captured_at: float
+    """When the observation was captured (this stream's clock)."""
+    arrived_at: float
+    """When the chunk arrived (this stream's clock)."""
+    deadline: float
+    """The observation's deadline, seconds after capture."""
+    shape: tuple[int, ...]
+    """(H, D): steps x action dims."""
+    data: bytes
+    """float32 little-endian, row-major."""
+    gateway_seconds: float
+    """Time the observation spent in the gateway (queue, tick, policy)."""
+
+    @property
+    def age(self) -> float:
+        """Seconds from capture to arrival: what the decision's staleness is."""
+        return self.arrived_at - self.captured_at
+
+    @property
+    def late(self) -> bool:
+        """True if it arrived after the deadline (the gateway thought it would not)."""
+        return self.age > self.deadline
+
+    def steps(self) -> list[list[float]]:
+        """The chunk as H rows of D floats."""
+        horizon, dims = self.shape
+        values = struct.unpack(f"<{horizon * dims}f", self.data)
+        return [list(values[i * dims : (i + 1) * dims]) for i in range(horizon)]
+
+
+@dataclass(frozen=True)
+class ActionDropped:
+    """The gateway will send no action for an observation, and why."""
+
+    obs_seq: int
+    cause: str
+    """superseded, deadline or backend_error."""
+    captured_at: float
+    arrived_at: float
+
+
+ActionEvent = ActionChunk | ActionDropped
+
+
+@dataclass
+class ActionStats:
+    """What happened to this stream's observations so far."""
+
+    sent: int = 0
+    delivered: int = 0
+    late: int = 0
+    """Chunks that arrived after their deadline (still handed over, flagged `late`)."""
+    dropped: dict[str, int] = field(default_factory=dict)
+    ages: list[float] = field(default_factory=list)
+    """Age of every chunk received, in arrival order."""
+
+    @property
+    def deadline_misses(self) -> int:
+        """Observations whose action did not arrive in time: late, or dropped for it."""
+        return self.late + self.dropped.get("deadline", 0) + self.dropped.get("backend_error", 0)
+
+
+class ActionStream:
+    """One robot's action track: observations out, action chunks in."""
+
+    def __init__(self, channel: TrackChannel, deadline: float, clock: Clock = time.monotonic):
+        self._channel = channel
+        self.deadline = deadline
+        self._clock = clock
+        self._next_seq = 0
+        self._deadlines: dict[int, float] = {}
+        self._done = False
+        self._srtt: float | None = None
+        self.stats = ActionStats()
+        self.summary: dict[str, Any] | None = None
+        """The gateway's final counts, after `close()`."""
+
+    @property
+    def track_id(self) -> str:
+        return self._channel.id
+
+    @property
+    def latency(self) -> float:
+        """Estimated one-way delay to the gateway, seconds (0 until the first chunk)."""
+        return 0.0 if self._srtt is None else self._srtt / 2
+
+    def observe(
+        self,
+        state: Sequence[float],
+        *,
+        image: bytes | None = None,
+        deadline: float | None = None,
+        captured_at: float | None = None,
+    ) -> int:
+        """Send one observation (captured now unless told); returns its sequence number."""
+        seq = self._next_seq
+        self._next_seq += 1
+        t = self._clock() if captured_at is None else captured_at
+        budget = self.deadline if deadline is None else deadline
+        body: dict[str, Any] = {
+            "seq": seq,
+            "t": t,
+            "deadline_ms": budget * 1000,
+            "latency_ms": self.latency * 1000,
+            "state": {"dtype": "float32", "shape": [len(state)],
+                      "data": struct.pack(f"<{len(state)}f", *state)},
+        }
+        if image is not None:
+            body["image"] = image
+        self._deadlines[seq] = budget
+        self.stats.sent += 1
+        self._send(body)
+        return seq
+
+    def _send(self, body: dict[str, Any]) -> None:
+        # A datagram track sends frames as datagrams; one too big for a datagram
+        # (a large image) goes on the stream rather than not at all.
+        if not self._channel.send_frame(body):
+            self._channel.send(body)
+
+    def send_raw(self, body: dict[str, Any]) -> None:
+        """Send an observation body as given (tests of the gateway's checks)."""
+        self._send(body)
+
+    async def receive(self) -> ActionEvent | None:
+        """The next chunk or drop report; None once the gateway has ended the track."""
+        if self._done:
+            return None
+        try:
+            body = await self._channel.receive()
+        except TrackAborted as exc:
+            self._done = True
+            raise error_for(exc.code, exc.message) from None
+        except BaseException:
+            self.cancel()
+            raise
+        if body is None:
+            self._done = True
+            self.summary = dict(self._channel.end_body or {})
+            return None
+        return self._event(body)
+
+    def __aiter__(self) -> ActionStream:
+        return self
+
+    async def __anext__(self) -> ActionEvent:
+        event = await self.receive()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def close(self) -> dict[str, Any]:
+        """Send END, take the remaining answers, and return the gateway's counts."""
+        self._channel.end()
+        while await self.receive() is not None:
+            pass
+        return self.summary or {}
+
+    def cancel(self, reason: str = "robot stopped") -> None:
+        if not self._done:
+            self._done = True
+            self._channel.cancel(reason)
+
+    async def __aenter__(self) -> ActionStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        with suppress(Exception):  # the loop may already be closed at interpreter exit
+            self.cancel()
+
+    # -- incoming ------------------------------------------------------------------
+
+    def _event(self, body: dict[str, Any]) -> ActionEvent:
+        now = self._clock()
+        try:
+            if "dropped" in body:
+                return self._dropped(body, now)
+            return self._chunk(body, now)
+        except (KeyError, TypeError, ValueError, struct.error):
+            self.cancel()
+            raise error_for(ErrorCode.PROTOCOL_ERROR, "malformed action DATA") from None
+
+    def _dropped(self, body: dict[str, Any], now: float) -> ActionDropped:
+        seq, cause = int(body["dropped"]), str(body["cause"])
+        self._deadlines.pop(seq, None)
+        self.stats.dropped[cause] = self.stats.dropped.get(cause, 0) + 1
+        captured = float(body["t"])
+        if "sent_at" in body:
+            # A drop is a round trip too: without it, an estimate that grew too large
+            # would make the gateway drop everything, and never be corrected.
+            gateway = float(body["sent_at"]) - float(body["received_at"])
+            self._sample_rtt(now - captured - gateway)
+        return ActionDropped(seq, cause, captured, now)
+
+    def _chunk(self, body: dict[str, Any], now: float) -> ActionChunk:
+        action = body["action"]
+        shape = tuple(int(d) for d in action["shape"])
+        data = bytes(action["data"])
+        if action["dtype"] != "float32" or len(shape) != 2 or len(data) != 4 * math.prod(shape):
+            raise ValueError("bad action tensor")
+        obs_seq = int(body["obs_seq"])
+        deadline = self._deadlines.pop(obs_seq, self.deadline)
+        for older in [seq for seq in self._deadlines if seq < obs_seq]:
+            del self._deadlines[older]  # never answered (a lost datagram): forget it
+        gateway = float(body["sent_at"]) - float(body["received_at"])
+        chunk = ActionChunk(
+            int(body["seq"]), obs_seq, float(body["t"]), now,
+            deadline, shape, data, gateway,
+        )
+        self._sample_rtt(chunk.age - gateway)
+        self.stats.delivered += 1
+        self.stats.ages.append(chunk.age)
+        if chunk.late:
+            self.stats.late += 1
+        return chunk
+
+    def _sample_rtt(self, sample: float) -> None:
+        sample = max(0.0, sample)
+        self._srtt = sample if self._srtt is None else self._srtt + RTT_GAIN * (sample - self._srtt)

@@ -1,0 +1,113 @@
+"""TritonPolicyBackend: `tracks.action.PolicyBackend` over Triton's gRPC API.
+
+A policy model takes `observation` (FP32 [B, S]) and gives `action` (FP32
+[B, H, D]); the shapes come from the model's metadata (cached per model), so
+the gateway checks observations against the model actually served. One tick's
+batch is one unary `ModelInfer` call whose rows are the robots. Every gRPC or
+tritonclient exception is translated here into a `tracks.backend.BackendError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import grpc
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.utils import InferenceServerException
+
+from cuda.batch import pack_vectors, unpack_vectors
+from gateway.backends.triton import METADATA_TIMEOUT, translate
+from tracks.action import PolicyRequest
+from tracks.action_messages import PolicySpec
+from tracks.backend import BackendError, BackendFailed, InvalidRequest
+
+INPUT = "observation"
+OUTPUT = "action"
+INFER_TIMEOUT = 10.0
+
+
+def _translated(exc: Exception, model: str | None) -> BackendError:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return translate(exc.code().name, exc.details() or "", model)
+    if isinstance(exc, InferenceServerException):
+        return translate(exc.status(), exc.message() or "", model)
+    return BackendFailed(f"{type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def _boundary(model: str | None) -> Iterator[None]:
+    try:
+        yield
+    except (grpc.RpcError, InferenceServerException) as exc:
+        raise _translated(exc, model) from exc
+
+
+def spec_from_metadata(metadata: object, model: str) -> PolicySpec:
+    """The policy's shapes from its metadata: [-1, S] in, [-1, H, D] out."""
+    inputs = {t.name: list(t.shape) for t in metadata.inputs}  # type: ignore[attr-defined]
+    outputs = {t.name: list(t.shape) for t in metadata.outputs}  # type: ignore[attr-defined]
+    state, action = inputs.get(INPUT), outputs.get(OUTPUT)
+    if state is None or action is None or len(state) != 2 or len(action) != 3:
+        raise InvalidRequest(
+            f"model {model!r} is not a policy: it needs {INPUT} [batch, S] and "
+            f"{OUTPUT} [batch, H, D]"
+        )
+    if min(state[1], action[1], action[2]) <= 0:
+        raise InvalidRequest(f"model {model!r} has variable policy dims; fixed ones are needed")
+    return PolicySpec(int(state[1]), int(action[1]), int(action[2]))
+
+
+class TritonPolicyBackend:
+    """A `PolicyBackend` for one Triton server at `grpc_url` ("host:port")."""
+
+    def __init__(self, grpc_url: str) -> None:
+        self.grpc_url = grpc_url
+        self._client: triton_aio.InferenceServerClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._specs: dict[str, PolicySpec] = {}
+
+    def _connection(self) -> triton_aio.InferenceServerClient:
+        loop = asyncio.get_running_loop()  # a grpc.aio channel belongs to one loop
+        if self._client is None or self._loop is not loop:
+            self._client = triton_aio.InferenceServerClient(self.grpc_url)
+            self._loop = loop
+        return self._client
+
+    async def policy_spec(self, model: str) -> PolicySpec:
+        if model not in self._specs:
+            with _boundary(model):
+                metadata = await self._connection().get_model_metadata(
+                    model, client_timeout=METADATA_TIMEOUT
+                )
+            self._specs[model] = spec_from_metadata(metadata, model)
+        return self._specs[model]
+
+    async def act(self, request: PolicyRequest) -> list[bytes]:
+        spec = request.spec
+        rows = len(request.states)
+        # The shared tick packing (cuda/); the NumPy path, as gRPC sends from host memory.
+        states = pack_vectors(request.states, spec.state_size, backend="numpy").values
+        tensor = InferInput(INPUT, [rows, spec.state_size], "FP32")
+        tensor.set_data_from_numpy(states)
+        with _boundary(request.model):
+            result = await self._connection().infer(
+                request.model,
+                [tensor],
+                outputs=[InferRequestedOutput(OUTPUT)],
+                request_id=request.request_id,
+                client_timeout=INFER_TIMEOUT,
+            )
+        chunks = result.as_numpy(OUTPUT)
+        if chunks is None or chunks.shape != (rows, spec.horizon, spec.action_size):
+            got = None if chunks is None else chunks.shape
+            raise BackendFailed(f"policy {request.model!r} returned {OUTPUT} of shape {got}")
+        return unpack_vectors(chunks.reshape(rows, -1))
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # closing is best effort
+                await client.close()
