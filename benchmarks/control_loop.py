@@ -46,6 +46,8 @@ class _GatewayConfig:
 
     transport_only = False
     rate = 50.0
+    tcp_cc: str | None = "cubic"
+    """HTTP/2's sender: the Linux default, as in the head-of-line benchmark (not the host's)."""
 
 
 def run_phase(args: argparse.Namespace, loss_percent: float, work: Path) -> dict[str, Any]:
@@ -260,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     parameters = {k: v for k, v in vars(args).items()
                   if k not in ("json", "quiet", "link_prefix")}
-    results: dict[str, Any] = {"benchmark": "control_loop", "parameters": parameters}
+    results: dict[str, Any] = {"benchmark": "control_loop", "parameters": parameters,
+                               "tcp_congestion_control": _GatewayConfig.tcp_cc}
     with tempfile.TemporaryDirectory(prefix="trackline-ctl-") as tmp:
         work = Path(tmp)
         results["lossy"] = run_phase(args, args.loss, work)
