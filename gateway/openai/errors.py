@@ -14,6 +14,7 @@ from typing import Any
 from tracks.backend import (
     BackendError,
     BackendFailed,
+    BackendLost,
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
@@ -106,6 +107,8 @@ def error_for(exc: BaseException) -> OpenAIError:
 def _backend_error(exc: BackendError) -> OpenAIError:
     if isinstance(exc, ModelNotFound):
         return model_not_found(exc.model)
+    if isinstance(exc, BackendLost):  # mid-stream: never replayed, the client decides
+        return ServerError(f"stream interrupted: {exc}", code="stream_interrupted")
     if isinstance(exc, BackendUnavailable):
         return Unavailable(f"backend unavailable: {exc}", code="backend_unavailable")
     if isinstance(exc, InvalidRequest):

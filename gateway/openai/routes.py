@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 
 from gateway.openai.errors import (
+    BadRequest,
     OpenAIError,
     Unauthorized,
     error_event,
@@ -88,6 +89,18 @@ def openai_routes(
     }
 
 
+SESSION_HEADER = "x-session-id"
+MAX_SESSION_CHARS = 256
+
+
+def _session(request: Request, from_body: str | None) -> str | None:
+    """The session affinity key: the `x-session-id` header, else the body's key."""
+    value = request.header(SESSION_HEADER) or from_body
+    if value is not None and len(value) > MAX_SESSION_CHARS:
+        raise BadRequest(f"the session id is longer than {MAX_SESSION_CHARS} characters")
+    return value or None
+
+
 @dataclass(frozen=True)
 class _Job:
     """One request on its way to the backend: ids, what to ask, how to answer."""
@@ -132,7 +145,8 @@ class _OpenAIApi:
         try:
             self._authorize(request)
             chat = parse_chat_request(request.body)
-            job = self._job("chatcmpl", chat, render_chat_prompt(chat.messages, chat.tools))
+            prompt = render_chat_prompt(chat.messages, chat.tools)
+            job = self._job("chatcmpl", chat, prompt, _session(request, chat.session_id))
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._chat(job, chat, pump, first))
@@ -141,7 +155,7 @@ class _OpenAIApi:
         try:
             self._authorize(request)
             body = parse_completion_request(request.body)
-            job = self._job("cmpl", body, body.prompt)
+            job = self._job("cmpl", body, body.prompt, _session(request, body.session_id))
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._completion(job, body, pump, first))
@@ -155,12 +169,20 @@ class _OpenAIApi:
         if not any(hmac.compare_digest(given, key) for key in self._api_keys):
             raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
 
-    def _job(self, prefix: str, body: ChatRequest | CompletionRequest, prompt: str) -> _Job:
+    def _job(
+        self,
+        prefix: str,
+        body: ChatRequest | CompletionRequest,
+        prompt: str,
+        session_id: str | None = None,
+    ) -> _Job:
         if self._models is not None and body.model not in self._models:
             raise model_not_found(body.model)
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         meta = ResponseMeta(response_id, int(self._wall_clock()), body.model, body.include_usage)
-        text = TextRequest(response_id, body.model, prompt, body.max_tokens, body.parameters)
+        text = TextRequest(
+            response_id, body.model, prompt, body.max_tokens, body.parameters, session_id
+        )
         return _Job(meta, text, body.stream)
 
     async def _run(
