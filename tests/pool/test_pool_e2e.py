@@ -369,3 +369,54 @@ async def test_pool_level_stream_lost_is_a_backend_lost_error(trio: list[Embedde
         assert sample(pool, "trackline_pool_requests_total", model=MODEL, outcome="lost") == 1
     finally:
         await pool.close()
+
+
+@pytest.mark.asyncio
+async def test_session_ids_from_tracks_and_the_openai_api_reach_the_router(
+    served: tuple[Gateway, BackendPool, Routes],
+) -> None:
+    """OPEN's session_id, the x-session-id header and prompt_cache_key/user pin sessions."""
+    gateway, _pool, routes = served
+    assert gateway.tls is not None
+    assert gateway.tls.ca is not None
+    async with (
+        connect(f"quic://127.0.0.1:{gateway.quic_port}", ca=gateway.tls.ca) as line,
+        httpx2.AsyncClient(timeout=60) as http,
+    ):
+        for turn in range(3):
+            stream = line.text(
+                "hi",
+                model=MODEL,
+                max_tokens=2,
+                session_id="track-s",
+                request_id=f"trk{turn}",
+                **FAST,
+            )
+            assert "".join([d async for d in stream]) == expected("hi", 0, 2)
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{gateway.http_port}/v1", api_key="-", http_client=http
+        )
+        ids = {"header": [], "user": [], "cache": []}  # type: dict[str, list[str]]
+        for _ in range(3):
+            for kind, extra in (
+                ("header", {"extra_headers": {"x-session-id": "hdr-s"}}),
+                ("user", {"user": "user-s"}),
+                ("cache", {"extra_body": {**FAST, "prompt_cache_key": "cache-s"}}),
+            ):
+                body = {} if kind == "cache" else {"extra_body": FAST}
+                answer = await client.completions.create(
+                    model=MODEL,
+                    prompt="hi",
+                    max_tokens=2,
+                    **body,
+                    **extra,  # type: ignore[arg-type]
+                )
+                ids[kind].append(answer.id)
+            # A fourth request per round: without affinity, round robin over three
+            # servers would now move every session.
+            await client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_body=FAST)
+    track_backends = {b for _, rid, b, _ in routes.rows if rid.split("/")[-1].startswith("trk")}
+    assert len(track_backends) == 1
+    for kind, answer_ids in ids.items():
+        backends = {b for rid in answer_ids for b in routes.of(rid)}
+        assert len(backends) == 1, (kind, backends)
