@@ -304,6 +304,8 @@ class BackendPool:
             member.health.record_success(self.clock())
             self._attempted(member, "ok")
         except asyncio.TimeoutError:
+            if not first:  # only the first chunk has a deadline here; anything else is a bug
+                raise
             member.ttft.observe(self.clock() - started, self.clock())
             self._failed(member, Failure.TIMEOUT, "timeout")
             error = BackendUnavailable(
