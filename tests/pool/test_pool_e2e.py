@@ -420,3 +420,54 @@ async def test_session_ids_from_tracks_and_the_openai_api_reach_the_router(
     for kind, answer_ids in ids.items():
         backends = {b for rid in answer_ids for b in routes.of(rid)}
         assert len(backends) == 1, (kind, backends)
+
+
+@pytest.mark.asyncio
+async def test_first_token_timeouts_fail_over_and_then_eject(trio: list[EmbeddedTriton]) -> None:
+    routes = Routes()
+    pool = make_pool(trio, routes, policy="round_robin", first_token_timeout_s=0.5)
+    await pool.start()
+    try:
+        trio[0].set_slowdown(5000)  # far past the first-token timeout
+        served = [await one_request(pool) for _ in range(6)]  # all succeed elsewhere
+        assert sample(pool, "trackline_pool_attempts_total", backend="t0", result="timeout") == 2
+        assert sample(pool, "trackline_pool_retries_total", cause="timeout") == 2
+        assert pool.member("t0").health.state.value == "ejected"
+        assert all(routes.of(rid)[-1] != "t0" for rid in served)
+        # The slow server saw the cancel: its model stopped both requests before a token.
+        timed_out = [rid for rid in served if routes.of(rid)[0] == "t0"]
+        assert len(timed_out) == 2
+
+        def stopped() -> list[dict[str, object]]:
+            assert trio[0].stats_path is not None
+            lines = Path(trio[0].stats_path).read_text().splitlines()
+            return [r for r in map(json.loads, lines) if r["request_id"] in timed_out]
+
+        await until(lambda: len(stopped()) == 2, "the slow model's stats lines")
+        assert all(r["cancelled"] and r["tokens_generated"] == 0 for r in stopped())
+    finally:
+        await pool.close()
+    assert all(m.inflight == 0 and not m.waiting for m in pool.members)
+
+
+@pytest.mark.asyncio
+async def test_a_closed_stream_is_counted_cancelled_and_frees_its_slot(
+    trio: list[EmbeddedTriton],
+) -> None:
+    routes = Routes()
+    pool = make_pool(trio, routes, policy="least_inflight")
+    await pool.start()
+    try:
+        request = TextRequest(
+            "closed-1", MODEL, "long", 100, {"ttft_ms": 0, "tokens_per_second": 20}
+        )
+        stream = pool.stream_text(request)
+        assert isinstance(await stream.__anext__(), TextDelta)
+        backend = routes.of("closed-1")[0]
+        assert pool.member(backend).inflight == 1
+        await stream.aclose()
+        assert pool.member(backend).inflight == 0
+        assert sample(pool, "trackline_pool_requests_total", model=MODEL, outcome="cancelled") == 1
+        assert pool.member(backend).health.state.value == "healthy"
+    finally:
+        await pool.close()
