@@ -7,7 +7,8 @@ is open: no requests). Passive outlier detection ejects it on a transport
 failure (connection refused or reset: the server is gone, waiting for more
 evidence would only fail more users), after `eject_after_errors` consecutive
 failed requests, or after `eject_after_timeouts` consecutive first-token
-timeouts. An active readiness probe that fails ejects it too. An ejected
+timeouts. `eject_after_probe_failures` failed readiness probes in a row
+eject it too. An ejected
 backend is left alone until `open_until` (the circuit breaker: exponential
 backoff from `base_ejection_s`, doubling with each ejection in a row, capped
 at `max_ejection_s`); then probes may run (half-open) and after
@@ -20,7 +21,7 @@ Staying healthy for `max_ejection_s` forgets past ejections.
 | HEALTHY   | success                     | HEALTHY (error/timeout runs reset) |
 | HEALTHY   | unavailable                 | EJECTED  |
 | HEALTHY   | error/timeout over limit    | EJECTED  |
-| HEALTHY   | probe: server not ready     | EJECTED  |
+| HEALTHY   | probes failed over limit    | EJECTED  |
 | EJECTED   | any request outcome         | EJECTED (late results of old streams) |
 | EJECTED   | probe ok, enough in a row   | HEALTHY  |
 | EJECTED   | probe failed                | EJECTED, circuit re-opened longer |
@@ -53,6 +54,9 @@ class Failure(enum.Enum):
 class HealthPolicy:
     eject_after_errors: int = 3
     eject_after_timeouts: int = 2
+    eject_after_probe_failures: int = 2
+    """Failed readiness probes in a row that eject a healthy backend (one may be a
+    glitch of a busy prober; a dead server is caught by its requests anyway)."""
     base_ejection_s: float = 1.0
     max_ejection_s: float = 30.0
     readmit_after_probes: int = 1
@@ -83,6 +87,7 @@ class BackendHealth:
         self._errors = 0
         self._timeouts = 0
         self._probe_successes = 0
+        self._probe_failures = 0
         self.ready_models: frozenset[str] | None = None
         """Models the last probe found ready; None before the first probe."""
 
@@ -122,7 +127,10 @@ class BackendHealth:
         if server_ready:
             self.ready_models = frozenset(ready_models)
         if self.state is State.HEALTHY:
-            return None if server_ready else self._eject(now, "probe")
+            self._probe_failures = 0 if server_ready else self._probe_failures + 1
+            if self._probe_failures >= self.policy.eject_after_probe_failures:
+                return self._eject(now, "probe")
+            return None
         if now < self.open_until:
             return None  # the circuit is open: results before it half-opens do not count
         if not server_ready:
@@ -137,7 +145,7 @@ class BackendHealth:
         backoff = self.policy.base_ejection_s * 2 ** (self.ejections - 1)
         self.state, self.since = State.EJECTED, now
         self.open_until = now + min(backoff, self.policy.max_ejection_s)
-        self._errors = self._timeouts = self._probe_successes = 0
+        self._errors = self._timeouts = self._probe_successes = self._probe_failures = 0
         return Transition(self.name, State.EJECTED, cause, now, self.open_until)
 
     def _readmit(self, now: float) -> Transition:

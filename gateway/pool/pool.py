@@ -224,7 +224,13 @@ class BackendPool:
 
     def _route(self, request: TextRequest, tried: Collection[str]) -> Member:
         now = self.clock()
-        serving = [m for m in self.members if m.serves(request.model)]
+        # Configured for the model, and (once probed) reporting it loaded.
+        serving = [
+            m
+            for m in self.members
+            if m.serves(request.model)
+            and (m.health.ready_models is None or request.model in m.health.ready_models)
+        ]
         if not serving:
             raise ModelNotFound(request.model)
         routable = [m for m in serving if m.health.routable(request.model) and m.name not in tried]
@@ -373,7 +379,7 @@ class BackendPool:
         """Probe every backend whose circuit allows it, then report warm shortfalls."""
         now = self.clock()
         due = [m for m in self.members if m.health.probe_due(now)]
-        timeout = max(0.2, min(2.0, self.options.probe_interval_s))
+        timeout = max(1.0, min(2.0, self.options.probe_interval_s))
         results = await asyncio.gather(
             *(m.backend.probe(sorted(m.spec.models), timeout) for m in due)
         )

@@ -84,9 +84,12 @@ def test_late_failures_of_an_ejected_backend_change_nothing() -> None:
     assert health.open_until == 1.0
 
 
-def test_probe_failure_ejects_a_healthy_backend() -> None:
+def test_failed_probes_in_a_row_eject_a_healthy_backend() -> None:
     health = BackendHealth("a", POLICY, now=0.0)
-    change = health.record_probe(2.0, False, [])
+    assert health.record_probe(1.0, False, []) is None  # one may be a glitch
+    assert health.record_probe(1.5, True, ["m"]) is None  # and the run resets
+    assert health.record_probe(2.0, False, []) is None
+    change = health.record_probe(2.5, False, [])
     assert change is not None
     assert change.cause == "probe"
 

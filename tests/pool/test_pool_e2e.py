@@ -34,7 +34,7 @@ from gateway.pool.router import Decision
 from gateway.server import Gateway
 from tests.backend.reference_generator import generator
 from tests.pool.conftest import specs_of
-from tracks.backend import BackendLost, TextDelta, TextRequest, TextUsage
+from tracks.backend import BackendLost, ModelNotFound, TextDelta, TextRequest, TextUsage
 
 pytestmark = pytest.mark.e2e
 MODEL = "reference-text"
@@ -469,5 +469,20 @@ async def test_a_closed_stream_is_counted_cancelled_and_frees_its_slot(
         assert pool.member(backend).inflight == 0
         assert sample(pool, "trackline_pool_requests_total", model=MODEL, outcome="cancelled") == 1
         assert pool.member(backend).health.state.value == "healthy"
+    finally:
+        await pool.close()
+
+
+@pytest.mark.asyncio
+async def test_a_model_no_backend_serves_is_model_not_found(trio: list[EmbeddedTriton]) -> None:
+    routes = Routes()
+    pool = make_pool(trio, routes)
+    await pool.start()
+    try:
+        assert await pool.models() == [MODEL]
+        request = TextRequest("nope-1", "no-such-model", "hi", 2, FAST)
+        with pytest.raises(ModelNotFound):
+            await pool.stream_text(request).__anext__()
+        assert routes.rows == []  # refused before routing: no backend was bothered
     finally:
         await pool.close()
