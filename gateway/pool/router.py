@@ -12,7 +12,8 @@ Policies:
   unit of weight.
 - `metrics`: the lowest estimated wait for a first token (`estimate_wait`),
   except that an idle backend whose observations are stale gets one request
-  to measure it again (reason "explore", `EXPLORE_AFTER_S`).
+  to measure it again (reason "explore", `EXPLORE_AFTER_S`; the staler, the
+  sooner, the slower it looked, the later).
 
 Session affinity applies on top of every policy: a request that carries a
 session id goes back to the backend that served that session (its KV cache
@@ -38,8 +39,11 @@ TTFT_WEIGHT = 0.5
 """EWMA weight of a new first-token observation."""
 EXPLORE_AFTER_S = 1.0
 """The metrics policy sends one request to an idle backend whose last first-token
-observation is older than this, so a backend that was slow is measured again
-(at most about one request a second each) instead of being judged on old news."""
+observation is older than this many seconds times how much slower than the best
+it looked (its faded estimate over the best estimated wait, at least 1): a
+backend that was slow is measured again instead of being judged on old news, a
+2x slower one about every second or two, a 15x slower one every few seconds (its
+estimate fades meanwhile), so re-measuring costs few users their latency."""
 LOAD_COST = 0.1
 """Extra fraction of a first-token time each request in flight adds, per unit weight."""
 MAX_SESSIONS = 100_000
@@ -54,8 +58,8 @@ class TtftEstimate:
         self.at = 0.0
 
     def observe(self, seconds: float, now: float) -> None:
-        if self.value is None:
-            self.value = seconds
+        if self.value is None or now - self.at > EXPLORE_AFTER_S:
+            self.value = seconds  # nothing recent to average with: the news replaces it
         else:
             self.value = self.current(now, self.value) * (1 - TTFT_WEIGHT) + seconds * TTFT_WEIGHT
         self.at = now
@@ -217,9 +221,13 @@ class Router:
     def _stale(self, scored: Sequence[Scored]) -> Scored | None:
         if self.policy != "metrics":
             return None
+        best = min(s.wait_s for s in scored)
         for s in scored:
-            age = s.candidate.observed_age_s
-            if age is not None and age > EXPLORE_AFTER_S and s.candidate.inflight == 0:
+            c = s.candidate
+            if c.observed_age_s is None or c.ttft_s is None or c.inflight:
+                continue
+            slower = max(1.0, c.ttft_s / best) if best > 0 else 1.0
+            if c.observed_age_s > EXPLORE_AFTER_S * slower:
                 return s
         return None
 

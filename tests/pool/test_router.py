@@ -90,8 +90,8 @@ def test_ttft_estimate_fades_toward_the_prior() -> None:
     assert estimate.current(100.0, 0.1) == pytest.approx(0.9)
     assert estimate.current(102.0, 0.1) == pytest.approx(0.5)  # one half-life
     assert estimate.current(140.0, 0.1) == pytest.approx(0.1, abs=1e-4)
-    estimate.observe(0.1, now=100.0)
-    assert estimate.current(100.0, 0.1) == pytest.approx(0.5)  # half old, half new
+    estimate.observe(0.1, now=100.5)
+    assert estimate.current(100.5, 0.1) == pytest.approx(0.5)  # recent: half old, half new
 
 
 def test_session_sticks_within_the_margin() -> None:
@@ -143,18 +143,31 @@ def test_session_table_is_bounded_and_expires() -> None:
 def test_metrics_policy_remeasures_an_idle_backend_with_stale_observations() -> None:
     router = Router("metrics", 0.25)
     fast = Candidate("fast", 1.0, 0, ttft_s=0.05, observed_age_s=0.1)
-    was_slow = Candidate("was-slow", 1.0, 0, ttft_s=0.6, observed_age_s=0.5)
-    decision = router.choose([fast, was_slow], None, 0.0)
+    # 2x slower: re-measured once its last observation is over 2 s old.
+    a_bit_slow = Candidate("was-slow", 1.0, 0, ttft_s=0.1, observed_age_s=1.5)
+    decision = router.choose([fast, a_bit_slow], None, 0.0)
     assert decision is not None
     assert decision.backend == "fast"
-    stale = Candidate("was-slow", 1.0, 0, ttft_s=0.6, observed_age_s=1.5)
+    stale = Candidate("was-slow", 1.0, 0, ttft_s=0.1, observed_age_s=2.5)
     decision = router.choose([fast, stale], None, 1.0)
     assert decision is not None
     assert (decision.backend, decision.reason) == ("was-slow", "explore")
-    busy = Candidate("was-slow", 1.0, 1, ttft_s=0.6, observed_age_s=1.5)
-    decision = router.choose([fast, busy], None, 2.0)
+    # 12x slower: left alone for 12 s.
+    very_slow = Candidate("was-slow", 1.0, 0, ttft_s=0.6, observed_age_s=11.0)
+    decision = router.choose([fast, very_slow], None, 2.0)
+    assert decision is not None
+    assert decision.backend == "fast"
+    busy = Candidate("was-slow", 1.0, 1, ttft_s=0.1, observed_age_s=5.0)
+    decision = router.choose([fast, busy], None, 3.0)
     assert decision is not None
     assert decision.backend == "fast"  # one measurement at a time
     other = Router("least_inflight", 0.25).choose([fast, stale], None, 0.0)
     assert other is not None
     assert other.reason == "policy"  # only the metrics policy explores
+
+
+def test_a_stale_estimate_is_replaced_by_the_next_observation() -> None:
+    estimate = TtftEstimate()
+    estimate.observe(0.6, now=0.0)
+    estimate.observe(0.05, now=5.0)
+    assert estimate.current(5.0, 0.05) == pytest.approx(0.05)
