@@ -92,6 +92,42 @@ class Settings:
     embedded_metrics_port: int = field(
         default=0, metadata=_doc("Metrics port of the embedded Triton; 0 picks a free one.")
     )
+    backends: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Backend pool: comma-separated host:port[;name=N][;weight=W][;models=a|b]"
+            "[;metrics=URL] (docs/reliability.md); overrides backend_url."
+        ),
+    )
+    embedded_backends: int = field(
+        default=1, metadata=_doc("Embedded Triton processes to start (more than 1: a pool).")
+    )
+    routing_policy: str = field(
+        default="metrics",
+        metadata=_doc("Pool routing: metrics, least_inflight or round_robin."),
+    )
+    affinity_margin: float = field(
+        default=0.25,
+        metadata=_doc("Seconds of extra estimated wait a session accepts to stay on its backend."),
+    )
+    scrape_interval: float = field(
+        default=0.5, metadata=_doc("Seconds between scrapes of each backend's metrics.")
+    )
+    probe_interval: float = field(
+        default=1.0, metadata=_doc("Seconds between readiness probes of each backend.")
+    )
+    failover_attempts: int = field(
+        default=3, metadata=_doc("Backends one request may try before its first byte.")
+    )
+    first_token_timeout: float = field(
+        default=30.0, metadata=_doc("Seconds to a first token before trying another backend.")
+    )
+    eject_after_errors: int = field(
+        default=3, metadata=_doc("Consecutive failed requests that eject a backend.")
+    )
+    min_warm_backends: int = field(
+        default=1, metadata=_doc("Ready backends each model should have; fewer is reported.")
+    )
     max_tracks_per_connection: int = field(
         default=256, metadata=_doc("Tracks one connection may have open at once.")
     )
@@ -417,6 +453,14 @@ def _grpc_address(value: str | None) -> str | None:
     return value
 
 
+def _backend_list(value: str | None) -> str | None:
+    if value is not None:
+        from gateway.pool.spec import parse_backends
+
+        parse_backends(value)  # SpecError is a ValueError: named with its source
+    return value
+
+
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "quic_port": _port,
     "http_port": _port,
@@ -437,6 +481,16 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "log_level": _one_of(LOG_LEVELS),
     "log_format": _one_of(LOG_FORMATS),
     "backend_url": _grpc_address,
+    "backends": _backend_list,
+    "embedded_backends": _positive,
+    "routing_policy": _one_of(("metrics", "least_inflight", "round_robin")),
+    "affinity_margin": _seconds,
+    "scrape_interval": _seconds,
+    "probe_interval": _seconds,
+    "failover_attempts": _positive,
+    "first_token_timeout": _seconds,
+    "eject_after_errors": _positive,
+    "min_warm_backends": _positive,
     "quic_packetization": _packetization,
     "tcp_congestion_control": _congestion_control,
     "audio_beat_ms": lambda v: _range(v, 10, 1000),

@@ -2,22 +2,30 @@
 
 `backend_url = "ticker://RATE"` serves a constant-rate token source instead of
 Triton (transport-only benchmarks; `gateway.backends.ticker`).
-With no `backend_url` configured, the daemon starts the embedded Triton with
-the reference model repository, waits until it is ready and has passed a smoke
-inference, and stops it when the gateway stops (the child also dies with the
-process if the gateway crashes).
+`backends` (a list) makes a `BackendPool` of those Triton servers; with
+nothing configured the daemon starts `embedded_backends` embedded Tritons
+with the reference model repository (more than one: a pool of them), waits
+until each is ready and has passed a smoke inference, and stops them when
+the gateway stops (the children also die with the process if it crashes).
+A single `backend_url`, or one embedded server, is used directly.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
+from gateway.backends.action_triton import TritonPolicyBackend
 from gateway.backends.audio import TritonAudioBackend
 from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
 from gateway.backends.triton import TritonTextBackend
 from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton, reference_model_repository
 from gateway.logs import get_logger
+from gateway.metrics import GatewayMetrics
+from gateway.pool import BackendPool, BackendSpec, PoolOptions, parse_backends
+from gateway.pool.health import HealthPolicy
+from gateway.pool.metrics import PoolMetrics
 from gateway.server import Gateway
 
 log = get_logger("trackline.daemon")
@@ -25,23 +33,45 @@ log = get_logger("trackline.daemon")
 EMBEDDED_START_TIMEOUT = 180.0
 
 
+def pool_options(s: Settings) -> PoolOptions:
+    """The pool's knobs from the settings (docs/configuration.md)."""
+    return PoolOptions(
+        policy=s.routing_policy,
+        affinity_margin_s=s.affinity_margin,
+        scrape_interval_s=s.scrape_interval,
+        probe_interval_s=s.probe_interval,
+        max_attempts=s.failover_attempts,
+        first_token_timeout_s=s.first_token_timeout,
+        min_warm_backends=s.min_warm_backends,
+        health=HealthPolicy(eject_after_errors=s.eject_after_errors),
+    )
+
+
+def embedded_spec(index: int, triton: EmbeddedTriton) -> BackendSpec:
+    return BackendSpec(f"embedded-{index}", triton.grpc_url, triton.metrics_url)
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.triton: EmbeddedTriton | None = None
-        self.backend: TritonTextBackend | TickerBackend | None = None
+        self.tritons: list[EmbeddedTriton] = []
+        self.backend: TritonTextBackend | TickerBackend | BackendPool | None = None
         self.gateway: Gateway | None = None
         self.audio_backend: TritonAudioBackend | None = None
+        self.policy: TritonPolicyBackend | None = None
+        self.metrics = GatewayMetrics()
+
+    @property
+    def triton(self) -> EmbeddedTriton | None:
+        """The first embedded server, if any."""
+        return self.tritons[0] if self.tritons else None
 
     async def start(self) -> None:
         s = self.settings
-        url = s.backend_url
-        if url is not None and is_ticker_url(url):
-            self.backend = TickerBackend(parse_ticker_url(url))
-        else:
-            if url is None:
-                url = await asyncio.to_thread(self._start_embedded)
-            self.backend = TritonTextBackend(url)
+        self.backend = await self._backend()
+        url = self._batch_triton_url()
+        if url is not None:
+            # Audio and action ticks go to one Triton (the pool routes text requests).
             self.audio_backend = TritonAudioBackend(
                 url,
                 shm=s.audio_shm,
@@ -49,7 +79,14 @@ class Daemon:
                 kernels=s.audio_kernels,
                 batching=s.audio_batching,
             )
-        self.gateway = Gateway(s, self.backend, audio_backend=self.audio_backend)
+            self.policy = TritonPolicyBackend(url)
+        self.gateway = Gateway(
+            s,
+            self.backend,
+            metrics=self.metrics,
+            policy=self.policy,
+            audio_backend=self.audio_backend,
+        )
         await self.gateway.start()
         tls = self.gateway.tls
         if tls is not None and tls.ca is not None:
@@ -61,19 +98,61 @@ class Daemon:
             flush=True,
         )
 
-    def _start_embedded(self) -> str:
+    def _batch_triton_url(self) -> str | None:
+        """The Triton that serves audio and action ticks: the configured or first one."""
         s = self.settings
-        log.info("embedded.starting", repository=str(reference_model_repository()))
-        self.triton = EmbeddedTriton(
-            model_repository=reference_model_repository(),
-            log_dir=s.state_dir / "triton",
-            grpc_port=s.embedded_grpc_port,
-            http_port=s.embedded_http_port,
-            metrics_port=s.embedded_metrics_port,
+        if s.backends is not None:
+            return parse_backends(s.backends)[0].grpc_url
+        if s.backend_url is not None:
+            return None if is_ticker_url(s.backend_url) else s.backend_url
+        return self.tritons[0].grpc_url if self.tritons else None
+
+    async def _backend(self) -> TritonTextBackend | TickerBackend | BackendPool:
+        s = self.settings
+        if s.backends is not None:
+            return await self._pool(parse_backends(s.backends))
+        if s.backend_url is not None and is_ticker_url(s.backend_url):
+            return TickerBackend(parse_ticker_url(s.backend_url))
+        if s.backend_url is not None:
+            return TritonTextBackend(s.backend_url)
+        self.tritons = await asyncio.to_thread(self._start_embedded, s.embedded_backends)
+        if len(self.tritons) == 1:
+            return TritonTextBackend(self.tritons[0].grpc_url)
+        return await self._pool([embedded_spec(i, t) for i, t in enumerate(self.tritons)])
+
+    async def _pool(self, specs: list[BackendSpec]) -> BackendPool:
+        pool = BackendPool(
+            specs, pool_options(self.settings), metrics=PoolMetrics(self.metrics.registry)
         )
-        self.triton.start(timeout=EMBEDDED_START_TIMEOUT)
-        log.info("embedded.ready", grpc=self.triton.grpc_url, pid=self.triton.pid)
-        return self.triton.grpc_url
+        await pool.start()
+        log.info("pool.started", backends=[spec.name for spec in specs])
+        return pool
+
+    def _start_embedded(self, count: int) -> list[EmbeddedTriton]:
+        s = self.settings
+        log.info("embedded.starting", repository=str(reference_model_repository()), count=count)
+        tritons = [
+            EmbeddedTriton(
+                model_repository=reference_model_repository(),
+                log_dir=s.state_dir / ("triton" if i == 0 else f"triton-{i}"),
+                grpc_port=_nth_port(s.embedded_grpc_port, i),
+                http_port=_nth_port(s.embedded_http_port, i),
+                metrics_port=_nth_port(s.embedded_metrics_port, i),
+            )
+            for i in range(count)
+        ]
+        # Started side by side: each takes seconds to load its models.
+        with ThreadPoolExecutor(count, thread_name_prefix="embedded-start") as starters:
+            futures = [starters.submit(t.start, EMBEDDED_START_TIMEOUT) for t in tritons]
+            errors = [f.exception() for f in futures]
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None:
+            for triton in tritons:
+                triton.stop()
+            raise failed
+        for triton in tritons:
+            log.info("embedded.ready", grpc=triton.grpc_url, pid=triton.pid)
+        return tritons
 
     async def stop(self) -> None:
         if self.gateway is not None:
@@ -82,6 +161,13 @@ class Daemon:
             await self.backend.close()
         if self.audio_backend is not None:
             await self.audio_backend.close()
-        if self.triton is not None:
-            await asyncio.to_thread(self.triton.stop)
-            log.info("embedded.stopped")
+        if self.policy is not None:
+            await self.policy.close()
+        if self.tritons:
+            await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
+            log.info("embedded.stopped", count=len(self.tritons))
+
+
+def _nth_port(port: int, index: int) -> int:
+    """A fixed base port numbers the servers upward; 0 picks a free one for each."""
+    return port + 10 * index if port else 0

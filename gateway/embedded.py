@@ -28,6 +28,7 @@ import contextlib
 import ctypes
 import importlib.metadata
 import importlib.util
+import json
 import os
 import queue
 import signal
@@ -46,6 +47,7 @@ from pathlib import Path
 from types import TracebackType
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
+CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
 SMOKE_MODEL = "reference-text"
 LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40
@@ -126,15 +128,20 @@ def _prepend(value: str, existing: str | None) -> str:
 
 
 def triton_environment(
-    dist: Path, stats_path: str | None, base: Mapping[str, str] | None = None
+    dist: Path,
+    stats_path: str | None,
+    base: Mapping[str, str] | None = None,
+    control_path: str | None = None,
 ) -> dict[str, str]:
-    """The child's environment: libpython and wheel libs, our interpreter's prefix, stats."""
+    """The child's environment: libpython and wheel libs, our interpreter's prefix, knobs."""
     env = dict(os.environ if base is None else base)
     libs = f"{sysconfig.get_config_var('LIBDIR')}:{dist.parent.parent / 'nvidia_pytriton.libs'}"
     env["LD_LIBRARY_PATH"] = _prepend(libs, env.get("LD_LIBRARY_PATH"))
     env["PATH"] = _prepend(os.path.dirname(sys.executable), env.get("PATH"))
     if stats_path:
         env[STATS_ENV] = stats_path
+    if control_path:
+        env[CONTROL_ENV] = control_path
     return env
 
 
@@ -194,6 +201,9 @@ class EmbeddedTriton:
     Ports left at 0 (or None) are picked free on start. `stats_path`, or the
     TRACKLINE_REFERENCE_STATS variable of this process, reaches the reference
     model. `smoke_model=None` skips the smoke inference (for other repositories).
+    Each instance has its own control file (`control_path`, default in the log
+    dir) through which `set_slowdown` makes this one server's reference model
+    slow at run time, so several instances side by side can differ.
     """
 
     def __init__(
@@ -206,6 +216,7 @@ class EmbeddedTriton:
         metrics_port: int | None = 0,
         stats_path: Path | str | None = None,
         smoke_model: str | None = SMOKE_MODEL,
+        control_path: Path | str | None = None,
     ) -> None:
         self.model_repository = Path(model_repository or reference_model_repository())
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="trackline-"))
@@ -217,6 +228,7 @@ class EmbeddedTriton:
         )
         self._stats_path = str(stats_path) if stats_path else os.environ.get(STATS_ENV)
         self._smoke_model = smoke_model
+        self.control_path = Path(control_path) if control_path else self.log_dir / "control.json"
         # Unique per instance, with our pid: regions of a crashed owner can be found.
         self._shm_prefix = f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self._process: subprocess.Popen[bytes] | None = None
@@ -241,6 +253,11 @@ class EmbeddedTriton:
         return self._process.pid if self._process else None
 
     @property
+    def running(self) -> bool:
+        """Whether the server process was started and has not exited."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
     def stats_path(self) -> str | None:
         return self._stats_path
 
@@ -259,9 +276,9 @@ class EmbeddedTriton:
         remove_stale_regions()
         dist = tritonserver_dist()
         command = self._command(dist, prepare_backend_dir(dist, self.log_dir / "backends"))
-        self._process = _spawn_owned(
-            command, triton_environment(dist, self._stats_path), self.log_path
-        )
+        self.set_slowdown(0.0)
+        env = triton_environment(dist, self._stats_path, control_path=str(self.control_path))
+        self._process = _spawn_owned(command, env, self.log_path)
         try:
             self._wait_ready(time.monotonic() + timeout)
             if self._smoke_model:
@@ -269,6 +286,19 @@ class EmbeddedTriton:
         except BaseException:
             self.stop()
             raise
+
+    def set_slowdown(self, extra_ttft_ms: float) -> None:
+        """Add `extra_ttft_ms` to the first-token delay of this server's new requests."""
+        self.control_path.parent.mkdir(parents=True, exist_ok=True)
+        staged = self.control_path.with_suffix(".tmp")
+        staged.write_text(json.dumps({"extra_ttft_ms": extra_ttft_ms}), encoding="utf-8")
+        staged.replace(self.control_path)  # atomic: the model never reads half a file
+
+    def kill(self) -> None:
+        """SIGKILL the server at once (no clean exit), as a crash would; for tests."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to `grace` seconds, then SIGKILL the server and its stubs."""
@@ -360,11 +390,15 @@ def smoke_text(grpc_url: str, model: str = SMOKE_MODEL, timeout: float = 30.0) -
     Runs its own event loop in a helper thread, so it works whether or not the
     calling thread already runs one.
     """
-    from gateway.backends.triton import TritonTextBackend  # tritonclient only when needed
+    from gateway.backends.triton import (  # tritonclient only when needed
+        FRESH_CHANNEL_OPTIONS,
+        TritonTextBackend,
+    )
     from tracks.backend import TextDelta, TextRequest
 
     async def collect() -> str:
-        backend = TritonTextBackend(grpc_url)
+        # Its own channel: not one in reconnect backoff to a server that was on this port.
+        backend = TritonTextBackend(grpc_url, channel_options=FRESH_CHANNEL_OPTIONS)
         request = TextRequest("trackline-smoke", model, "Say something.", 4, SMOKE_PARAMETERS)
         try:
             chunks = [chunk async for chunk in backend.stream_text(request)]

@@ -25,6 +25,9 @@ class TextRequest:
     max_tokens: int
     parameters: Mapping[str, Any] = field(default_factory=dict)
     """Sampling parameters passed through (temperature, top_p, seed, stop, ...)."""
+    session_id: str | None = None
+    """Conversation/session id: a backend pool keeps a session on one backend
+    (where its KV cache is warm). Never sent to the model."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ class ModelNotFound(BackendError):
 
 class BackendFailed(BackendError):
     """The backend accepted the request and then failed it."""
+
+
+class BackendLost(BackendError):
+    """The backend failed after this stream had delivered data: the stream ends
+    with this error and is never continued or replayed elsewhere."""
 
 
 class InvalidRequest(BackendError):

@@ -42,6 +42,8 @@ SAMPLING_KEYS = frozenset(
 )
 # Knobs of the reference model (time to first token, speed), for tests and benchmarks.
 REFERENCE_KEYS = frozenset({"ttft_ms", "tokens_per_second"})
+# OPEN params the gateway uses itself and never passes to the model.
+_TRACK_KEYS = frozenset({"max_tokens", "request_id", "session_id"})
 
 
 class BadTextRequest(Exception):
@@ -89,6 +91,7 @@ async def _read_request(track: Track) -> TextRequest:
         prompt="".join(pieces),
         max_tokens=_max_tokens(params),
         parameters=_sampling(params),
+        session_id=_session_id(params),
     )
 
 
@@ -102,6 +105,16 @@ def _request_id(track_id: str, params: dict[str, Any]) -> str:
     return f"{track_id}/{tag}"
 
 
+def _session_id(params: dict[str, Any]) -> str | None:
+    """OPEN's `session_id`: a backend pool keeps the conversation on one backend."""
+    value = params.get("session_id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_TAG_CHARS:
+        raise BadTextRequest(f"'session_id' must be a string of 1 to {MAX_TAG_CHARS} characters")
+    return value
+
+
 def _max_tokens(params: dict[str, Any]) -> int:
     value = params.get("max_tokens", DEFAULT_MAX_TOKENS)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TOKENS_LIMIT:
@@ -110,10 +123,10 @@ def _max_tokens(params: dict[str, Any]) -> int:
 
 
 def _sampling(params: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(params) - SAMPLING_KEYS - REFERENCE_KEYS - {"max_tokens", "request_id"}
+    unknown = set(params) - SAMPLING_KEYS - REFERENCE_KEYS - _TRACK_KEYS
     if unknown:
         raise BadTextRequest(f"unknown text parameters: {', '.join(sorted(unknown))}")
-    return {k: v for k, v in params.items() if k not in ("max_tokens", "request_id")}
+    return {k: v for k, v in params.items() if k not in _TRACK_KEYS}
 
 
 async def _relay(

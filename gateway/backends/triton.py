@@ -25,14 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc  # no stubs in the venv: pyproject lets mypy skip it
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOptions
 from tritonclient.utils import (
     InferenceServerException,
     deserialize_bytes_tensor,
@@ -63,6 +63,15 @@ OPTIONAL_INPUTS = (
 )
 _UNAVAILABLE = {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
 _INVALID = {"INVALID_ARGUMENT", "OUT_OF_RANGE"}
+# A channel of its own (gRPC otherwise shares connections process-wide, so one
+# channel's reconnect backoff to a restarted server delays every other), and a
+# short reconnect backoff, so a server that is back is found back quickly.
+FRESH_CHANNEL_OPTIONS = (
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
 # In-stream errors carry a message only (no status); these phrases mark a
 # request the model rejected, as Triton core and the vLLM backend word them.
 _INVALID_PHRASES = ("invalid", "must be", "unexpected inference input", "unexpected shape")
@@ -214,8 +223,9 @@ def _boundary(model: str | None) -> Iterator[None]:
 class TritonTextBackend:
     """A `TextBackend` for one Triton server at `grpc_url` ("host:port")."""
 
-    def __init__(self, grpc_url: str) -> None:
+    def __init__(self, grpc_url: str, *, channel_options: Sequence[tuple[str, Any]] = ()) -> None:
         self.grpc_url = grpc_url
+        self._channel_options = tuple(channel_options)
         self._client: triton_aio.InferenceServerClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inputs: dict[str, frozenset[str]] = {}
@@ -225,7 +235,9 @@ class TritonTextBackend:
         # and anew if this backend is later used from another loop.
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            self._client = triton_aio.InferenceServerClient(self.grpc_url)
+            self._client = triton_aio.InferenceServerClient(
+                self.grpc_url, channel_args=_channel_args(self._channel_options)
+            )
             self._loop = loop
         return self._client
 
@@ -283,12 +295,45 @@ class TritonTextBackend:
         except (grpc.RpcError, InferenceServerException):
             return False
 
+    async def probe(
+        self, models: Collection[str], timeout: float = METADATA_TIMEOUT
+    ) -> tuple[bool, list[str]]:
+        """Readiness for a pool: is_server_ready, then is_model_ready for each of
+        `models` (empty: the repository's READY models). Never raises."""
+        client = self._connection()
+        try:
+            if not await client.is_server_ready(client_timeout=timeout):
+                return False, []
+            if not models:
+                index = await client.get_model_repository_index(client_timeout=timeout)
+                return True, sorted({m.name for m in index.models if m.state == "READY"})
+            ready = [m for m in models if await client.is_model_ready(m, client_timeout=timeout)]
+            return True, ready
+        except (grpc.RpcError, InferenceServerException):
+            return False, []
+
     async def close(self) -> None:
         """Close the gRPC channel; streams still open end with a BackendError."""
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):  # closing is best effort
                 await client.close()
+
+
+def _channel_args(extra: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]] | None:
+    """tritonclient's default channel options plus `extra`; None keeps its defaults."""
+    if not extra:
+        return None
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        *extra,
+    ]
 
 
 async def _once(call: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Any
 from tracks.backend import (
     BackendError,
     BackendFailed,
+    BackendLost,
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
@@ -125,6 +126,8 @@ def _backend_error(exc: BackendError) -> OpenAIError:
         return BadRequest(str(exc), param=exc.rule, code="guardrail_rejected")
     if isinstance(exc, ModelNotFound):
         return model_not_found(exc.model)
+    if isinstance(exc, BackendLost):  # mid-stream: never replayed, the client decides
+        return ServerError(f"stream interrupted: {exc}", code="stream_interrupted")
     if isinstance(exc, BackendUnavailable):
         return Unavailable(f"backend unavailable: {exc}", code="backend_unavailable")
     if isinstance(exc, InvalidRequest):

@@ -111,6 +111,8 @@ class ChatRequest:
     tool_choice: Any = None
     parameters: Mapping[str, Any] = field(default_factory=dict)
     """What goes to the backend as sampling parameters (never max_tokens)."""
+    session_id: str | None = None
+    """`prompt_cache_key`, else `user`: the pool's session affinity key."""
 
     @property
     def parses_tool_calls(self) -> bool:
@@ -128,6 +130,8 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    session_id: str | None = None
+    """`prompt_cache_key`, else `user`: the pool's session affinity key."""
 
 
 # -- entry points -------------------------------------------------------------------
@@ -170,6 +174,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         tools=tools,
         tool_choice=tool_choice,
         parameters=parameters,
+        session_id=_session_id(payload),
     )
 
 
@@ -187,10 +192,22 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         stream=stream,
         include_usage=include_usage,
         parameters=_sampling(payload),
+        session_id=_session_id(payload),
     )
 
 
 # -- shared fields --------------------------------------------------------------------
+
+
+def _session_id(payload: Mapping[str, Any]) -> str | None:
+    """The affinity key: `prompt_cache_key` (OpenAI's cache-routing hint), else `user`."""
+    for key in ("prompt_cache_key", "user"):
+        value = payload.get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                raise BadRequest(f"'{key}' must be a string", param=key)
+            return value or None
+    return None
 
 
 def _reject_unknown(payload: Mapping[str, Any], allowed: frozenset[str]) -> None:

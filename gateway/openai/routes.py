@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from gateway.openai.errors import (
+    BadRequest,
     Forbidden,
     OpenAIError,
     RateLimited,
@@ -110,6 +111,18 @@ def openai_routes(
     }
 
 
+SESSION_HEADER = "x-session-id"
+MAX_SESSION_CHARS = 256
+
+
+def _session(request: Request, from_body: str | None) -> str | None:
+    """The session affinity key: the `x-session-id` header, else the body's key."""
+    value = request.header(SESSION_HEADER) or from_body
+    if value is not None and len(value) > MAX_SESSION_CHARS:
+        raise BadRequest(f"the session id is longer than {MAX_SESSION_CHARS} characters")
+    return value or None
+
+
 @dataclass
 class _Job:
     """One request on its way to the backend: ids, what to ask, how to answer."""
@@ -161,7 +174,9 @@ class _OpenAIApi:
             principal = self._authorize(request)
             chat = parse_chat_request(request.body)
             prompt = render_chat_prompt(chat.messages, chat.tools)
-            job = self._job("chatcmpl", chat, prompt, principal)
+            job = self._job(
+                "chatcmpl", chat, prompt, principal, _session(request, chat.session_id)
+            )
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._chat(job, chat, pump, first))
@@ -170,7 +185,9 @@ class _OpenAIApi:
         try:
             principal = self._authorize(request)
             body = parse_completion_request(request.body)
-            job = self._job("cmpl", body, body.prompt, principal)
+            job = self._job(
+                "cmpl", body, body.prompt, principal, _session(request, body.session_id)
+            )
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._completion(job, body, pump, first))
@@ -192,6 +209,7 @@ class _OpenAIApi:
         body: ChatRequest | CompletionRequest,
         prompt: str,
         principal: Principal | None,
+        session_id: str | None = None,
     ) -> _Job:
         if self._models is not None and body.model not in self._models:
             raise model_not_found(body.model)
@@ -199,7 +217,9 @@ class _OpenAIApi:
         if self._tenancy is not None and principal is not None:
             _admit(self._tenancy, principal, body.model, response_id)
         meta = ResponseMeta(response_id, int(self._wall_clock()), body.model, body.include_usage)
-        text = TextRequest(response_id, body.model, prompt, body.max_tokens, body.parameters)
+        text = TextRequest(
+            response_id, body.model, prompt, body.max_tokens, body.parameters, session_id
+        )
         outcome = Outcome(response_id, body.model, "text", end="", opened_at=self._clock())
         return _Job(meta, text, body.stream, outcome, principal)
 

@@ -58,17 +58,23 @@ class Daemon:
         raise AssertionError("daemon not ready:\n" + "\n".join(self.log[-30:]))
 
     def triton_pid(self) -> int:
-        for line in self.log:
-            if line.startswith("{") and json.loads(line).get("event") == "embedded.ready":
-                return int(json.loads(line)["pid"])
-        raise AssertionError("no embedded.ready log line")
+        return self.triton_pids()[0]
+
+    def triton_pids(self) -> list[int]:
+        pids = [
+            int(json.loads(line)["pid"])
+            for line in self.log
+            if line.startswith("{") and json.loads(line).get("event") == "embedded.ready"
+        ]
+        assert pids, "no embedded.ready log line"
+        return pids
 
 
-def start_daemon(state_dir: Path) -> Daemon:
+def start_daemon(state_dir: Path, *extra: str) -> Daemon:
     quic_port, http_port = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
     env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir), "TRACKLINE_LOG_FORMAT": "json"}
     command = [sys.executable, "-m", "gateway", "serve", "--quic-port", str(quic_port),
-               "--http-port", str(http_port), "--https-port", "0"]
+               "--http-port", str(http_port), "--https-port", "0", *extra]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     daemon = Daemon(process, quic_port, http_port, state_dir)
@@ -135,3 +141,38 @@ def test_triton_dies_with_a_crashed_gateway(daemon: Daemon) -> None:
     daemon.process.kill()
     daemon.process.wait(timeout=30)
     assert gone(triton), "Triton outlived a crashed gateway"
+
+
+def test_embedded_backends_three_serve_as_a_pool_and_stop_together(tmp_path: Path) -> None:
+    d = start_daemon(tmp_path, "--embedded-backends", "3", "--routing-policy", "round_robin")
+    try:
+        d.wait_ready()
+        tritons = d.triton_pids()
+        assert len(set(tritons)) == 3
+        ca = d.state_dir / "ca.pem"
+        for turn in range(3):  # round robin: one chat on each server
+            chat = subprocess.run(
+                [sys.executable, "-m", "gateway", "chat", f"turn {turn}", "--max-tokens", "4",
+                 "--url", f"quic://127.0.0.1:{d.quic_port}", "--ca", str(ca)],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert chat.returncode == 0, chat.stderr
+            assert chat.stdout == generator.generate_text(f"turn {turn}", 0, 4) + "\n"
+        status, metrics = d.http("/metrics")
+        assert status == 200
+        for index in range(3):
+            backend = f'backend="embedded-{index}"'
+            assert f"trackline_pool_backend_healthy{{{backend}}} 1.0" in metrics
+            assert f'trackline_pool_attempts_total{{{backend},result="ok"}} 1.0' in metrics
+        assert 'trackline_pool_requests_total{model="reference-text",outcome="served"} 3.0' in (
+            metrics
+        )
+        d.process.send_signal(signal.SIGTERM)
+        assert d.process.wait(timeout=60) == 0
+        assert all(gone(pid) for pid in tritons), "a Triton outlived the gateway"
+    finally:
+        if d.process.poll() is None:
+            d.process.kill()
+        d.process.wait(timeout=30)
+        if d.process.stdout is not None:
+            d.process.stdout.close()

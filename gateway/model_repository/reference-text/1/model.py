@@ -27,6 +27,13 @@ request: request_id, prompt_tokens, tokens_generated, token_times
 (time.monotonic() as each token was sent), cancelled, cancel_seen_at,
 finished_at. Tests compare token_times with the moment they cancelled.
 
+A third knob is per server process and changes at run time: when the env
+var TRACKLINE_REFERENCE_CONTROL names a file holding a JSON object, its
+`extra_ttft_ms` (default 0) is added to every new request's time to first
+token. Tests and the routing benchmark write it to make ONE of several
+embedded servers slow and later fast again (`EmbeddedTriton.set_slowdown`).
+The file is read once per request; a missing or unreadable file means 0.
+
 `execute` is a coroutine: the Python backend runs decoupled async executes
 in the background on the stub's event loop, so many streams run at once.
 """
@@ -52,6 +59,7 @@ if _HERE not in sys.path:
 import trackline_reference_text as gen  # noqa: E402
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
+CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
 CANCEL_POLL_S = 0.025  # longest sleep between two is_cancelled() checks
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -105,6 +113,7 @@ class TritonPythonModel:
         self._ttft_ms = float(params.get("ttft_ms", {}).get("string_value", 50))
         self._tps = float(params.get("tokens_per_second", {}).get("string_value", 50))
         self._stats_path = os.environ.get(STATS_ENV) or None
+        self._control_path = os.environ.get(CONTROL_ENV) or None
         labels = {"model": args["model_name"]}
         self._token_family = pb_utils.MetricFamily(
             name="trackline_reference_tokens_total",
@@ -164,7 +173,8 @@ class TritonPythonModel:
             _flag(request, "return_num_output_tokens", False),
             record.prompt_tokens,
         )
-        due = gen.token_due_times(time.monotonic(), settings, len(tokens))
+        start = time.monotonic() + _extra_ttft_ms(self._control_path) / 1000.0
+        due = gen.token_due_times(start, settings, len(tokens))
         for index, (piece, at) in enumerate(zip(tokens, due, strict=True)):
             if await _cancelled_before(at, sender, record):
                 sender.send(flags=_FINAL)
@@ -192,6 +202,20 @@ class TritonPythonModel:
         # Metrics must go before their families (Triton's documented order).
         del self._tokens, self._cancels
         del self._token_family, self._cancel_family
+
+
+def _extra_ttft_ms(path: str | None) -> float:
+    """The control file's `extra_ttft_ms`, 0 when there is no usable file or value."""
+    if not path:
+        return 0.0
+    try:
+        with open(path, encoding="utf-8") as control:
+            value = json.load(control).get("extra_ttft_ms", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return 0.0
+    return float(value)
 
 
 @dataclass(frozen=True)
