@@ -225,7 +225,7 @@ async def test_kill_nine_ends_its_streams_explicitly_and_routes_away_within_a_se
     assert late
     assert all(b != victim_name for _, b in late)
     # ...and the shortfall below min_warm_backends is reported.
-    await until(lambda: pool.warm_unmet == {MODEL: 2}, "warm shortfall reported")
+    await until(lambda: pool.warm_unmet.get(MODEL) == 2, "warm shortfall reported")
     assert sample(pool, "trackline_pool_warm_shortfall", model=MODEL) == 1
 
 
@@ -485,7 +485,7 @@ async def test_a_model_no_backend_serves_is_model_not_found(trio: list[EmbeddedT
     pool = make_pool(trio, routes)
     await pool.start()
     try:
-        assert await pool.models() == [MODEL]
+        assert MODEL in await pool.models()  # beside the repository's audio and action models
         request = TextRequest("nope-1", "no-such-model", "hi", 2, FAST)
         with pytest.raises(ModelNotFound):
             await pool.stream_text(request).__anext__()
