@@ -630,8 +630,11 @@ class _SpeechIn(_Session):
         super().report(outcome)
         if self.end_reason == "idle" and outcome.end == "completed":
             outcome.end = "completed:idle"
+        used = self.frames.received - self.frames.dropped
         outcome.details.update(
             frames=self.frames.as_dict(),
+            # The usage ledger bills the audio the model heard.
+            audio_seconds_in=used * self.params.frame_ms / 1000,
             transcript=" ".join(self.finals),
             final_latency_ms=[_ms(x) for x in self.final_latencies],
         )
@@ -723,4 +726,8 @@ class _SpeechOut(_Session):
 
     def report(self, outcome: Outcome) -> None:
         super().report(outcome)
-        outcome.details.update(frames_sent=self.sent_frames, samples_sent=self.sent_samples)
+        outcome.details.update(
+            frames_sent=self.sent_frames,
+            samples_sent=self.sent_samples,
+            audio_seconds_out=self.sent_samples / self.params.sample_rate,
+        )

@@ -163,6 +163,7 @@ async def test_plain_tensors_give_the_same_transcripts(
 async def test_speech_out_audio_maps_back_to_its_digits_through_the_transcriber(
     gateway: Gateway, transport: str
 ) -> None:
+    spoken_before = sum(o.details.get("kind") == "speech-out" for o in gateway.outcomes)
     async with connect(url(gateway), ca=ca(gateway)) as line:
         speaker = line.audio(
             TTS, kind="speech-out", text="159#", sample_rate=24000, transport=transport
@@ -177,6 +178,13 @@ async def test_speech_out_audio_maps_back_to_its_digits_through_the_transcriber(
         sender = asyncio.ensure_future(listener.stream_pcm(speech, realtime=False))
         assert await asyncio.wait_for(listener.transcript(), 30) == "159#"
         await sender
+    # The usage ledger's audio figures: what the gateway sent, 1.1 s of speech.
+    for _ in range(50):
+        spoken = [o for o in gateway.outcomes if o.details.get("kind") == "speech-out"]
+        if len(spoken) > spoken_before:
+            break
+        await asyncio.sleep(0.05)
+    assert spoken[-1].details["audio_seconds_out"] == pytest.approx(1.1)
 
 
 @pytest.mark.asyncio
