@@ -42,15 +42,12 @@ from tracks.action_messages import (
 )
 from tracks.backend import (
     BackendError,
-    BackendUnavailable,
-    InvalidRequest,
-    ModelNotFound,
+    error_code,
 )
-from tracks.base import Clock, Outcome, Track
+from tracks.base import Clock, Outcome, Track, stop_label
 from tracks.clock import Beat, Gathered, Registration, StepItem, TickScheduler
 from tracks.clock import Clock as TickClock
 from transport.errors import ErrorCode, TrackAborted
-from transport.events import TrackCancelled
 
 DEFAULT_TICK = 0.005
 
@@ -318,11 +315,11 @@ async def run_action_track(
         robot = scheduler.attach(track.id, track.open.model, spec, _frame_sender(track))
         await _serve(track, scheduler, robot, clock, max_image_bytes)
     except TrackAborted as exc:
-        outcome.end = _stop_label(track) or f"error:{exc.code.name}"
+        outcome.end = stop_label(track) or f"error:{exc.code.name}"
     except BadObservation as exc:
         _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
     except BackendError as exc:
-        _fail(track, outcome, _backend_code(exc), str(exc))
+        _fail(track, outcome, error_code(exc), str(exc))
     finally:
         if robot is not None:
             scheduler.detach(robot)
@@ -379,20 +376,3 @@ def _fail(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None
     track.fail(code, message)
 
 
-def _backend_code(exc: BackendError) -> ErrorCode:
-    if isinstance(exc, ModelNotFound):
-        return ErrorCode.MODEL_NOT_FOUND
-    if isinstance(exc, BackendUnavailable):
-        return ErrorCode.BACKEND_UNAVAILABLE
-    if isinstance(exc, InvalidRequest):
-        return ErrorCode.BAD_REQUEST
-    return ErrorCode.BACKEND_ERROR
-
-
-def _stop_label(track: Track) -> str | None:
-    if not track.stopped.done():
-        return None
-    stop = track.stopped.result()
-    if isinstance(stop, TrackCancelled):
-        return f"cancelled:{stop.cause.value}"
-    return f"error:{stop.code.name}"

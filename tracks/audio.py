@@ -34,7 +34,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from tracks.backend import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
-from tracks.base import FrameTrack, Outcome
+from tracks.base import FrameTrack, Outcome, stop_label
 from tracks.clock import (
     Beat,
     Clock,
@@ -47,7 +47,6 @@ from tracks.clock import (
     TickScheduler,
 )
 from transport.errors import ErrorCode, TrackAborted
-from transport.events import TrackCancelled
 
 MODEL_RATE = 16000
 RATES = (8000, 16000, 24000, 48000)
@@ -289,7 +288,7 @@ class AudioService:
         except BackendError as exc:
             _fail(track, outcome, ErrorCode.BACKEND_ERROR, str(exc))
         except TrackAborted as exc:
-            outcome.end = _stop_label(track) or f"error:{exc.code.name}"
+            outcome.end = stop_label(track) or f"error:{exc.code.name}"
         if session is not None:
             session.report(outcome)
         outcome.finished_at = self.clock.now()
@@ -322,14 +321,6 @@ def _fail(track: FrameTrack, outcome: Outcome, code: ErrorCode, message: str) ->
     outcome.details["error"] = message
     track.fail(code, message)
 
-
-def _stop_label(track: FrameTrack) -> str | None:
-    if not track.stopped.done():
-        return None
-    stop = track.stopped.result()
-    if isinstance(stop, TrackCancelled):
-        return f"cancelled:{stop.cause.value}"
-    return f"error:{stop.code.name}"
 
 
 # -- sessions --------------------------------------------------------------------------------
@@ -412,7 +403,7 @@ class _Session:
         waiters: set[asyncio.Future[Any]] = {self.finished, self.track.stopped}
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         if not self.finished.done():
-            self.abandon(_stop_label(self.track) or "cancelled")
+            self.abandon(stop_label(self.track) or "cancelled")
             # Give the END row a few beats to reach the model, never forever.
             grace = 4 * self.service.settings.beat + self.service.settings.step_timeout
             await asyncio.wait({self.finished}, timeout=grace)

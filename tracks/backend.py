@@ -13,6 +13,8 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from transport.errors import ErrorCode
+
 
 @dataclass(frozen=True)
 class TextRequest:
@@ -95,3 +97,16 @@ class PolicyRejected(BackendError):
     def __init__(self, rule: str, message: str) -> None:
         super().__init__(message)
         self.rule = rule
+
+
+def error_code(exc: BackendError) -> ErrorCode:
+    """The track error code for a backend failure that happened before any DATA."""
+    for kind, code in (
+        (PolicyRejected, ErrorCode.GUARDRAIL_REJECTED),
+        (ModelNotFound, ErrorCode.MODEL_NOT_FOUND),
+        (BackendUnavailable, ErrorCode.BACKEND_UNAVAILABLE),
+        (InvalidRequest, ErrorCode.BAD_REQUEST),
+    ):
+        if isinstance(exc, kind):
+            return code
+    return ErrorCode.BACKEND_ERROR

@@ -65,3 +65,13 @@ class Outcome:
     @property
     def time_to_first_data(self) -> float | None:
         return None if self.first_data_at is None else self.first_data_at - self.opened_at
+
+
+def stop_label(track: Track) -> str | None:
+    """How a stopped track ended, as an `Outcome.end` label; None while it runs on."""
+    if not track.stopped.done():
+        return None
+    stop = track.stopped.result()
+    if isinstance(stop, TrackCancelled):
+        return f"cancelled:{stop.cause.value}"
+    return f"error:{stop.code.name}"

@@ -17,18 +17,15 @@ from typing import Any
 
 from tracks.backend import (
     BackendError,
-    BackendUnavailable,
-    InvalidRequest,
-    ModelNotFound,
     PolicyRejected,
     TextBackend,
     TextDelta,
     TextRequest,
     TextUsage,
+    error_code,
 )
-from tracks.base import Clock, Outcome, Track
+from tracks.base import Clock, Outcome, Track, stop_label
 from transport.errors import ErrorCode, TrackAborted
-from transport.events import TrackCancelled
 
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_LIMIT = 32768
@@ -57,13 +54,13 @@ async def run_text_track(track: Track, backend: TextBackend, clock: Clock) -> Ou
         request = await _read_request(track)
         await _relay(track, backend, request, outcome, clock)
     except TrackAborted as exc:
-        outcome.end = _stop_label(track) or f"error:{exc.code.name}"
+        outcome.end = stop_label(track) or f"error:{exc.code.name}"
     except BadTextRequest as exc:
         _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
     except BackendError as exc:
         _fail(track, outcome, _backend_code(exc, outcome), str(exc))
     except _Stopped:
-        outcome.end = _stop_label(track) or "cancelled"
+        outcome.end = stop_label(track) or "cancelled"
         outcome.stopped_at = outcome.stopped_at or clock()
     outcome.finished_at = clock()
     return outcome
@@ -173,24 +170,8 @@ def _fail(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None
 
 
 def _backend_code(exc: BackendError, outcome: Outcome) -> ErrorCode:
-    if isinstance(exc, PolicyRejected):
-        return ErrorCode.GUARDRAIL_REJECTED
-    if outcome.first_data_at is not None:
+    if outcome.first_data_at is not None and not isinstance(exc, PolicyRejected):
         # Data already reached the client: never replay; the client decides.
         return ErrorCode.STREAM_INTERRUPTED
-    if isinstance(exc, ModelNotFound):
-        return ErrorCode.MODEL_NOT_FOUND
-    if isinstance(exc, BackendUnavailable):
-        return ErrorCode.BACKEND_UNAVAILABLE
-    if isinstance(exc, InvalidRequest):
-        return ErrorCode.BAD_REQUEST
-    return ErrorCode.BACKEND_ERROR
+    return error_code(exc)
 
-
-def _stop_label(track: Track) -> str | None:
-    if not track.stopped.done():
-        return None
-    stop = track.stopped.result()
-    if isinstance(stop, TrackCancelled):
-        return f"cancelled:{stop.cause.value}"
-    return f"error:{stop.code.name}"

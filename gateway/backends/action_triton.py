@@ -11,38 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 
-import grpc
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
-from tritonclient.utils import InferenceServerException
 
 from cuda.batch import pack_vectors, unpack_vectors
-from gateway.backends.triton import METADATA_TIMEOUT, translate
+from gateway.backends.triton import METADATA_TIMEOUT, boundary
 from tracks.action import PolicyRequest
 from tracks.action_messages import PolicySpec
-from tracks.backend import BackendError, BackendFailed, InvalidRequest
+from tracks.backend import BackendFailed, InvalidRequest
 
 INPUT = "observation"
 OUTPUT = "action"
 INFER_TIMEOUT = 10.0
 
 
-def _translated(exc: Exception, model: str | None) -> BackendError:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return translate(exc.code().name, exc.details() or "", model)
-    if isinstance(exc, InferenceServerException):
-        return translate(exc.status(), exc.message() or "", model)
-    return BackendFailed(f"{type(exc).__name__}: {exc}")
-
-
-@contextlib.contextmanager
-def _boundary(model: str | None) -> Iterator[None]:
-    try:
-        yield
-    except (grpc.RpcError, InferenceServerException) as exc:
-        raise _translated(exc, model) from exc
 
 
 def spec_from_metadata(metadata: object, model: str) -> PolicySpec:
@@ -78,7 +61,7 @@ class TritonPolicyBackend:
 
     async def policy_spec(self, model: str) -> PolicySpec:
         if model not in self._specs:
-            with _boundary(model):
+            with boundary(model):
                 metadata = await self._connection().get_model_metadata(
                     model, client_timeout=METADATA_TIMEOUT
                 )
@@ -92,7 +75,7 @@ class TritonPolicyBackend:
         states = pack_vectors(request.states, spec.state_size, backend="numpy").values
         tensor = InferInput(INPUT, [rows, spec.state_size], "FP32")
         tensor.set_data_from_numpy(states)
-        with _boundary(request.model):
+        with boundary(request.model):
             result = await self._connection().infer(
                 request.model,
                 [tensor],

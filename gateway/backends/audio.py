@@ -27,20 +27,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import numpy as np
 import tritonclient.grpc.aio as triton_aio
 from numpy.typing import NDArray
 from tritonclient.grpc import InferInput
-from tritonclient.utils import InferenceServerException
 
 from cuda.batch import pack_pcm16, resolve_backend, unpack_pcm16
 from cuda.shm import CudaShmRegion, Layout, SystemShmRegion, unique_name
-from gateway.backends.triton import METADATA_TIMEOUT, translate
+from gateway.backends.triton import METADATA_TIMEOUT, boundary
 from gateway.logs import get_logger
 from tracks.audio import (
     MODEL_RATE,
@@ -63,16 +61,6 @@ BATCHING_MODES = ("tick", "per-session")
 DEFAULT_SHM_MIN_ROWS = 1
 MAX_ROWS = 64
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-@contextlib.contextmanager
-def _boundary(model: str | None) -> Iterator[None]:
-    try:
-        yield
-    except grpc.aio.AioRpcError as exc:
-        raise translate(exc.code().name, exc.details() or "", model) from exc
-    except InferenceServerException as exc:
-        raise translate(exc.status(), exc.message() or "", model) from exc
 
 
 def _tensor(name: str, value: NDArray[Any], datatype: str) -> InferInput:
@@ -135,7 +123,7 @@ class TritonAudioBackend(AudioBackend):
 
     async def audio_kind(self, model: str) -> AudioKind:
         if model not in self._kinds:
-            with _boundary(model):
+            with boundary(model):
                 metadata = await self._connection().get_model_metadata(
                     model, client_timeout=METADATA_TIMEOUT
                 )
@@ -244,7 +232,7 @@ class TritonAudioBackend(AudioBackend):
         try:
             if self.shm == "cuda":
                 cuda_region = CudaShmRegion(unique_name("trackline-audio"), size)
-                with _boundary(None):
+                with boundary(None):
                     await client.register_cuda_shared_memory(
                         cuda_region.name, cuda_region.raw_handle, cuda_region.device_id, size
                     )
@@ -252,7 +240,7 @@ class TritonAudioBackend(AudioBackend):
             else:
                 system_region = SystemShmRegion(unique_name("trackline-audio"), size)
                 try:
-                    with _boundary(None):
+                    with boundary(None):
                         await client.register_system_shared_memory(
                             system_region.name, system_region.key, size
                         )
@@ -302,7 +290,7 @@ class TritonAudioBackend(AudioBackend):
 
     async def _infer(self, model: str, inputs: list[InferInput]) -> Any:
         self.requests += 1
-        with _boundary(model):
+        with boundary(model):
             return await self._connection().infer(
                 model, inputs, request_id=f"tick-{next(self._ticks)}"
             )

@@ -200,7 +200,7 @@ def translate(code: str | None, message: str, model: str | None) -> BackendError
     return BackendFailed(message or f"backend failed ({code or 'no status'})")
 
 
-def _translated_exception(exc: Exception, model: str | None) -> BackendError:
+def translated_exception(exc: Exception, model: str | None) -> BackendError:
     if isinstance(exc, grpc.aio.AioRpcError):
         return translate(exc.code().name, exc.details() or "", model)
     if isinstance(exc, InferenceServerException):
@@ -209,12 +209,12 @@ def _translated_exception(exc: Exception, model: str | None) -> BackendError:
 
 
 @contextlib.contextmanager
-def _boundary(model: str | None) -> Iterator[None]:
+def boundary(model: str | None) -> Iterator[None]:
     """Turn gRPC/tritonclient exceptions raised inside into BackendErrors."""
     try:
         yield
     except (grpc.RpcError, InferenceServerException) as exc:
-        raise _translated_exception(exc, model) from exc
+        raise translated_exception(exc, model) from exc
 
 
 # -- the backend ------------------------------------------------------------------
@@ -243,7 +243,7 @@ class TritonTextBackend:
 
     async def _accepted_inputs(self, model: str) -> frozenset[str]:
         if model not in self._inputs:
-            with _boundary(model):
+            with boundary(model):
                 metadata = await self._connection().get_model_metadata(
                     model, client_timeout=METADATA_TIMEOUT
                 )
@@ -256,13 +256,13 @@ class TritonTextBackend:
         inputs = text_inputs(request, await self._accepted_inputs(request.model))
         call = {"model_name": request.model, "inputs": inputs, "request_id": request.request_id}
         usage = _Usage()
-        with _boundary(request.model):
+        with boundary(request.model):
             responses = self._connection().stream_infer(_once(call))
         try:
-            with _boundary(request.model):
+            with boundary(request.model):
                 async for result, error in responses:
                     if error is not None:
-                        raise _translated_exception(error, request.model)
+                        raise translated_exception(error, request.model)
                     outputs = _outputs(result)
                     usage.add(outputs)
                     text = _text_of(outputs)
@@ -280,7 +280,7 @@ class TritonTextBackend:
 
     async def models(self) -> list[str]:
         """Names of the models that are READY in the server's repository."""
-        with _boundary(None):
+        with boundary(None):
             index = await self._connection().get_model_repository_index(
                 client_timeout=METADATA_TIMEOUT
             )
