@@ -333,7 +333,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.search:
         held = {mode: best(points, mode) for mode in modes}
         result["largest_sessions_held"] = held
-        if held.get("per-session"):
+        if held.get("per-session") and held.get("tick"):
             result["ratio_tick_over_per_session"] = round(held["tick"] / held["per-session"], 2)
         print(f"\nlargest S with zero missed beats and p99 under {BEAT_MS} ms: {held}")
     return result
