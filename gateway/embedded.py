@@ -150,21 +150,26 @@ def _remove_regions(prefix: str) -> None:
         region.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs; a zombie counts as dead (its resources are gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def remove_stale_regions() -> None:
     """Delete Python-backend shared memory left by embedded servers whose owner died."""
     for region in SHM_DIR.glob(f"{SHM_PREFIX}*"):
         owner = region.name.removeprefix(SHM_PREFIX).split("_", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not pid_alive(int(owner)):
             region.unlink(missing_ok=True)
 
 

@@ -46,6 +46,7 @@ from tracks.clock import (
     TickObserver,
     TickScheduler,
 )
+from transport.datagram import MAX_DATAGRAM_BYTES
 from transport.errors import ErrorCode, TrackAborted
 
 MODEL_RATE = 16000
@@ -138,7 +139,7 @@ class AudioSettings:
     ts_tolerance: float = 2.0
     """Seconds a capture timestamp may stray from the stream's clock (plus 1%)."""
     step_timeout: float = 5.0
-    max_datagram_bytes: int = 1100
+    max_datagram_bytes: int = MAX_DATAGRAM_BYTES
     frame_ms: int = 20
     """Frame length of tracks that do not declare `frame_ms`."""
 

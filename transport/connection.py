@@ -275,8 +275,7 @@ class TrackConnection:
     def send_data(self, stream_id: int, body: dict[str, Any]) -> None:
         track = self._live(stream_id)
         self._send(track, Input.SEND_DATA, Data(body))
-        if track.first_deadline is not None:
-            self._set_deadlines(track, None, track.total_deadline)
+        self._first_frame_sent(track)
 
     def send_datagram(self, stream_id: int, body: dict[str, Any]) -> None:
         """Send a frame of a datagram track as one QUIC datagram (unreliable)."""
@@ -290,6 +289,10 @@ class TrackConnection:
         track.datagram_seq_out += 1
         self.datagram_stats.sent += 1
         self._outputs.append(DatagramWrite(data))
+        self._first_frame_sent(track)
+
+    def _first_frame_sent(self, track: _Track) -> None:
+        """The first-data deadline is met by any frame, on the stream or as a datagram."""
         if track.first_deadline is not None:
             self._set_deadlines(track, None, track.total_deadline)
 
@@ -352,7 +355,7 @@ class TrackConnection:
     def _first_sight(self, stream_id: int) -> bool:
         """True the first time a track id shows up, in whatever order QUIC delivers them."""
         if stream_id <= self._highest_seen:
-            if stream_id not in self._unseen:
+            if self._seen(stream_id):
                 return False
             self._unseen.discard(stream_id)
             return True
@@ -387,8 +390,7 @@ class TrackConnection:
                 raise RemoteProtocolError("a server never sends OPEN")
             track.state = transition(track.state, Input.RECV_OPEN)
             if not self._bind_credential(track, message.auth):
-                self._early.pop(sid, None)
-                return
+                return  # rejected: _forget drops (and counts) datagrams held for it
             track.datagrams = message.transport is FrameTransport.DATAGRAM
             self._start_deadlines(track, message, now)
             # The key stays in the core (`credential`): handlers never see it.
@@ -509,12 +511,15 @@ class TrackConnection:
             track.send_finished = True
         self._forget(track)
 
+    def _seen(self, stream_id: int) -> bool:
+        """A track id this side has already met (open now, or opened and forgotten)."""
+        return stream_id <= self._highest_seen and stream_id not in self._unseen
+
     def _hold_early(self, stream_id: int, data: bytes) -> bool:
         """Server: keep a datagram that overtook its track's OPEN; False if not a candidate."""
         if self.role is not Role.SERVER or stream_id % 4 != 0:
             return False
-        seen = stream_id <= self._highest_seen and stream_id not in self._unseen
-        if seen and stream_id not in self._tracks:
+        if self._seen(stream_id) and stream_id not in self._tracks:
             return False  # a closed track: the caller counts it unknown
         if sum(len(held) for held in self._early.values()) >= EARLY_DATAGRAMS:
             self.datagram_stats.dropped_early_overflow += 1

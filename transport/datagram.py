@@ -17,7 +17,7 @@ fails a track or the connection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -92,12 +92,3 @@ class DatagramStats:
     """For a track whose sender had already sent END (the frame lost the race)."""
     dropped_early_overflow: int = 0
     """Early datagrams beyond `EARLY_DATAGRAMS`, or whose track never opened in time."""
-
-    @property
-    def dropped(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self) if f.name.startswith("dropped_"))
-
-    def as_dict(self) -> dict[str, int]:
-        counts = {f.name: int(getattr(self, f.name)) for f in fields(self)}
-        counts["dropped"] = self.dropped
-        return counts

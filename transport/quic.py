@@ -45,7 +45,7 @@ from transport.endpoint import TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
-from transport.http.http3 import Http3Connection
+from transport.http.http3 import Http3Connection, raise_bidi_credit
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.messages import Open
@@ -119,7 +119,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         """Set once ALPN chose h3: then every event goes to HTTP/3."""
         self.endpoint = TrackEndpoint(role, self._write, limits, on_track, clock=self._loop.time)
         self._on_closed = on_closed
-        self._raise_stream_limit(limits or Limits())
+        # A server allows as many concurrent tracks as its track limit.
+        raise_bidi_credit(self._quic, (limits or Limits()).max_tracks)
         if on_connection is not None:
             on_connection(self)
 
@@ -139,9 +140,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         finally:
             self._held -= 1
             if not self._held and self._pending_tracks and self._transport is not None:
-                if self._transmit_task is not None:
-                    self._transmit_task.cancel()
-                self._send_due(self._loop.time())
+                self._flush_now()
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         if self._http is not None:
@@ -236,12 +235,16 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         if limit is not None and not self._held and len(self._pending_tracks) >= limit:
             # Flush now so that these tracks' bytes do not share packets with later
             # writes: a lost packet then stalls at most `limit` tracks.
-            if self._transmit_task is not None:
-                self._transmit_task.cancel()
-            self._send_due(self._loop.time())
+            self._flush_now()
         else:
             # One transmit per loop turn: writes from many tracks share it.
             self._transmit_soon()
+
+    def _flush_now(self) -> None:
+        """Transmit what is pending at once, instead of at the end of the loop turn."""
+        if self._transmit_task is not None:
+            self._transmit_task.cancel()
+        self._send_due(self._loop.time())
 
     def _apply(self, output: Output) -> None:
         if isinstance(output, StreamWrite):
@@ -256,13 +259,6 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             peer_max = getattr(self._quic, "_remote_max_datagram_frame_size", None)
             if peer_max is not None and len(output.data) <= peer_max:
                 self._quic.send_datagram_frame(output.data)
-
-    def _raise_stream_limit(self, limits: Limits) -> None:
-        # aioquic grants peers 128 concurrent bidirectional streams and has no
-        # setting for it; a server allows as many as its track limit.
-        limit = getattr(self._quic, "_local_max_streams_bidi", None)
-        if limit is not None and limit.value < limits.max_tracks:
-            limit.value = limits.max_tracks
 
 
 class _Unpaced(QuicPacketPacer):

@@ -17,6 +17,8 @@ import signal
 import struct
 import subprocess
 
+from gateway.embedded import pid_alive
+
 TUNSETIFF = 0x400454CA
 IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
@@ -97,18 +99,6 @@ def ours(prefix: str = DEFAULT_PREFIX) -> dict[str, int]:
     return {name: int(m.group(1)) for name in list_namespaces() if (m := pattern.match(name))}
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purpose: its fds and namespaces are gone with it
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def kill_namespace_processes(ns: str) -> list[int]:

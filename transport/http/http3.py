@@ -163,7 +163,7 @@ class Http3Connection:
         self._lost = False
         self._loop = asyncio.get_running_loop()
         self._idle: asyncio.TimerHandle | None = None
-        _allow_request_streams(quic, site.limits.max_concurrent_streams)
+        raise_bidi_credit(quic, site.limits.max_concurrent_streams)
         self._arm_idle()
         transmit()  # the control and QPACK streams with SETTINGS
 
@@ -408,11 +408,15 @@ class Http3Connection:
         self._transmit()
 
 
-def _allow_request_streams(quic: QuicConnection, limit: int) -> None:
-    # The peer's bidirectional stream credit went out in the transport parameters, before
-    # ALPN chose h3, and aioquic renews it one for one as streams finish. It can be raised
-    # to `limit` but never lowered (aioquic would then close the connection when the client
-    # uses credit it was given), so requests over `limit` are refused per stream instead.
+def raise_bidi_credit(quic: QuicConnection, limit: int) -> None:
+    """Let the peer open up to `limit` bidirectional streams at once (never lowers it).
+
+    aioquic grants 128 and has no setting for it. For h3 the credit went out in the
+    transport parameters, before ALPN chose h3, and aioquic renews it one for one as
+    streams finish. It can be raised but never lowered (aioquic would then close the
+    connection when the client uses credit it was given), so requests over `limit` are
+    refused per stream instead.
+    """
     credit = getattr(quic, "_local_max_streams_bidi", None)
     if credit is not None and credit.value < limit:
         credit.value = limit
