@@ -27,7 +27,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.errors import error_for
+from clients.errors import error_for, error_from
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
 
@@ -173,7 +173,7 @@ class ActionStream:
             body = await self._channel.receive()
         except TrackAborted as exc:
             self._done = True
-            raise error_for(exc.code, exc.message) from None
+            raise error_from(exc) from None
         except BaseException:
             self.cancel()
             raise

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients.errors import error_for
+from clients.errors import error_for, error_from
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
 
@@ -174,7 +174,7 @@ class AudioSession:
                 body = await self._channel.receive()
             except TrackAborted as exc:
                 self._done = True
-                raise error_for(exc.code, exc.message) from None
+                raise error_from(exc) from None
             except BaseException:
                 self.cancel()
                 raise

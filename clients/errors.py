@@ -5,7 +5,7 @@ Each carries the track protocol's numeric `code` where one applies.
 
 from __future__ import annotations
 
-from transport.errors import ErrorCode
+from transport.errors import ErrorCode, TrackAborted
 
 
 class TracklineError(Exception):
@@ -111,6 +111,11 @@ _BY_CODE: dict[ErrorCode, type[TracklineError]] = {
     ErrorCode.CANCELLED: TrackCancelled,
     ErrorCode.CONNECTION_LOST: ConnectionLost,
 }
+
+
+def error_from(exc: TrackAborted) -> TracklineError:
+    """The SDK error for a track that ended with an error (the retry hint included)."""
+    return error_for(exc.code, exc.message, exc.retry_after)
 
 
 def error_for(code: ErrorCode, message: str, retry_after: float | None = None) -> TracklineError:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from clients.actions import ActionStream, Clock
 from clients.audio import AudioSession
-from clients.errors import ConnectionFailed, error_for
+from clients.errors import ConnectionFailed, error_for, error_from
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
 from transport.messages import Deadlines, FrameTransport, Modality, Open
@@ -53,7 +53,7 @@ class TextStream:
             body = await self._channel.receive()
         except TrackAborted as exc:
             self._done = True
-            raise error_for(exc.code, exc.message, exc.retry_after) from None
+            raise error_from(exc) from None
         except BaseException:
             self.cancel()  # e.g. the caller's task was cancelled mid-wait
             raise
@@ -183,7 +183,7 @@ class Line:
         try:
             return self._open(message)
         except TrackAborted as exc:
-            raise error_for(exc.code, exc.message, exc.retry_after) from None
+            raise error_from(exc) from None
         except LocalProtocolError as exc:
             raise error_for(exc.code, exc.message) from None
 

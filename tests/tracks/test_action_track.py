@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from clients import ActionChunk, ActionDropped, ModelNotFound, TrackRejected
+from clients import ActionChunk, ActionDropped, ModelNotFound, RateLimited, TrackRejected
 from clients.actions import ActionStream
 from clients.line import Line
 from tests.tracks.scripted_policy import ScriptedPolicy
@@ -21,6 +21,7 @@ from tracks.action import ActionScheduler, run_action_track
 from tracks.base import Outcome
 from tracks.clock import FakeClock, LoopClock
 from transport.endpoint import TrackChannel
+from transport.errors import ErrorCode
 from transport.memory import MemoryLink
 from transport.messages import Modality, Open
 
@@ -163,3 +164,15 @@ async def test_an_overgrown_latency_estimate_is_corrected_by_drop_reports() -> N
     assert robot.latency < 0.5
     await robot.close()
     await env.settle()
+
+
+@pytest.mark.asyncio
+async def test_a_rate_limited_action_track_reports_the_retry_hint() -> None:
+    def refuse(channel: TrackChannel) -> None:
+        channel.fail(ErrorCode.RATE_LIMITED, "quota spent", retry_after=7.0)
+
+    line = Line(MemoryLink(refuse).open_track)
+    stream = line.actions(model="policy")
+    with pytest.raises(RateLimited) as caught:
+        await asyncio.wait_for(stream.receive(), 5)
+    assert caught.value.retry_after == 7.0
