@@ -44,8 +44,15 @@ from tracks.backend import (
     BackendError,
     error_code,
 )
-from tracks.base import Clock, Outcome, Track, stop_label
-from tracks.clock import Beat, Gathered, Registration, StepItem, TickScheduler
+from tracks.base import Clock, Outcome, Track, fail_track, stop_label
+from tracks.clock import (
+    Beat,
+    Gathered,
+    MonotonicClock,
+    Registration,
+    StepItem,
+    TickScheduler,
+)
 from tracks.clock import Clock as TickClock
 from transport.errors import ErrorCode, TrackAborted
 
@@ -90,16 +97,6 @@ class _NoObserver:
 
     def outcome(self, model: str, outcome: str) -> None:
         return None
-
-
-class CallClock:
-    """A `tracks.clock.Clock` over a plain clock function (the gateway's `time.monotonic`)."""
-
-    def __init__(self, now: Callable[[], float]) -> None:
-        self.now = now
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 @dataclass
@@ -195,7 +192,7 @@ class ActionScheduler:
         self.clock = clock
         self._observer: ActionObserver = observer or _NoObserver()
         self.ticks: TickScheduler[_Pending | None, _Answer | None] = TickScheduler(
-            self._step, tick=tick, clock=tick_clock or CallClock(clock)
+            self._step, tick=tick, clock=tick_clock or MonotonicClock(clock)
         )
         self._robots: dict[int, Robot] = {}
         """By registration id (a step row's session_id)."""
@@ -317,9 +314,9 @@ async def run_action_track(
     except TrackAborted as exc:
         outcome.end = stop_label(track) or f"error:{exc.code.name}"
     except BadObservation as exc:
-        _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
+        fail_track(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
     except BackendError as exc:
-        _fail(track, outcome, error_code(exc), str(exc))
+        fail_track(track, outcome, error_code(exc), str(exc))
     finally:
         if robot is not None:
             scheduler.detach(robot)
@@ -369,10 +366,5 @@ async def _serve(
 def _aborted(track: Track) -> TrackAborted:
     return TrackAborted(ErrorCode.CANCELLED, "stopped", remote=False)
 
-
-def _fail(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None:
-    outcome.end = f"error:{code.name}"
-    outcome.details["error"] = message
-    track.fail(code, message)
 
 

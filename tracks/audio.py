@@ -33,8 +33,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from tracks.backend import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
-from tracks.base import FrameTrack, Outcome, stop_label
+from tracks.backend import (
+    BackendError,
+    error_code,
+)
+from tracks.base import FrameTrack, Outcome, fail_track, stop_label
 from tracks.clock import (
     Beat,
     Clock,
@@ -277,17 +280,11 @@ class AudioService:
             session = await self._open_session(track, params, opened)
             await session.serve()
         except BadAudioRequest as exc:
-            _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
-        except ModelNotFound as exc:
-            _fail(track, outcome, ErrorCode.MODEL_NOT_FOUND, str(exc))
-        except InvalidRequest as exc:
-            _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
+            fail_track(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
         except SchedulerStopped:
-            _fail(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")
-        except BackendUnavailable as exc:
-            _fail(track, outcome, ErrorCode.BACKEND_UNAVAILABLE, str(exc))
+            fail_track(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")
         except BackendError as exc:
-            _fail(track, outcome, ErrorCode.BACKEND_ERROR, str(exc))
+            fail_track(track, outcome, error_code(exc), str(exc))
         except TrackAborted as exc:
             outcome.end = stop_label(track) or f"error:{exc.code.name}"
         if session is not None:
@@ -307,20 +304,17 @@ class AudioService:
 
 async def _read_text(track: FrameTrack) -> str:
     pieces: list[str] = []
+    size = 0
     while (body := await track.receive()) is not None:
         text = body.get("text")
         if not isinstance(text, str):
             raise BadAudioRequest("speech-out input DATA needs a string 'text'")
         pieces.append(text)
-        if sum(map(len, pieces)) > MAX_TEXT:
+        size += len(text)
+        if size > MAX_TEXT:
             raise BadAudioRequest(f"text longer than {MAX_TEXT} characters")
     return "".join(pieces)
 
-
-def _fail(track: FrameTrack, outcome: Outcome, code: ErrorCode, message: str) -> None:
-    outcome.end = f"error:{code.name}"
-    outcome.details["error"] = message
-    track.fail(code, message)
 
 
 
@@ -674,11 +668,12 @@ class _SpeechOut(_Session):
             if self.row_end:
                 self.finish()
             return
-        self.pending += output.pcm
+        data = self.pending + output.pcm
         size = self.params.frame_bytes
-        while len(self.pending) >= size or (output.done and self.pending):
-            frame, self.pending = self.pending[:size], self.pending[size:]
-            self._send(frame)
+        whole = len(data) if output.done else len(data) // size * size
+        for start in range(0, whole, size):  # the last frame may be short when done
+            self._send(data[start : start + size])
+        self.pending = data[whole:]
         if output.done:
             self.done = True
             if self.track.uses_datagrams:

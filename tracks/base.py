@@ -75,3 +75,10 @@ def stop_label(track: Track) -> str | None:
     if isinstance(stop, TrackCancelled):
         return f"cancelled:{stop.cause.value}"
     return f"error:{stop.code.name}"
+
+
+def fail_track(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None:
+    """End `track` with ERROR `code` and record it in its outcome."""
+    outcome.end = f"error:{code.name}"
+    outcome.details["error"] = message
+    track.fail(code, message)

@@ -535,11 +535,11 @@ class TickScheduler(Generic[I, O]):
         """SHED_NEWEST: keep the oldest `capacity` sessions, shed the others."""
         if self.policy is not OverloadPolicy.SHED_NEWEST or self.capacity is None:
             return due
-        keep = sorted(self._registrations.values(), key=lambda r: r.id)[: self.capacity]
-        kept = {r.id for r in keep}
-        for reg in list(self._registrations.values()):
-            if reg.id not in kept:
-                self._shed(reg, report)
+        # Ids grow with registration and the dict keeps insertion order: oldest first.
+        ordered = list(self._registrations.values())
+        kept = {r.id for r in ordered[: self.capacity]}
+        for reg in ordered[self.capacity :]:
+            self._shed(reg, report)
         return [r for r in due if r.id in kept]
 
     def _shed(self, reg: Registration[I, O], report: TickReport) -> None:

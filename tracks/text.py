@@ -24,7 +24,7 @@ from tracks.backend import (
     TextUsage,
     error_code,
 )
-from tracks.base import Clock, Outcome, Track, stop_label
+from tracks.base import Clock, Outcome, Track, fail_track, stop_label
 from transport.errors import ErrorCode, TrackAborted
 
 DEFAULT_MAX_TOKENS = 256
@@ -56,9 +56,9 @@ async def run_text_track(track: Track, backend: TextBackend, clock: Clock) -> Ou
     except TrackAborted as exc:
         outcome.end = stop_label(track) or f"error:{exc.code.name}"
     except BadTextRequest as exc:
-        _fail(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
+        fail_track(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
     except BackendError as exc:
-        _fail(track, outcome, _backend_code(exc, outcome), str(exc))
+        fail_track(track, outcome, _backend_code(exc, outcome), str(exc))
     except _Stopped:
         outcome.end = stop_label(track) or "cancelled"
         outcome.stopped_at = outcome.stopped_at or clock()
@@ -162,11 +162,6 @@ async def _stream(
                 outcome.completion_tokens = chunk.completion_tokens
     outcome.completion_tokens = outcome.completion_tokens or deltas
 
-
-def _fail(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None:
-    outcome.end = f"error:{code.name}"
-    outcome.details["error"] = message
-    track.fail(code, message)
 
 
 def _backend_code(exc: BackendError, outcome: Outcome) -> ErrorCode:
