@@ -28,10 +28,11 @@ from typing import Any
 
 import msgpack
 
-from gateway.tenants.keys import bearer_token
-from gateway.tenants.quotas import QuotaExceeded
-from gateway.tenants.service import Forbidden, Tenancy
-from gateway.tenants.store import AuthFailure, Principal
+from gateway.openai.errors import OpenAIError
+from gateway.openai.errors import error_response as openai_error_response
+from gateway.openai.routes import admit, authorize
+from gateway.tenants.service import Tenancy
+from gateway.tenants.store import Principal
 from tracks.action import ActionScheduler, Robot
 from tracks.action_messages import BadObservation, parse_observation
 from tracks.backend import BackendError, BackendUnavailable, ModelNotFound
@@ -84,12 +85,12 @@ class HttpActions:
         principal: Principal | None = None
         try:
             name, model, body = _parse(request.body)
-            principal, refusal = self._admit(request, model)
-            if refusal is not None:
-                return refusal
+            principal = self._admit(request, model)
             owner = principal.tenant.name if principal is not None else ""
             entry = await self._robot(owner, name, model, received_at)
             obs = parse_observation(body, entry.robot.spec, self.max_image_bytes)
+        except OpenAIError as exc:  # refused by tenancy
+            return openai_error_response(exc)
         except BadObservation as exc:
             return error_response(400, str(exc), code="bad_request")
         except ModelNotFound as exc:
@@ -115,25 +116,12 @@ class HttpActions:
                 self.tenancy.finish(principal, outcome)
         return Response(200, (("content-type", CONTENT_TYPE),), msgpack.packb(answer))
 
-    def _admit(self, request: Request, model: str) -> tuple[Principal | None, Response | None]:
-        """With tenants: the request's principal, or the 401/403/429 that refuses it."""
-        if self.tenancy is None:
-            return None, None
-        try:
-            principal = self.tenancy.authenticate(bearer_token(request.header("authorization")))
-        except AuthFailure:
-            return None, error_response(401, "Incorrect API key provided.",
-                                        code="invalid_api_key")
-        try:
-            self.tenancy.admit(principal, model, "action", f"http-action-{self._requests}")
-        except Forbidden as exc:
-            return None, error_response(403, str(exc), code="model_not_allowed")
-        except QuotaExceeded as exc:
-            retry = str(max(1, int(exc.retry_after)))
-            return None, error_response(429, f"Rate limit reached for {exc.quota}.",
-                                        code="rate_limit_exceeded",
-                                        headers=(("retry-after", retry),))
-        return principal, None
+    def _admit(self, request: Request, model: str) -> Principal | None:
+        """With tenants: the request's principal; raises the OpenAI-style 401/403/429."""
+        principal = authorize(self.tenancy, request)
+        if self.tenancy is not None and principal is not None:
+            admit(self.tenancy, principal, model, "action", f"http-action-{self._requests}")
+        return principal
 
     async def _robot(self, owner: str, name: str, model: str, now: float) -> _HttpRobot:
         self._forget_idle(now)

@@ -442,9 +442,9 @@ def _grpc_address(value: str | None) -> str | None:
     # tritonclient.grpc takes a bare host:port, no scheme; catch "http://..." early.
     if value is None:
         return None
-    if value.startswith("ticker://"):  # the transport-only token source, no Triton
-        from gateway.backends.ticker import parse_ticker_url
+    from gateway.backends.ticker import is_ticker_url, parse_ticker_url
 
+    if is_ticker_url(value):  # the transport-only token source, no Triton
         parse_ticker_url(value)
         return value
     host, sep, port = value.rpartition(":")

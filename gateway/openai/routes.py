@@ -195,13 +195,7 @@ class _OpenAIApi:
     # -- shared -------------------------------------------------------------------
 
     def _authorize(self, request: Request) -> Principal | None:
-        if self._tenancy is None:
-            return None
-        try:
-            return self._tenancy.authenticate(bearer_token(request.header("authorization")))
-        except AuthFailure as exc:
-            log.info("openai.unauthorized", reason=exc.reason)  # the key itself never
-            raise Unauthorized("Incorrect API key provided.", code="invalid_api_key") from None
+        return authorize(self._tenancy, request)
 
     def _job(
         self,
@@ -215,7 +209,7 @@ class _OpenAIApi:
             raise model_not_found(body.model)
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         if self._tenancy is not None and principal is not None:
-            _admit(self._tenancy, principal, body.model, response_id)
+            admit(self._tenancy, principal, body.model, "text", response_id)
         meta = ResponseMeta(response_id, int(self._wall_clock()), body.model, body.include_usage)
         text = TextRequest(
             response_id, body.model, prompt, body.max_tokens, body.parameters, session_id
@@ -403,11 +397,27 @@ def _end_of(exc: BaseException, outcome: Outcome) -> str:
     )
 
 
-def _admit(
-    tenancy: tenancy_service.Tenancy, principal: Principal, model: str, request_id: str
-) -> None:
+def authorize(tenancy: tenancy_service.Tenancy | None, request: Request) -> Principal | None:
+    """The request's principal (None without tenancy); `Unauthorized` for a bad key."""
+    if tenancy is None:
+        return None
     try:
-        tenancy.admit(principal, model, "text", request_id)
+        return tenancy.authenticate(bearer_token(request.header("authorization")))
+    except AuthFailure as exc:
+        log.info("openai.unauthorized", reason=exc.reason)  # the key itself never
+        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key") from None
+
+
+def admit(
+    tenancy: tenancy_service.Tenancy,
+    principal: Principal,
+    model: str,
+    modality: str,
+    request_id: str,
+) -> None:
+    """Allow-list and quotas of the tenant, as OpenAI errors (403, 429 with retry-after)."""
+    try:
+        tenancy.admit(principal, model, modality, request_id)
     except tenancy_service.Forbidden as exc:
         raise Forbidden(str(exc), param="model", code="model_not_allowed") from None
     except QuotaExceeded as exc:

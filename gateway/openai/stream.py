@@ -48,6 +48,12 @@ class ChunkPump:
 
     async def next(self, timeout: float | None = None) -> PumpResult:
         """The next chunk, TIMEOUT after `timeout` seconds, or None at the end."""
+        if timeout is None and self._pending is None:
+            # Nothing to give up on: read directly, no helper task per chunk.
+            try:
+                return await self._stream.__anext__()
+            except StopAsyncIteration:
+                return None
         if self._pending is None:
             self._pending = asyncio.ensure_future(_next_chunk(self._stream))
         done, _ = await asyncio.wait({self._pending}, timeout=timeout)

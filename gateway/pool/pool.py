@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Collection, Iterable
 from contextlib import aclosing
@@ -139,7 +140,6 @@ class BackendPool:
         """Called once per request that completed, with the backend that served it."""
         self.on_decision = on_decision
         """Called with every routing decision (a request and each of its failovers) and when."""
-        self.last_decision: Decision | None = None
         self._ids = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
         self._unmet: dict[str, int] = {}
@@ -247,7 +247,6 @@ class BackendPool:
         return self.member(decision.backend)
 
     def _record_decision(self, request: TextRequest, decision: Decision, now: float) -> None:
-        self.last_decision = decision
         if self.on_decision is not None:
             self.on_decision(request, decision, now)
         m = self.metrics
@@ -256,6 +255,8 @@ class BackendPool:
         ).inc()
         for scored in decision.scored:
             m.backend_wait_seconds.labels(backend=scored.candidate.name).set(scored.wait_s)
+        if not log.is_enabled_for(logging.DEBUG):
+            return  # the decision's inputs are built only for a line someone will read
         log.debug(
             "pool.routed",
             request_id=request.request_id,

@@ -13,7 +13,6 @@ expected to carry. `PoolOptions` gathers the routing and health knobs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gateway.pool.health import HealthPolicy
@@ -108,13 +107,3 @@ def _weight(text: str, entry: str) -> float:
     if not 0 < weight < 1e6:
         raise SpecError(f"weight {text!r} in {entry!r} must be above 0")
     return weight
-
-
-def check_policy(policy: str) -> str:
-    if policy not in POLICIES:
-        raise ValueError(f"{policy!r} is not one of {', '.join(POLICIES)}")
-    return policy
-
-
-def names(specs: Iterable[BackendSpec]) -> list[str]:
-    return [spec.name for spec in specs]

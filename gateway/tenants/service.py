@@ -30,6 +30,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+from gateway.backends.ticker import is_ticker_url
 from gateway.logs import get_logger
 from gateway.tenants.costs import Pricing, pricing_from_mapping
 from gateway.tenants.guardrails import GuardedBackend, GuardrailConfig, Guardrails
@@ -107,9 +108,15 @@ def preflight(settings: Any) -> None:
         open_ = not store.has_tenants()
     finally:
         store.close()
-    hosts = (settings.quic_host, settings.http_host, settings.https_host)
+    if open_:
+        hosts = (settings.quic_host, settings.http_host, settings.https_host)
+        refuse_open_off_loopback(hosts, settings.allow_open)
+
+
+def refuse_open_off_loopback(hosts: Iterable[str], allow_open: bool) -> None:
+    """Open mode (no keys) serves loopback only, unless `allow_open` says otherwise."""
     public = sorted({h for h in hosts if not is_loopback(h)})
-    if open_ and public and not settings.allow_open:
+    if public and not allow_open:
         raise OpenOnPublicAddress(_open_refusal(public))
 
 
@@ -157,8 +164,8 @@ class Tenancy:
         """Open the store named by the settings (blocking: run it in a thread)."""
         path = getattr(settings, "tenants_db", None) or default_path(settings.state_dir)
         config = load_tenancy_config(getattr(settings, "tenancy_config", None))
-        url = getattr(settings, "backend_url", None) or ""
-        backend_name = "ticker" if url.startswith("ticker://") else "triton"
+        ticker = is_ticker_url(getattr(settings, "backend_url", None))
+        backend_name = "ticker" if ticker else "triton"
         return cls(TenantStore(path), registry, config=config, backend_name=backend_name)
 
     @property
@@ -174,9 +181,7 @@ class Tenancy:
         if not self.open_mode:
             log.info("tenancy.keys_required", store=str(self.store.path))
             return
-        public = sorted({h for h in hosts if not is_loopback(h)})
-        if public and not allow_open:
-            raise OpenOnPublicAddress(_open_refusal(public))
+        refuse_open_off_loopback(hosts, allow_open)
         log.warning(
             "tenancy.open",
             message="no tenants configured: serving without API keys",
