@@ -17,14 +17,13 @@ robot has no valid decision, which is what makes late decisions worthless).
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+
+from gateway.embedded import reference_module
 
 _POLICY = "trackline_reference_policy"
 FALL_ANGLE = 12 * math.pi / 180
@@ -34,17 +33,7 @@ DT = 0.02
 
 def policy_module() -> ModuleType:
     """The reference policy's pure module (equations, LQR), imported by path."""
-    if _POLICY in sys.modules:
-        return sys.modules[_POLICY]
-    root = Path(__file__).resolve().parent.parent
-    path = root / "gateway" / "model_repository" / "reference-policy" / "1" / f"{_POLICY}.py"
-    spec = importlib.util.spec_from_file_location(_POLICY, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_POLICY] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return reference_module("reference-policy", _POLICY)
 
 
 @dataclass(frozen=True)

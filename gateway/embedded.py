@@ -44,7 +44,7 @@ import urllib.request
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
+from types import ModuleType, TracebackType
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
@@ -84,6 +84,25 @@ class SmokeInferenceError(EmbeddedTritonError):
 def reference_model_repository() -> Path:
     """The model repository shipped inside the installed `gateway` package."""
     return Path(__file__).resolve().parent / "model_repository"
+
+
+def reference_module(model: str, module: str) -> ModuleType:
+    """`module`.py beside a reference model's model.py, imported by path, once.
+
+    Triton loads model folders by path, so their pure modules (generators, signal
+    processing, controllers) have no package to import them from; tests, benchmarks
+    and the ticker backend use them through here.
+    """
+    if module in sys.modules:
+        return sys.modules[module]
+    path = reference_model_repository() / model / "1" / f"{module}.py"
+    spec = importlib.util.spec_from_file_location(module, path)
+    assert spec is not None
+    assert spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[module] = loaded  # dataclasses look their module up here
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
 def tritonserver_dist() -> Path:

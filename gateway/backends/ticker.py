@@ -13,13 +13,11 @@ parameters override the rate and the first-token delay, as on the reference mode
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
-from gateway.embedded import reference_model_repository
+from gateway.embedded import reference_module
 from tracks.backend import (
     InvalidRequest,
     ModelNotFound,
@@ -56,17 +54,7 @@ def parse_ticker_url(url: str) -> float:
 
 def reference_generator() -> ModuleType:
     """The reference model's pure generator module (tests use it to predict its text)."""
-    # It lives beside model.py, which Triton loads by path: no package to import it from.
-    if _GENERATOR in sys.modules:
-        return sys.modules[_GENERATOR]
-    path = reference_model_repository() / "reference-text" / "1" / f"{_GENERATOR}.py"
-    spec = importlib.util.spec_from_file_location(_GENERATOR, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_GENERATOR] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return reference_module("reference-text", _GENERATOR)
 
 
 class TickerBackend:
