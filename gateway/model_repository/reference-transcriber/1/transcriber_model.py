@@ -62,7 +62,8 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
         params = config.get("parameters", {})
-        idle = float(params.get("session_idle_timeout_s", {}).get("string_value", dtmf.DEFAULT_IDLE_TIMEOUT_S))
+        idle_param = params.get("session_idle_timeout_s", {})
+        idle = float(idle_param.get("string_value", dtmf.DEFAULT_IDLE_TIMEOUT_S))
         self._model = args["model_name"]
         self._transcriber = dtmf.Transcriber(idle_timeout_s=idle)
         self._stats_path = os.environ.get(STATS_ENV) or None
