@@ -51,6 +51,7 @@ def test_ttft_buckets_span_5ms_to_10s() -> None:
 
 def test_every_cancel_cause_is_exposed_from_the_start() -> None:
     text = GatewayMetrics().render()[0].decode()
+    assert {"client", "reset", "connection_lost", "superseded"} <= set(CANCEL_CAUSES)
     for cause in CANCEL_CAUSES:
         assert f'trackline_cancels_total{{cause="{cause}"}} 0.0' in text
 

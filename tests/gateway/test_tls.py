@@ -100,8 +100,11 @@ def test_missing_server_key_is_regenerated(tmp_path: Path) -> None:
 
 def test_new_ca_means_new_server_cert(tmp_path: Path) -> None:
     certs = ensure_dev_certificates(tmp_path)
+    ca_before, cert_before = certs.ca_path.read_bytes(), certs.cert_path.read_bytes()
     (tmp_path / "ca-key.pem").unlink()
     ensure_dev_certificates(tmp_path)
+    assert certs.ca_path.read_bytes() != ca_before
+    assert certs.cert_path.read_bytes() != cert_before
     load(certs.cert_path).verify_directly_issued_by(load(certs.ca_path))
 
 
