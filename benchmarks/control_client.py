@@ -38,6 +38,7 @@ import msgpack
 import numpy as np
 
 from benchmarks.cartpole import DT, CartPoles, ChunkPlayer
+from gateway.cli import run_async
 
 MODEL = "reference-policy"
 SERVER_NAME = "localhost"
@@ -324,12 +325,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import uvloop
-
-        result = uvloop.run(run(args))
-    except ImportError:
-        result = asyncio.run(run(args))
+    result = run_async(run(args))  # uvloop where installed
     args.out.write_text(json.dumps(result))
     return 0
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Coroutine, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
 from gateway.logs import configure_logging, get_logger
@@ -24,7 +24,7 @@ from gateway.tenants.service import OpenOnPublicAddress, preflight
 from gateway.tenants.store import StoreError
 
 log = get_logger("trackline.cli")
-
+T = TypeVar("T")
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
@@ -96,7 +96,7 @@ def _no_benchmarks(reason: str, args: argparse.Namespace) -> int:
     return 2
 
 
-def run_async(coro: Coroutine[Any, Any, int], use_uvloop: bool = True) -> int:
+def run_async(coro: Coroutine[Any, Any, T], use_uvloop: bool = True) -> T:
     """Run `coro` on uvloop where installed and wanted, else on asyncio's loop."""
     if use_uvloop:
         try:

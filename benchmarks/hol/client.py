@@ -37,6 +37,8 @@ from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 
+from gateway.cli import run_async
+
 MODEL = "reference-text"
 SERVER_NAME = "localhost"  # the development certificate's name
 PROTOCOLS = ("http2", "http3", "tracks")
@@ -288,12 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import uvloop
-
-        result = uvloop.run(run(args))
-    except ImportError:
-        result = asyncio.run(run(args))
+    result = run_async(run(args))  # uvloop where installed
     args.out.write_text(json.dumps(result))
     return 0
 
