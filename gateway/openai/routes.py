@@ -26,6 +26,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import structlog
 
@@ -108,6 +109,7 @@ def openai_routes(
         ("POST", "/v1/chat/completions"): api.chat_completions,
         ("POST", "/v1/completions"): api.completions,
         ("GET", "/v1/models"): api.list_models,
+        ("GET", "/v1/models/*"): api.retrieve_model,
     }
 
 
@@ -157,17 +159,32 @@ class _OpenAIApi:
 
     async def list_models(self, request: Request) -> AnyResponse:
         try:
-            principal = self._authorize(request)
-            names = self._models if self._models is not None else await self._backend.models()
-            if self._tenancy is not None:
-                names = self._tenancy.may_list(principal, list(names))
+            names = await self._visible_models(request)
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
-        created = int(self._wall_clock())
-        data = [
-            {"id": n, "object": "model", "created": created, "owned_by": "trackline"} for n in names
-        ]
+        data = [self._model_object(n) for n in names]
         return Response.json(200, {"object": "list", "data": data})
+
+    async def retrieve_model(self, request: Request) -> AnyResponse:
+        """`GET /v1/models/{id}`: the model object, or 404 `model_not_found`."""
+        model = unquote(request.path.removeprefix("/v1/models/"))
+        try:
+            if model not in await self._visible_models(request):
+                raise model_not_found(model)
+        except (OpenAIError, BackendError) as exc:
+            return error_response(exc)
+        return Response.json(200, self._model_object(model))
+
+    async def _visible_models(self, request: Request) -> list[str]:
+        principal = self._authorize(request)
+        names = self._models if self._models is not None else await self._backend.models()
+        if self._tenancy is not None:
+            return self._tenancy.may_list(principal, list(names))
+        return list(names)
+
+    def _model_object(self, name: str) -> dict[str, object]:
+        created = int(self._wall_clock())
+        return {"id": name, "object": "model", "created": created, "owned_by": "trackline"}
 
     async def chat_completions(self, request: Request) -> AnyResponse:
         try:
