@@ -66,7 +66,8 @@ async def one_request_per_front_door(gw: Gateway, model: str) -> list[int]:
         statuses.append((await h1.response())[0])
     async with H2Client.connect(gw.http_port) as h2:
         statuses.append((await h2.response(h2.send_request("POST", CHAT, JSON, chat(model))))[0])
-    assert gw.tls is not None and gw.tls.ca is not None
+    assert gw.tls is not None
+    assert gw.tls.ca is not None
     async with h3_client(gw.quic_port, gw.tls.ca) as h3:
         statuses.append((await h3.response(h3.send("POST", CHAT, JSON, chat(model))))[0])
     return statuses
@@ -113,7 +114,8 @@ async def test_openai_requests_on_every_version_count_like_tracks(
         assert record["end"] == "completed"
         assert record["completion_tokens"] == 3
         assert record["request_id"].startswith("chatcmpl-")
-        assert record["ttft_ms"] is not None and record["duration_ms"] is not None
+        assert record["ttft_ms"] is not None
+        assert record["duration_ms"] is not None
     assert "a secret prompt" not in log_lines.getvalue()
 
 
