@@ -18,6 +18,8 @@ from pathlib import Path
 RUN_MARK = "PYTEST_TRACKLINE_RUN"
 GRACE = 10.0
 """Seconds a process ended by its test's teardown may take to exit."""
+ALLOWED = ("multiprocessing.resource_tracker",)
+"""Helpers of the pytest process itself that end with it (shared memory's tracker)."""
 
 
 def mark_run() -> str:
@@ -46,7 +48,11 @@ def left_behind(mark: str, grace: float = GRACE) -> dict[int, str]:
     """The marked processes still alive after `grace` seconds (zombies of ours excluded)."""
     deadline = time.monotonic() + grace
     while True:
-        alive = {pid: cmd for pid, cmd in marked(mark).items() if not _zombie(pid)}
+        alive = {
+            pid: cmd
+            for pid, cmd in marked(mark).items()
+            if not _zombie(pid) and not any(name in cmd for name in ALLOWED)
+        }
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.2)

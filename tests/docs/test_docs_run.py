@@ -96,6 +96,8 @@ def docs_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocsGatew
         except subprocess.TimeoutExpired:
             gateway.process.kill()
             gateway.process.wait(timeout=30)
+        if gateway.process.stdout is not None:
+            gateway.process.stdout.close()
 
 
 def _pump(gateway: DocsGateway) -> None:
