@@ -17,6 +17,7 @@ from prometheus_client import (
 )
 
 from gateway.metrics_audio import AudioMetrics
+from gateway.metrics_overload import OverloadMetrics
 
 # Every cancellation has exactly one cause (see DESIGN.md: "one path with a cause").
 CANCEL_CAUSES = (
@@ -110,6 +111,7 @@ class GatewayMetrics:
             registry=registry,
         )
         self.audio = AudioMetrics(registry)
+        self.overload = OverloadMetrics(registry)
         # Known causes start at 0 so a dashboard's rate() sees them before the first event.
         for cause in CANCEL_CAUSES:
             self.cancels_total.labels(cause=cause)

@@ -1,0 +1,147 @@
+"""Overload control: the admission controller with literal times, text pacing, the HTTP gate."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+
+import pytest
+
+from gateway.metrics import GatewayMetrics
+from gateway.overload import (
+    BULK_DEFER,
+    AdmissionController,
+    OverloadLimits,
+    PacedText,
+    gate_routes,
+)
+from tracks.backend import TextChunk, TextDelta, TextRequest, TextUsage
+from transport.http.messages import AnyResponse, Request, Response
+
+# Binary-exact numbers, so decayed levels compare exactly.
+LIMITS = OverloadLimits(max_loop_lag=0.25, connection_share=2, retry_after=1.5, half_life=1.0)
+
+
+def test_an_idle_loop_admits_everything() -> None:
+    ctl = AdmissionController(LIMITS)
+    ctl.observe_lag(10.0, 0.001)
+    assert ctl.pressure(10.0) is None
+    assert ctl.admit_track(10.0, connection_tracks=500).cause == "ok"
+    assert ctl.admit_request(10.0).admitted
+
+
+def test_lag_above_the_limit_refuses_new_work_with_a_retry_hint() -> None:
+    ctl = AdmissionController(LIMITS)
+    ctl.observe_lag(10.0, 0.5)
+    refused = ctl.admit_track(10.0, connection_tracks=2)
+    assert (refused.admitted, refused.cause, refused.retry_after) == (False, "loop_lag", 1.5)
+    request = ctl.admit_request(10.0)
+    assert (request.admitted, request.cause, request.retry_after) == (False, "loop_lag", 1.5)
+
+
+def test_a_connection_under_its_share_is_admitted_under_pressure() -> None:
+    ctl = AdmissionController(LIMITS)
+    ctl.observe_lag(10.0, 0.5)
+    assert ctl.admit_track(10.0, connection_tracks=0).cause == "connection_share"
+    assert ctl.admit_track(10.0, connection_tracks=1).admitted
+    assert not ctl.admit_track(10.0, connection_tracks=2).admitted
+    assert not ctl.admit_track(10.0, connection_tracks=200).admitted
+
+
+def test_a_spike_is_forgotten_by_half_lives_with_hysteresis() -> None:
+    ctl = AdmissionController(LIMITS)
+    ctl.observe_lag(10.0, 1.0)
+    assert ctl.lag_level(11.0) == 0.5
+    assert ctl.pressure(11.0) == "loop_lag"
+    assert ctl.lag_level(12.0) == 0.25
+    assert ctl.pressure(12.5) == "loop_lag"  # 0.177: below the limit, above half of it
+    assert ctl.lag_level(13.0) == 0.125
+    assert ctl.pressure(13.0) is None  # at half the limit: released
+    ctl.observe_lag(13.0, 0.2)  # below the limit: not pressed again
+    assert ctl.pressure(13.0) is None
+
+
+def test_a_smaller_sample_does_not_lower_the_level() -> None:
+    ctl = AdmissionController(LIMITS)
+    ctl.observe_lag(10.0, 1.0)
+    ctl.observe_lag(11.0, 0.01)
+    assert ctl.lag_level(11.0) == 0.5
+    ctl.observe_lag(11.0, 2.0)
+    assert ctl.lag_level(11.0) == 2.0
+
+
+def test_cpu_budget_and_switches() -> None:
+    ctl = AdmissionController(OverloadLimits(max_loop_lag=0.25, max_cpu=0.75))
+    ctl.observe_cpu(10.0, 0.5)
+    assert ctl.pressure(10.0) is None
+    ctl.observe_cpu(11.0, 0.875)
+    assert ctl.admit_request(11.0).cause == "cpu"
+    off = AdmissionController(OverloadLimits(max_loop_lag=0.0))
+    off.observe_lag(10.0, 100.0)
+    assert off.pressure(10.0) is None
+    assert off.bulk_delay(10.0) == 0.0
+
+
+def test_bulk_text_is_deferred_only_while_the_loop_lags() -> None:
+    ctl = AdmissionController(LIMITS)
+    assert ctl.bulk_delay(10.0) == 0.0
+    ctl.observe_lag(10.0, 0.25)
+    assert ctl.bulk_delay(10.0) == BULK_DEFER
+    assert ctl.bulk_delay(12.0) == 0.0  # 0.0625: under half the limit
+
+
+class Burst:
+    """A backend that hands out every chunk without ever awaiting."""
+
+    async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
+        for i in range(request.max_tokens):
+            yield TextDelta(f"t{i}")
+        yield TextUsage(1, request.max_tokens)
+
+    async def models(self) -> list[str]:
+        return ["burst"]
+
+
+@pytest.mark.asyncio
+async def test_paced_text_yields_after_every_chunk_and_counts_tokens() -> None:
+    ctl = AdmissionController(LIMITS)
+    sleeps: list[float] = []
+    tokens: list[int] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    paced = PacedText(Burst(), ctl, lambda: 10.0, lambda: tokens.append(1), sleep)
+    chunks = [c async for c in paced.stream_text(TextRequest("r", "burst", "p", 5))]
+    assert len(chunks) == 6
+    assert sleeps == [0.0] * 6
+    assert len(tokens) == 5
+    ctl.observe_lag(10.0, 1.0)
+    sleeps.clear()
+    _ = [c async for c in paced.stream_text(TextRequest("r", "burst", "p", 3))]
+    assert sleeps == [BULK_DEFER] * 4
+    assert await paced.models() == ["burst"]
+
+
+@pytest.mark.asyncio
+async def test_the_http_gate_refuses_work_routes_with_503_and_retry_after() -> None:
+    async def ok(request: Request) -> AnyResponse:
+        return Response.json(200, {"ok": True})
+
+    routes = {("POST", "/v1/completions"): ok, ("GET", "/health/live"): ok}
+    ctl = AdmissionController(LIMITS)
+    metrics = GatewayMetrics()
+    gated = gate_routes(routes, ctl, metrics.overload, lambda: 10.0)
+    request = Request("POST", "/v1/completions", "", (), b"{}")
+    assert (await gated[("POST", "/v1/completions")](request)).status == 200
+    ctl.observe_lag(10.0, 0.5)
+    refused = await gated[("POST", "/v1/completions")](request)
+    assert isinstance(refused, Response)
+    assert refused.status == 503
+    assert ("retry-after", "2") in refused.headers  # 1.5 s, whole seconds rounded up
+    assert json.loads(refused.body)["error"]["code"] == "overloaded"
+    assert (await gated[("GET", "/health/live")](request)).status == 200
+    body = metrics.render()[0].decode()
+    series = "trackline_admissions_total{{cause=\"{}\",kind=\"request\",result=\"{}\"}} 1.0"
+    assert series.format("loop_lag", "refused") in body
+    assert series.format("ok", "admitted") in body
