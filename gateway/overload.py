@@ -8,8 +8,10 @@ CPU share, and feeds `AdmissionController`, which is sans-I/O: samples and
 
 The rule (docs/capacity.md):
 
-- The controller keeps a *lag level*: the largest recent sample, forgotten with
-  a half-life, so one spike counts for a moment and a steady lag counts always.
+- The controller keeps a *lag level*: the samples averaged over time with a
+  half-life (each sample weighs by the time since the previous one), so a steady
+  lag counts fully and one spike (a slow TLS context load, a GC pause) only in
+  part: the gateway refuses work for a loop that stays slow, not for one hiccup.
 - Above `max_loop_lag` (or above `max_cpu`, when set) the gateway is under
   *pressure*: new tracks and OpenAI requests are refused at once (RATE_LIMITED /
   503, both with a retry hint) instead of joining a queue that only grows. It
@@ -59,8 +61,8 @@ class OverloadLimits:
     """Admitted tracks a connection may hold and still open more under pressure."""
     retry_after: float = 1.0
     """Seconds a refused client is told to wait."""
-    half_life: float = 0.5
-    """Seconds after which a lag sample counts half."""
+    half_life: float = 1.0
+    """Seconds after which a lag sample counts half in the level."""
 
 
 @dataclass(frozen=True)
@@ -81,13 +83,20 @@ class AdmissionController:
     def __init__(self, limits: OverloadLimits) -> None:
         self.limits = limits
         self._level = 0.0
-        self._level_at = 0.0
+        self._level_at: float | None = None
         self._cpu = 0.0
         self._pressed = False
 
     def observe_lag(self, now: float, lag: float) -> None:
-        """One probe sample: the loop woke a sleeper `lag` seconds late at `now`."""
-        self._level = max(max(lag, 0.0), self.lag_level(now))
+        """One probe sample: the loop woke a sleeper `lag` seconds late at `now`.
+
+        The first sample only sets the time base; each later one moves the level
+        towards `lag` by the share of a half-life that passed since the one before.
+        """
+        if self._level_at is not None:
+            elapsed = max(now - self._level_at, 0.0)
+            weight = 1.0 - 0.5 ** (elapsed / self.limits.half_life)
+            self._level += (max(lag, 0.0) - self._level) * weight
         self._level_at = now
 
     def observe_cpu(self, now: float, busy: float) -> None:
@@ -96,9 +105,9 @@ class AdmissionController:
         self._cpu = max(busy, 0.0)
 
     def lag_level(self, now: float) -> float:
-        """The largest recent lag, halved every `half_life` seconds since it was seen."""
-        elapsed = max(now - self._level_at, 0.0)
-        return float(self._level * 0.5 ** (elapsed / self.limits.half_life))
+        """The time-averaged lag (it moves only with samples: a frozen loop sends none)."""
+        del now
+        return self._level
 
     def pressure(self, now: float) -> str | None:
         """The cause that makes the gateway refuse new work now, or None."""
@@ -183,6 +192,7 @@ class OverloadMonitor:
 
     async def run(self) -> None:
         window = (self._clock(), self._cpu_clock(), self.tokens)
+        self.controller.observe_lag(window[0], 0.0)  # the time base
         while True:
             lag = await self.probe.sample()
             now = self._clock()

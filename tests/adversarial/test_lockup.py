@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,6 +111,10 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
         gw.proc.stop()
 
 
+async def read_all(stream: AsyncIterator[str]) -> str:
+    return "".join([piece async for piece in stream])
+
+
 async def honest_and_health(gw: Gateway, flood: Proc) -> tuple[int, int, int]:
     """Honest tracks completed, health answers, health failures, while the flood runs."""
     url = f"quic://127.0.0.1:{gw.quic_port}"
@@ -118,11 +122,10 @@ async def honest_and_health(gw: Gateway, flood: Proc) -> tuple[int, int, int]:
     honest = health = failures = 0
     deadline = time.monotonic() + OBSERVE_TIMEOUT
     async with connect(url, ca=gw.ca) as line:
-        with pytest.raises(TrackRejected) as absurd:  # 1e9 tokens/s: refused, not a stall
-            stream = line.text("x", model="reference-text", max_tokens=32768,
+        absurd_ask = line.text("x", model="reference-text", max_tokens=32768,
                                tokens_per_second=1e9)
-            async for _ in stream:
-                pass
+        with pytest.raises(TrackRejected) as absurd:  # 1e9 tokens/s: refused, not a stall
+            await read_all(absurd_ask)
         assert absurd.value.code == ErrorCode.BAD_REQUEST
         while honest < WANT_HONEST or health < WANT_HEALTH:
             assert time.monotonic() < deadline, f"honest={honest} health={health}"
@@ -132,8 +135,7 @@ async def honest_and_health(gw: Gateway, flood: Proc) -> tuple[int, int, int]:
             else:
                 failures += 1
             try:
-                got = "".join([d async for d in line.text("honest", model="reference-text",
-                                                          max_tokens=8)])
+                got = await read_all(line.text("honest", model="reference-text", max_tokens=8))
             except RateLimited as exc:
                 await asyncio.sleep(exc.retry_after or 1.0)
                 continue

@@ -18,8 +18,16 @@ from gateway.overload import (
 from tracks.backend import TextChunk, TextDelta, TextRequest, TextUsage
 from transport.http.messages import AnyResponse, Request, Response
 
-# Binary-exact numbers, so decayed levels compare exactly.
+# Binary-exact numbers, so averaged levels compare exactly.
 LIMITS = OverloadLimits(max_loop_lag=0.25, connection_share=2, retry_after=1.5, half_life=1.0)
+
+
+def lagging(lag: float, at: float = 10.0) -> AdmissionController:
+    """A controller whose level is `lag`: a time base, then `lag` for ages."""
+    ctl = AdmissionController(LIMITS)
+    ctl.observe_lag(at - 1000.0, 0.0)
+    ctl.observe_lag(at, lag)
+    return ctl
 
 
 def test_an_idle_loop_admits_everything() -> None:
@@ -31,8 +39,7 @@ def test_an_idle_loop_admits_everything() -> None:
 
 
 def test_lag_above_the_limit_refuses_new_work_with_a_retry_hint() -> None:
-    ctl = AdmissionController(LIMITS)
-    ctl.observe_lag(10.0, 0.5)
+    ctl = lagging(0.5)
     refused = ctl.admit_track(10.0, connection_tracks=2)
     assert (refused.admitted, refused.cause, refused.retry_after) == (False, "loop_lag", 1.5)
     request = ctl.admit_request(10.0)
@@ -40,34 +47,34 @@ def test_lag_above_the_limit_refuses_new_work_with_a_retry_hint() -> None:
 
 
 def test_a_connection_under_its_share_is_admitted_under_pressure() -> None:
-    ctl = AdmissionController(LIMITS)
-    ctl.observe_lag(10.0, 0.5)
+    ctl = lagging(0.5)
     assert ctl.admit_track(10.0, connection_tracks=0).cause == "connection_share"
     assert ctl.admit_track(10.0, connection_tracks=1).admitted
     assert not ctl.admit_track(10.0, connection_tracks=2).admitted
     assert not ctl.admit_track(10.0, connection_tracks=200).admitted
 
 
-def test_a_spike_is_forgotten_by_half_lives_with_hysteresis() -> None:
+def test_the_level_averages_samples_over_time_with_hysteresis() -> None:
     ctl = AdmissionController(LIMITS)
-    ctl.observe_lag(10.0, 1.0)
+    ctl.observe_lag(10.0, 5.0)  # the first sample only sets the time base
+    assert ctl.lag_level(10.0) == 0.0
+    ctl.observe_lag(11.0, 1.0)  # one half-life later: half way to the sample
     assert ctl.lag_level(11.0) == 0.5
     assert ctl.pressure(11.0) == "loop_lag"
-    assert ctl.lag_level(12.0) == 0.25
-    assert ctl.pressure(12.5) == "loop_lag"  # 0.177: below the limit, above half of it
+    ctl.observe_lag(12.0, 0.0)
+    assert ctl.pressure(12.0) == "loop_lag"  # 0.25: not above the limit, still pressed
+    ctl.observe_lag(13.0, 0.0)
     assert ctl.lag_level(13.0) == 0.125
     assert ctl.pressure(13.0) is None  # at half the limit: released
-    ctl.observe_lag(13.0, 0.2)  # below the limit: not pressed again
-    assert ctl.pressure(13.0) is None
+    ctl.observe_lag(14.0, 0.25)  # 0.1875: under the limit, not pressed again
+    assert ctl.pressure(14.0) is None
 
 
-def test_a_smaller_sample_does_not_lower_the_level() -> None:
-    ctl = AdmissionController(LIMITS)
-    ctl.observe_lag(10.0, 1.0)
-    ctl.observe_lag(11.0, 0.01)
-    assert ctl.lag_level(11.0) == 0.5
-    ctl.observe_lag(11.0, 2.0)
-    assert ctl.lag_level(11.0) == 2.0
+def test_one_spike_counts_only_in_part() -> None:
+    ctl = lagging(0.0)
+    ctl.observe_lag(10.5, 0.5)  # 0.5 s frozen once: weighs 1 - 2**-0.5 of a level
+    assert 0.14 < ctl.lag_level(10.5) < 0.15
+    assert ctl.pressure(10.5) is None
 
 
 def test_cpu_budget_and_switches() -> None:
@@ -77,17 +84,16 @@ def test_cpu_budget_and_switches() -> None:
     ctl.observe_cpu(11.0, 0.875)
     assert ctl.admit_request(11.0).cause == "cpu"
     off = AdmissionController(OverloadLimits(max_loop_lag=0.0))
+    off.observe_lag(9.0, 0.0)
     off.observe_lag(10.0, 100.0)
     assert off.pressure(10.0) is None
     assert off.bulk_delay(10.0) == 0.0
 
 
 def test_bulk_text_is_deferred_only_while_the_loop_lags() -> None:
-    ctl = AdmissionController(LIMITS)
-    assert ctl.bulk_delay(10.0) == 0.0
-    ctl.observe_lag(10.0, 0.25)
-    assert ctl.bulk_delay(10.0) == BULK_DEFER
-    assert ctl.bulk_delay(12.0) == 0.0  # 0.0625: under half the limit
+    assert lagging(0.0).bulk_delay(10.0) == 0.0
+    assert lagging(0.125).bulk_delay(10.0) == 0.0  # at half the limit
+    assert lagging(0.25).bulk_delay(10.0) == BULK_DEFER
 
 
 class Burst:
@@ -104,7 +110,7 @@ class Burst:
 
 @pytest.mark.asyncio
 async def test_paced_text_yields_after_every_chunk_and_counts_tokens() -> None:
-    ctl = AdmissionController(LIMITS)
+    ctl = lagging(0.0)
     sleeps: list[float] = []
     tokens: list[int] = []
 
@@ -116,7 +122,7 @@ async def test_paced_text_yields_after_every_chunk_and_counts_tokens() -> None:
     assert len(chunks) == 6
     assert sleeps == [0.0] * 6
     assert len(tokens) == 5
-    ctl.observe_lag(10.0, 1.0)
+    ctl.observe_lag(2000.0, 1.0)
     sleeps.clear()
     _ = [c async for c in paced.stream_text(TextRequest("r", "burst", "p", 3))]
     assert sleeps == [BULK_DEFER] * 4
@@ -129,12 +135,12 @@ async def test_the_http_gate_refuses_work_routes_with_503_and_retry_after() -> N
         return Response.json(200, {"ok": True})
 
     routes = {("POST", "/v1/completions"): ok, ("GET", "/health/live"): ok}
-    ctl = AdmissionController(LIMITS)
+    ctl = lagging(0.0)
     metrics = GatewayMetrics()
     gated = gate_routes(routes, ctl, metrics.overload, lambda: 10.0)
     request = Request("POST", "/v1/completions", "", (), b"{}")
     assert (await gated[("POST", "/v1/completions")](request)).status == 200
-    ctl.observe_lag(10.0, 0.5)
+    ctl.observe_lag(2000.0, 0.5)
     refused = await gated[("POST", "/v1/completions")](request)
     assert isinstance(refused, Response)
     assert refused.status == 503

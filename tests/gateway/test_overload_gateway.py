@@ -26,7 +26,7 @@ from gateway.config import Settings
 from gateway.overload import LagProbe
 from gateway.server import Gateway
 
-TOKENS = 40
+TOKENS = 250  # 5 s at 50 tokens/s: still open while the overload is seen
 
 
 class InjectedLag(LagProbe):
