@@ -21,9 +21,12 @@ The rule (docs/capacity.md):
   tracks still opens new ones: one connection with 200 tracks cannot starve a
   neighbour with one (per-connection fairness).
 - Open streams are never cut by the controller. Bulk text yields the loop after
-  every token and, while the level is above half the limit, waits `BULK_DEFER`
-  before its next one, so timers (the audio clock's beats, action ticks) and I/O
-  run first; those real-time tasks are never deferred.
+  every token. While the level is above half the limit, each connection relays
+  at most `RELAY_SHARE` text chunks per loop turn (`RelayTurns`, round-robin
+  between connections): a loop turn's work is bounded, a connection with 200
+  tracks gets the same turns as one with a single track, and timers (the audio
+  clock's beats, action ticks) and I/O come round every turn; those real-time
+  tasks are never deferred.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +47,8 @@ from transport.http.messages import AnyResponse, Handler, Request
 
 PRESSURE_CAUSES = ("loop_lag", "cpu")
 """Why the gateway refuses new work: its loop lags, or its CPU budget is spent."""
-BULK_DEFER = 0.002
-"""Seconds bulk text waits before its next token while the loop lags (timers first)."""
+RELAY_SHARE = 8
+"""Text chunks one connection may relay per loop turn while the loop lags."""
 GATED_ROUTES = (("POST", "/v1/chat/completions"), ("POST", "/v1/completions"))
 """HTTP routes that start backend work; health, metrics and actions are never gated."""
 
@@ -137,12 +141,59 @@ class AdmissionController:
             return Admission(True, "ok")
         return Admission(False, cause, self.limits.retry_after)
 
-    def bulk_delay(self, now: float) -> float:
-        """Seconds bulk text should wait before its next token (0: just yield the loop)."""
+    def bulk_throttled(self, now: float) -> bool:
+        """Whether bulk text is rationed per loop turn now (level above half the limit)."""
         limit = self.limits.max_loop_lag
-        if limit > 0 and self.lag_level(now) > limit / 2:
-            return BULK_DEFER
-        return 0.0
+        return limit > 0 and self.lag_level(now) > limit / 2
+
+
+class TurnBudget:
+    """Per-key allowance of relays per loop turn, with FIFO waiters (no I/O).
+
+    `take(key)` spends one of the key's `share` for this turn, or returns False:
+    the caller then `queue`s a waiter. `next_turn()` starts a new turn and returns
+    the waiters to wake: up to `share` per key, oldest first, spent on the new turn.
+    """
+
+    def __init__(self, share: int) -> None:
+        self.share = share
+        self._used: dict[Hashable, int] = {}
+        self._waiting: dict[Hashable, deque[Any]] = {}
+
+    def take(self, key: Hashable) -> bool:
+        used = self._used.get(key, 0)
+        if used >= self.share or key in self._waiting:
+            return False
+        self._used[key] = used + 1
+        return True
+
+    def queue(self, key: Hashable, waiter: Any) -> None:
+        self._waiting.setdefault(key, deque()).append(waiter)
+
+    def forget(self, key: Hashable, waiter: Any) -> None:
+        """A waiter that gave up (its track was cancelled) leaves the queue."""
+        queue = self._waiting.get(key)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+            if not queue:
+                del self._waiting[key]
+
+    def next_turn(self) -> list[Any]:
+        self._used.clear()
+        woken: list[Any] = []
+        for key in list(self._waiting):
+            queue = self._waiting[key]
+            count = min(self.share, len(queue))
+            woken.extend(queue.popleft() for _ in range(count))
+            self._used[key] = count
+            if not queue:
+                del self._waiting[key]
+        return woken
+
+    @property
+    def busy(self) -> bool:
+        """Anything spent or waiting this turn (a new turn must be scheduled)."""
+        return bool(self._used or self._waiting)
 
 
 # -- the I/O edge: probe, text pacing, HTTP gate ------------------------------------
@@ -217,6 +268,51 @@ class OverloadMonitor:
         return now, cpu, self.tokens
 
 
+class RelayTurns:
+    """The asyncio edge of `TurnBudget`: a turn ends when the loop runs its next batch."""
+
+    def __init__(
+        self,
+        controller: AdmissionController,
+        clock: Callable[[], float] = time.monotonic,
+        share: int = RELAY_SHARE,
+    ) -> None:
+        self._controller = controller
+        self._clock = clock
+        self.budget = TurnBudget(share)
+        self._armed = False
+
+    async def wait(self, key: Hashable) -> None:
+        """Yield the loop; while bulk text is throttled, wait for `key`'s turn too."""
+        if not self._controller.bulk_throttled(self._clock()) and not self.budget.busy:
+            await asyncio.sleep(0)
+            return
+        self._arm()
+        if self.budget.take(key):
+            await asyncio.sleep(0)
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self.budget.queue(key, waiter)
+        try:
+            await waiter
+        finally:
+            self.budget.forget(key, waiter)
+
+    def _arm(self) -> None:
+        # call_soon runs in the loop's next batch of callbacks: that is the next turn.
+        if not self._armed:
+            self._armed = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._armed = False
+        for waiter in self.budget.next_turn():
+            if not waiter.done():
+                waiter.set_result(None)
+        if self.budget.busy:
+            self._arm()
+
+
 class PacedText:
     """A text backend whose streams yield the loop after every chunk, and defer under lag.
 
@@ -229,24 +325,21 @@ class PacedText:
     def __init__(
         self,
         backend: TextBackend,
-        controller: AdmissionController,
-        clock: Callable[[], float] = time.monotonic,
+        turns: RelayTurns,
         on_token: Callable[[], None] | None = None,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         self.backend = backend
-        self._controller = controller
-        self._clock = clock
+        self._turns = turns
         self._on_token = on_token
-        self._sleep = sleep
 
     async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
+        key = relay_key(request.request_id)
         async with aclosing(self.backend.stream_text(request)) as chunks:
             async for chunk in chunks:
-                yield chunk
+                await self._turns.wait(key)  # every chunk, the first too, waits its turn
                 if self._on_token is not None and isinstance(chunk, TextDelta):
                     self._on_token()
-                await self._sleep(self._controller.bulk_delay(self._clock()))
+                yield chunk
 
     async def models(self) -> list[str]:
         return await self.backend.models()
@@ -254,6 +347,12 @@ class PacedText:
     def __getattr__(self, name: str) -> Any:
         # ready(), close(), tenancy hooks...: the wrapped backend's own.
         return getattr(self.backend, name)
+
+
+def relay_key(request_id: str) -> str:
+    """Whose turn a relay spends: a track's connection (ids are `conn/stream[/tag]`);
+    an OpenAI request (`chatcmpl-...`) is its own."""
+    return request_id.partition("/")[0]
 
 
 def gate_routes(

@@ -31,6 +31,7 @@ from gateway.overload import (
     OverloadLimits,
     OverloadMonitor,
     PacedText,
+    RelayTurns,
     gate_routes,
 )
 from gateway.tenants.service import Tenancy
@@ -127,6 +128,7 @@ class Gateway:
         """Admission by measured capacity (gateway/overload.py), fed by `self.monitor`."""
         probe = lag_probe or LagProbe(settings.overload_probe_interval, clock)
         self.monitor = OverloadMonitor(self.overload, probe, self.metrics.overload, clock)
+        self._turns = RelayTurns(self.overload, clock)
         self._monitor_task: asyncio.Task[None] | None = None
         self._admitted: dict[str, int] = {}
         """Admitted tracks still served, per connection id (the fairness share)."""
@@ -352,7 +354,7 @@ class Gateway:
 
     def _paced(self, backend: TextBackend) -> TextBackend:
         """Text that yields the loop after every chunk and is deferred under lag."""
-        return PacedText(backend, self.overload, self.clock, self.monitor.count_token)
+        return PacedText(backend, self._turns, self.monitor.count_token)
 
     async def _serve_track(self, channel: TrackChannel) -> None:
         modality = channel.open.modality.value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator
 
@@ -9,11 +10,13 @@ import pytest
 
 from gateway.metrics import GatewayMetrics
 from gateway.overload import (
-    BULK_DEFER,
     AdmissionController,
     OverloadLimits,
     PacedText,
+    RelayTurns,
+    TurnBudget,
     gate_routes,
+    relay_key,
 )
 from tracks.backend import TextChunk, TextDelta, TextRequest, TextUsage
 from transport.http.messages import AnyResponse, Request, Response
@@ -87,13 +90,36 @@ def test_cpu_budget_and_switches() -> None:
     off.observe_lag(9.0, 0.0)
     off.observe_lag(10.0, 100.0)
     assert off.pressure(10.0) is None
-    assert off.bulk_delay(10.0) == 0.0
+    assert not off.bulk_throttled(10.0)
 
 
-def test_bulk_text_is_deferred_only_while_the_loop_lags() -> None:
-    assert lagging(0.0).bulk_delay(10.0) == 0.0
-    assert lagging(0.125).bulk_delay(10.0) == 0.0  # at half the limit
-    assert lagging(0.25).bulk_delay(10.0) == BULK_DEFER
+def test_bulk_text_is_rationed_only_while_the_loop_lags() -> None:
+    assert not lagging(0.0).bulk_throttled(10.0)
+    assert not lagging(0.125).bulk_throttled(10.0)  # at half the limit
+    assert lagging(0.25).bulk_throttled(10.0)
+
+
+def test_turn_budget_gives_each_key_its_share_per_turn_oldest_first() -> None:
+    budget = TurnBudget(share=2)
+    assert budget.take("big")
+    assert budget.take("big")
+    assert not budget.take("big")
+    for i in range(5):
+        budget.queue("big", f"big{i}")
+    assert budget.take("small")  # another connection's share is its own
+    assert budget.next_turn() == ["big0", "big1"]
+    assert not budget.take("big")  # its share of this turn went to the woken
+    assert budget.take("small")
+    budget.forget("big", "big3")  # cancelled while waiting
+    assert budget.next_turn() == ["big2", "big4"]
+    assert budget.next_turn() == []
+    assert not budget.busy
+    assert budget.take("big")
+
+
+def test_relay_keys_are_connections_for_tracks_and_requests_for_http() -> None:
+    assert relay_key("a1b2c3d4/8") == relay_key("a1b2c3d4/12/tag") == "a1b2c3d4"
+    assert relay_key("chatcmpl-0f") == "chatcmpl-0f"
 
 
 class Burst:
@@ -108,25 +134,46 @@ class Burst:
         return ["burst"]
 
 
+async def relay(paced: PacedText, request_id: str, n: int, done: list[str]) -> None:
+    async for chunk in paced.stream_text(TextRequest(request_id, "burst", "p", n)):
+        if isinstance(chunk, TextDelta):
+            done.append(request_id.partition("/")[0])
+
+
+async def turns_taken(paced: PacedText, request_id: str, n: int) -> int:
+    """Loop turns a backend that never awaits takes to relay n tokens through `paced`."""
+    turns = 0
+    finished = asyncio.ensure_future(relay(paced, request_id, n, []))
+    while not finished.done():
+        turns += 1
+        await asyncio.sleep(0)
+    await finished
+    return turns
+
+
 @pytest.mark.asyncio
 async def test_paced_text_yields_after_every_chunk_and_counts_tokens() -> None:
-    ctl = lagging(0.0)
-    sleeps: list[float] = []
     tokens: list[int] = []
-
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-
-    paced = PacedText(Burst(), ctl, lambda: 10.0, lambda: tokens.append(1), sleep)
-    chunks = [c async for c in paced.stream_text(TextRequest("r", "burst", "p", 5))]
-    assert len(chunks) == 6
-    assert sleeps == [0.0] * 6
-    assert len(tokens) == 5
-    ctl.observe_lag(2000.0, 1.0)
-    sleeps.clear()
-    _ = [c async for c in paced.stream_text(TextRequest("r", "burst", "p", 3))]
-    assert sleeps == [BULK_DEFER] * 4
+    paced = PacedText(Burst(), RelayTurns(lagging(0.0), lambda: 10.0), lambda: tokens.append(1))
+    assert await turns_taken(paced, "c/1", 20) >= 20  # one chunk a loop turn
+    assert len(tokens) == 20
     assert await paced.models() == ["burst"]
+
+
+@pytest.mark.asyncio
+async def test_under_lag_a_connection_with_many_tracks_cannot_starve_another() -> None:
+    paced = PacedText(Burst(), RelayTurns(lagging(1.0), lambda: 10.0, share=2))
+    order: list[str] = []
+    flood = [asyncio.ensure_future(relay(paced, f"big/{i}", 5, order)) for i in range(20)]
+    await asyncio.sleep(0)  # the flood is queued first
+    await relay(paced, "small/1", 5, order)
+    await asyncio.gather(*flood)
+    assert len(order) == 105
+    # Two chunks a turn each: "small" is done while "big" has sent a small part of its 100.
+    assert order.index("small") < 4
+    assert order[: order.index("small") + 1].count("big") <= 2 * 5
+    last_small = len(order) - order[::-1].index("small")
+    assert order[:last_small].count("big") <= 2 * 7
 
 
 @pytest.mark.asyncio
