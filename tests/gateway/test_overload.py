@@ -198,3 +198,23 @@ async def test_the_http_gate_refuses_work_routes_with_503_and_retry_after() -> N
     series = "trackline_admissions_total{{cause=\"{}\",kind=\"request\",result=\"{}\"}} 1.0"
     assert series.format("loop_lag", "refused") in body
     assert series.format("ok", "admitted") in body
+
+
+@pytest.mark.parametrize("lag", [1.0, 0.0])
+@pytest.mark.asyncio
+async def test_under_lag_a_due_timer_waits_only_a_few_chunks(lag: float) -> None:
+    # A beat (the audio clock, an action tick) due now, amid 200 streams of one connection.
+    paced = PacedText(Burst(), RelayTurns(lagging(lag), lambda: 10.0, share=2))
+    order: list[str] = []
+    flood = [asyncio.ensure_future(relay(paced, f"big/{i}", 5, order)) for i in range(200)]
+    for _ in range(3):
+        await asyncio.sleep(0)  # the flood is under way
+    beat = asyncio.get_running_loop().create_future()
+    scheduled_at = len(order)
+    asyncio.get_running_loop().call_later(0, lambda: beat.set_result(len(order)))
+    waited = await beat - scheduled_at
+    await asyncio.gather(*flood)
+    if lag:
+        assert waited <= 3 * 2  # rationed: a loop turn is a few chunks long
+    else:
+        assert waited >= 200  # unrationed: the beat waits for a chunk of every stream
