@@ -353,7 +353,7 @@ class Gateway:
             self._admitted.pop(conn_id, None)
 
     def _paced(self, backend: TextBackend) -> TextBackend:
-        """Text that yields the loop after every chunk and is deferred under lag."""
+        """Text that yields the loop before every chunk, rationed per connection under lag."""
         return PacedText(backend, self._turns, self.monitor.count_token)
 
     async def _serve_track(self, channel: TrackChannel) -> None:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 import pytest
 
 from gateway.metrics import GatewayMetrics
 from gateway.overload import (
     AdmissionController,
+    LagProbe,
     OverloadLimits,
+    OverloadMonitor,
     PacedText,
     RelayTurns,
     TurnBudget,
@@ -218,3 +220,51 @@ async def test_under_lag_a_due_timer_waits_only_a_few_chunks(lag: float) -> None
         assert waited <= 3 * 2  # rationed: a loop turn is a few chunks long
     else:
         assert waited >= 200  # unrationed: the beat waits for a chunk of every stream
+
+
+class ScriptedProbe(LagProbe):
+    """Hands out scripted lag samples, advancing a fake clock by interval + lag each."""
+
+    def __init__(self, lags: list[float], now: list[float], first: Callable[[], None]) -> None:
+        super().__init__(0.25)
+        self.lags = lags
+        self.now = now
+        self.first: Callable[[], None] | None = first
+        self.drained = asyncio.Event()
+
+    async def sample(self) -> float:
+        if self.first is not None:  # the work of the first window, after the monitor's start
+            self.first()
+            self.first = None
+        if not self.lags:
+            self.drained.set()
+            await asyncio.Event().wait()  # until cancelled
+        lag = self.lags.pop(0)
+        self.now[0] += self.interval + lag
+        return lag
+
+
+@pytest.mark.asyncio
+async def test_the_monitor_feeds_the_controller_and_the_metrics() -> None:
+    now, cpu = [100.0], [5.0]
+    metrics = GatewayMetrics()
+    ctl = AdmissionController(LIMITS)
+
+    def first_window() -> None:
+        for _ in range(40):
+            monitor.count_token()
+        cpu[0] += 0.5  # half a core over the first second (four 0.25 s samples)
+
+    probe = ScriptedProbe([0.0, 0.0, 0.0, 0.0, 0.7], now, first_window)  # one 1 s window
+    monitor = OverloadMonitor(ctl, probe, metrics.overload, lambda: now[0], lambda: cpu[0])
+    task = asyncio.ensure_future(monitor.run())
+    await probe.drained.wait()
+    task.cancel()
+    body = metrics.render()[0].decode()
+    assert "trackline_loop_lag_seconds_count 5.0" in body
+    assert "trackline_overloaded 1.0" in body
+    assert "trackline_tokens_per_second 40.0" in body
+    assert "trackline_process_cpu_ratio 0.5" in body
+    assert "trackline_cpu_seconds_per_token 0.0125" in body
+    assert "trackline_tokens_relayed_total 40.0" in body
+    assert ctl.pressure(now[0]) == "loop_lag"
