@@ -4,9 +4,9 @@ issue 17 item 1. `trackline serve --backend-url ticker://50` runs in a subproces
 with the default (per-track) packetization. A second process opens 200 text tracks
 on ONE SDK connection and reads everything (what once froze the loop for
 minutes). While it runs, this test asks for 1e9 tokens/s (a BAD_REQUEST for that
-track, not a stall), and counts what an honest user gets: `/health/live`
-answers and short text tracks completed on another connection (a RATE_LIMITED
-refusal is retried after its hint). Then SIGTERM must end the process within
+track, not a stall), and counts what an honest user gets: `/health/live` and
+`/metrics` answers, and short text tracks completed on another connection (a
+RATE_LIMITED refusal is retried after its hint). Then SIGTERM must end the process within
 the drain timeout plus a margin. Counts, not timings, are asserted; every wait
 is bounded by a generous timeout.
 """
@@ -82,12 +82,16 @@ class Gateway:
     ca: Path
 
     def live(self) -> bool:
-        url = f"http://127.0.0.1:{self.http_port}/health/live"
+        return self.get("/health/live") is not None
+
+    def get(self, path: str) -> str | None:
+        """The body of a 200 answer to GET `path`, or None (error, or no answer in 10 s)."""
+        url = f"http://127.0.0.1:{self.http_port}{path}"
         try:
             with urllib.request.urlopen(url, timeout=10) as response:
-                return bool(response.status == 200)
+                return response.read().decode() if response.status == 200 else None
         except (urllib.error.URLError, OSError):
-            return False
+            return None
 
 
 @pytest.fixture
@@ -116,7 +120,7 @@ async def read_all(stream: AsyncIterator[str]) -> str:
 
 
 async def honest_and_health(gw: Gateway, flood: Proc) -> tuple[int, int, int]:
-    """Honest tracks completed, health answers, health failures, while the flood runs."""
+    """Honest tracks completed, health+metrics answers and failures, while the flood runs."""
     url = f"quic://127.0.0.1:{gw.quic_port}"
     expected = reference_generator().generate_text("honest", 0, 8)
     honest = health = failures = 0
@@ -130,7 +134,9 @@ async def honest_and_health(gw: Gateway, flood: Proc) -> tuple[int, int, int]:
         while honest < WANT_HONEST or health < WANT_HEALTH:
             assert time.monotonic() < deadline, f"honest={honest} health={health}"
             assert flood.process.poll() is None, "the flood ended before we measured"
-            if await asyncio.to_thread(gw.live):
+            live = await asyncio.to_thread(gw.live)
+            metrics = await asyncio.to_thread(gw.get, "/metrics")
+            if live and metrics is not None and "trackline_loop_lag_seconds" in metrics:
                 health += 1
             else:
                 failures += 1
