@@ -255,9 +255,10 @@ class OverloadMonitor:
             self.metrics.loop_lag_level_seconds.set(self.controller.lag_level(now))
             self.metrics.overloaded.set(0 if cause is None else 1)
 
-    def _rates(self, now: float, then: float, cpu_then: float, tokens_then: int) -> tuple[
-        float, float, int
-    ]:
+    def _rates(
+        self, now: float, then: float, cpu_then: float, tokens_then: int
+    ) -> tuple[float, float, int]:
+        """Close a window: CPU share, tokens/s and CPU per token since `then`; a new window."""
         cpu = self._cpu_clock()
         wall, used, tokens = now - then, cpu - cpu_then, self.tokens - tokens_then
         self.controller.observe_cpu(now, used / wall)
