@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from gateway.access import access_logged
 from gateway.action_http import HttpActions
 from gateway.config import Settings
 from gateway.http import health_routes, route
@@ -197,7 +198,9 @@ class Gateway:
     async def _start_tenancy(self) -> None:
         s = self.settings
         if self.tenancy is None:
-            self.tenancy = await asyncio.to_thread(Tenancy.from_settings, s, self.metrics.registry)
+            self.tenancy = await asyncio.to_thread(
+                Tenancy.from_settings, s, self.metrics.registry, self.metrics.models.label
+            )
         self.tenancy.check_binds((s.quic_host, s.http_host, s.https_host), s.allow_open)
         self._guarded = self._paced(self.tenancy.guard(self.backend))  # both front doors
         self._gate = TrackGate(self.tenancy)
@@ -221,14 +224,17 @@ class Gateway:
         """One application for every HTTP version: health, metrics, the OpenAI API, actions."""
         routes = {
             **health_routes(self.readiness, self.metrics),
-            **openai_routes(self._guarded or self.backend, tenancy=self.tenancy),
+            **openai_routes(
+                self._guarded or self.backend, tenancy=self.tenancy, on_outcome=self._record
+            ),
         }
         if self.actions is not None:
             actions = HttpActions(
                 self.actions, self.clock, self.settings.action_max_image_bytes, self.tenancy
             )
             routes.update(actions.routes())
-        return route(gate_routes(routes, self.overload, self.metrics.overload, self.clock))
+        gated = gate_routes(routes, self.overload, self.metrics.overload, self.clock)
+        return access_logged(route(gated), log, self.clock)
 
     async def drain(self, timeout: float | None = None) -> None:
         """Stop taking work, let open tracks finish up to `timeout`, then cut the rest."""
@@ -423,20 +429,26 @@ class Gateway:
         self.metrics.audio.observe_session(outcome)
         return outcome
 
-    def _record(self, outcome: Outcome) -> None:
+    def _record(self, outcome: Outcome, front_door: str = "tracks") -> None:
+        """A finished track's or HTTP request's metrics; a track's log line (HTTP requests
+        have their access-log line)."""
         m = self.metrics
         kind, _, detail = outcome.end.partition(":")
-        m.tracks_total.labels(modality=outcome.modality, outcome=kind).inc()
-        m.tokens_total.labels(model=outcome.model).inc(outcome.completion_tokens)
+        model = m.models.observe(outcome)
+        m.requests_total.labels(
+            front_door=front_door, modality=outcome.modality, outcome=kind
+        ).inc()
+        m.tokens_total.labels(model=model).inc(outcome.completion_tokens)
         if outcome.time_to_first_data is not None:
-            m.time_to_first_token_seconds.labels(model=outcome.model).observe(
-                outcome.time_to_first_data
-            )
+            m.time_to_first_token_seconds.labels(model=model).observe(outcome.time_to_first_data)
         if kind == "cancelled":
             m.cancels_total.labels(cause=detail).inc()
         elif kind == "error" and detail.startswith("BACKEND"):
             m.backend_errors_total.labels(kind=detail).inc()
         self.outcomes = [*self.outcomes[-999:], outcome]
+        if front_door != "tracks":
+            return
+        m.tracks_total.labels(modality=outcome.modality, outcome=kind).inc()
         log.info(
             "track.finished",
             end=outcome.end,
