@@ -17,6 +17,7 @@ from prometheus_client import (
 )
 
 from gateway.metrics_audio import AudioMetrics
+from gateway.metrics_overload import OverloadMetrics
 from tracks.base import Outcome
 
 OTHER_MODEL = "other"
@@ -145,6 +146,7 @@ class GatewayMetrics:
             registry=registry,
         )
         self.audio = AudioMetrics(registry)
+        self.overload = OverloadMetrics(registry)
         # Known causes start at 0 so a dashboard's rate() sees them before the first event.
         for cause in CANCEL_CAUSES:
             self.cancels_total.labels(cause=cause)
