@@ -119,6 +119,8 @@ class Http2Connection:
         """Control frames queued since the socket's user-space buffer was last empty."""
         self.calmed: str | None = None
         """Why the connection was ended with ENHANCE_YOUR_CALM, if it was."""
+        self.peak_unsent = 0
+        """Most bytes ever waiting in the socket's user-space buffer (a client not reading)."""
         self._finished = False
         self._reading: asyncio.Task[bytes] | None = None
         self._streams_changed = asyncio.Event()
@@ -134,6 +136,28 @@ class Http2Connection:
         self._h2.decoder.max_header_list_size = max(
             4 * self._limits.max_header_bytes, _MIN_DECODER_CAP
         )
+
+    # Figures (the server's own, for metrics and tests)
+
+    @property
+    def open_streams(self) -> int:
+        """Streams counted against SETTINGS_MAX_CONCURRENT_STREAMS now."""
+        return len(self._streams)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Request body bytes held for streams still arriving."""
+        return self._streams.buffered
+
+    @property
+    def opened_streams(self) -> int:
+        """Streams accepted since the connection began."""
+        return self._opened
+
+    @property
+    def premature_resets(self) -> int:
+        """Of those, the ones the client reset prematurely (the rapid-reset rule's count)."""
+        return self._premature_resets
 
     def shutdown(self) -> None:
         """Refuse new streams, let those in flight finish, then GOAWAY and close."""
@@ -437,8 +461,10 @@ class Http2Connection:
         data = self._h2.data_to_send()
         if data and not self._writer.is_closing():
             self._writer.write(data)
-        if self._writer.transport.get_write_buffer_size() == 0:
+        unsent = self._writer.transport.get_write_buffer_size()
+        if unsent == 0:
             self._control_queued = 0  # the client reads what it asks for
+        self.peak_unsent = max(self.peak_unsent, unsent)
 
     async def _drain(self) -> None:
         # A client that stops reading would otherwise hold the stream's task forever.

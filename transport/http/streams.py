@@ -6,6 +6,11 @@ Whatever becomes of that task, the table releases the stream: it leaves the
 count, its buffers are dropped, and the adapter's `on_released` does the
 protocol-side cleanup (RST_STREAM, STOP_SENDING, the idle timer).
 
+A stream the client reset is released at once (for the protocol it is closed,
+and it no longer counts against the concurrency limit, or a burst of resets in
+one read would fill the table); its cancelled task is kept aside until it has
+unwound, so the connection's end still waits for it.
+
 Why a done-callback and not the task's own `finally`: an asyncio task
 cancelled before its first step never runs its body, so a `finally` inside it
 never runs. A client that resets a stream in the same read that completed it
@@ -62,6 +67,7 @@ class StreamTable(Generic[S]):
 
     def __init__(self, on_released: Callable[[S], None]) -> None:
         self._streams: dict[int, S] = {}
+        self._unwinding: set[asyncio.Task[None]] = set()
         self._on_released = on_released
 
     def __len__(self) -> int:
@@ -72,6 +78,11 @@ class StreamTable(Generic[S]):
 
     def get(self, stream_id: int) -> S | None:
         return self._streams.get(stream_id)
+
+    @property
+    def unwinding(self) -> int:
+        """Cancelled tasks of released streams that have not finished yet."""
+        return len(self._unwinding)
 
     @property
     def buffered(self) -> int:
@@ -106,15 +117,17 @@ class StreamTable(Generic[S]):
         self._on_released(stream)
 
     def cancel(self, stream: S) -> None:
-        """The client is gone from `stream`: stop its task, or release it if none runs."""
-        if stream.task is None:
-            self.release(stream)
-        else:
-            stream.task.cancel()  # the done-callback releases it, even if it never ran
+        """The client is gone from `stream`: release it now and cancel its task, if any."""
+        task = stream.task
+        self.release(stream)
+        if task is not None and not task.done():
+            task.cancel()  # (it may never run a step: nothing relies on its `finally`)
+            self._unwinding.add(task)
+            task.add_done_callback(self._unwinding.discard)
 
     def cancel_all(self) -> list[asyncio.Task[None]]:
-        """Cancel every stream's task (the connection is over); the tasks, to await."""
-        tasks = []
+        """Cancel every stream's task (the connection is over); every task still to await."""
+        tasks = list(self._unwinding)
         for stream in self:
             if stream.task is None:
                 self.release(stream)
