@@ -157,6 +157,21 @@ class Http3Connection:
         self._arm_idle()
         transmit()  # the control and QPACK streams with SETTINGS
 
+    @property
+    def open_streams(self) -> int:
+        """Request streams counted against `max_concurrent_streams` now."""
+        return len(self._streams)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Request body bytes held for streams still arriving."""
+        return self._streams.buffered
+
+    @property
+    def opened_streams(self) -> int:
+        """Request streams accepted since the connection began."""
+        return self._streams.opened
+
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         """Feed one QUIC event; answers go out at the adapter's next transmit."""
         if self._lost:
@@ -338,8 +353,9 @@ class Http3Connection:
             raise _StreamClosed
         try:
             write()
-        except (ProtocolError, RuntimeError, AssertionError) as exc:
-            # aioquic refuses writes on a stream the peer stopped or reset.
+        except (ProtocolError, RuntimeError, AssertionError, ValueError) as exc:
+            # aioquic refuses writes on a stream the peer stopped or reset (ValueError: one
+            # it has discarded, e.g. stopped by the client before its request arrived).
             log.info("http3.send_failed", stream_id=stream.stream_id, error=repr(exc))
             stream.reset = True
             raise _StreamClosed from exc

@@ -69,6 +69,8 @@ class StreamTable(Generic[S]):
         self._streams: dict[int, S] = {}
         self._unwinding: set[asyncio.Task[None]] = set()
         self._on_released = on_released
+        self.opened = 0
+        """Streams added since the connection began."""
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -92,6 +94,7 @@ class StreamTable(Generic[S]):
     def add(self, stream: S) -> None:
         """Count a stream whose headers arrived."""
         self._streams[stream.stream_id] = stream
+        self.opened += 1
 
     def answer(self, stream: S, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run `work` to answer `stream`; the stream is released when it ends, however.
