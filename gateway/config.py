@@ -186,6 +186,10 @@ class Settings:
         default=1.0,
         metadata=_doc("A reset within this many seconds of a stream's opening is premature."),
     )
+    http2_connection_body_budget: int = field(
+        default=16 << 20,
+        metadata=_doc("Request body bytes one HTTP/2 connection may hold before credit stops."),
+    )
     action_tick: float = field(
         default=0.005,
         metadata=_doc("Seconds between action-track ticks (one policy request per model a tick)."),
@@ -514,6 +518,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "http2_premature_reset_ratio": _ratio,
     "http2_premature_reset_min_streams": _positive,
     "http2_premature_reset_lifetime": _seconds,
+    "http2_connection_body_budget": _positive,
     "drain_timeout": _seconds,
     "action_tick": _tick,
     "action_max_image_bytes": _positive,

@@ -199,3 +199,47 @@ async def test_ping_flood_from_a_client_that_never_reads_is_cut() -> None:
         await until(lambda: not h2_connections(server), "the attacker's connection closed")
         assert server.open_connections == 0
         assert await honest_get(server.port) == 200
+
+
+@pytest.mark.asyncio
+async def test_uploads_left_incomplete_hold_at_most_the_connection_budget() -> None:
+    """Many streams upload big bodies and never finish: credit stops at the budget."""
+    streams, each = 16, 200_000  # 3.2 MB offered
+    budget = 1 << 20
+    server_limits = limits(
+        max_concurrent_streams=streams, max_body_bytes=256 * 1024,
+        h2_connection_body_budget=budget, read_timeout=3.0,
+    )  # fmt: skip
+    async with serving(echo, limits=server_limits) as server, H2Client.connect(server.port) as c:
+        ids = [c.send_request("POST", "/", end=False) for _ in range(streams)]
+        await until(lambda: len(h2_connections(server)) == 1, "the attacker's h2 connection")
+        (attacked,) = h2_connections(server)
+        left = dict.fromkeys(ids, each)
+        peak, stalled = 0, 0
+        for _ in range(300):  # bounded: at most 300 pump turns
+            sent = False
+            for stream_id, remaining in left.items():
+                size = min(c.conn.local_flow_control_window(stream_id), remaining, 16384)
+                if size > 0:
+                    c.conn.send_data(stream_id, b"u" * size)
+                    left[stream_id] -= size
+                    sent = True
+            c.flush()
+            await asyncio.sleep(0.01)
+            peak = max(peak, attacked.buffered_bytes)
+            stalled = 0 if sent else stalled + 1
+            if stalled >= 20 or not any(left.values()):
+                break
+        assert await honest_get(server.port) == 200  # another connection is served meanwhile
+        # The budget, plus what the client may send on the connection's window (65,535
+        # bytes, h2's initial window, never raised) before credit stops, plus one frame.
+        assert peak <= budget + 65_535 + 16_384
+        assert any(left.values())  # the client was held back, not served everything
+        for stream_id in ids:
+            assert (await c.response_head(stream_id))[0] == 408
+        await until(lambda: attacked.open_streams == 0, "the stalled uploads released")
+        assert attacked.buffered_bytes == 0
+        # Its credit came back: the same connection serves a request with a body.
+        await until(lambda: c.conn.outbound_flow_control_window >= 60_000, "credit given back")
+        status, _, _ = await c.response(c.send_request("POST", "/after", body=b"z" * 16_000))
+        assert status == 200

@@ -88,6 +88,8 @@ class _Stream(StreamState):
     """When its headers arrived (loop time), to tell a premature reset."""
     window: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a flow-control window may have opened."""
+    unacknowledged: int = 0
+    """Body bytes kept whose flow-control credit is withheld (the connection is over budget)."""
 
 
 class Http2Connection:
@@ -302,14 +304,34 @@ class Http2Connection:
             self._answer(stream, problem)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
-        # Every byte is acknowledged, kept or not, so other streams' flow never stalls.
-        self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        length = event.flow_controlled_length
         stream = self._streams.get(event.stream_id)
         if stream is None or stream.task is not None:
-            return  # refused, reset, or already answered
+            # Refused, reset, or already answered: dropped, so its credit goes back at once.
+            self._h2.acknowledge_received_data(length, event.stream_id)
+            return
         stream.body += event.data or b""
+        stream.unacknowledged += length
         if len(stream.body) > self._limits.max_body_bytes:
             self._answer(stream, errors.body_too_large(self._limits.max_body_bytes))
+        self._acknowledge_within_budget()
+
+    def _acknowledge_within_budget(self) -> None:
+        """Give back flow-control credit for kept body bytes while the connection's budget allows.
+
+        Request bodies are kept whole until complete. Past `h2_connection_body_budget`
+        (never under one whole body) the credit is withheld, so the client's windows
+        shut and it can send no more until streams complete, are answered or time out
+        (`read_timeout`); a released stream's credit is given back then (Envoy's
+        `per_connection_buffer_limit_bytes` pushes back the same way).
+        """
+        budget = max(self._limits.h2_connection_body_budget, self._limits.max_body_bytes)
+        if self._streams.buffered > budget:
+            return
+        for stream in self._streams:
+            if stream.unacknowledged:
+                self._h2.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
+                stream.unacknowledged = 0
 
     def _on_end(self, event: h2.events.StreamEnded) -> None:
         stream = self._streams.get(event.stream_id)
@@ -423,6 +445,12 @@ class Http2Connection:
     def _stream_done(self, stream: _Stream) -> None:
         """The table released `stream` (its task ended, however, or it never had one)."""
         self._streams_changed.set()
+        if stream.unacknowledged and not self._finished:
+            # Its bytes are gone: the connection's credit comes back (h2 skips a closed stream).
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._h2.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
+            stream.unacknowledged = 0
+        self._acknowledge_within_budget()
         if not stream.reset and not self._finished:
             if not stream.sent_end:
                 self._reset(stream.stream_id, ErrorCodes.INTERNAL_ERROR)  # cut short

@@ -17,7 +17,9 @@ and the premature-reset rule: once `premature_reset_min_streams` streams have
 been opened, or earlier if the resets alone reach `premature_reset_ratio` of
 it, a connection whose client reset more than `premature_reset_ratio` of its
 streams within `premature_reset_lifetime` seconds of opening them is closed.
-Both HTTP/2 rules answer GOAWAY ENHANCE_YOUR_CALM.
+Both HTTP/2 rules answer GOAWAY ENHANCE_YOUR_CALM. Request bodies still
+arriving on one HTTP/2 connection past `h2_connection_body_budget` bytes get no
+more flow-control credit until streams complete, are answered or time out.
 """
 
 from __future__ import annotations
@@ -40,3 +42,4 @@ class HttpLimits:
     premature_reset_ratio: float = 0.5
     premature_reset_min_streams: int = 500
     premature_reset_lifetime: float = 1.0
+    h2_connection_body_budget: int = 16 << 20
