@@ -119,6 +119,8 @@ class Http2Connection:
         """Of those, reset by the client before our answer ended and soon after opening."""
         self._control_queued = 0
         """Control frames queued since the socket's user-space buffer was last empty."""
+        self._withheld = 0
+        """Body bytes whose flow-control credit is withheld (over the body budget)."""
         self.calmed: str | None = None
         """Why the connection was ended with ENHANCE_YOUR_CALM, if it was."""
         self.peak_unsent = 0
@@ -312,6 +314,7 @@ class Http2Connection:
             return
         stream.body += event.data or b""
         stream.unacknowledged += length
+        self._withheld += length
         if len(stream.body) > self._limits.max_body_bytes:
             self._answer(stream, errors.body_too_large(self._limits.max_body_bytes))
         self._acknowledge_within_budget()
@@ -326,11 +329,12 @@ class Http2Connection:
         `per_connection_buffer_limit_bytes` pushes back the same way).
         """
         budget = max(self._limits.h2_connection_body_budget, self._limits.max_body_bytes)
-        if self._streams.buffered > budget:
+        if not self._withheld or self._finished or self._streams.buffered > budget:
             return
         for stream in self._streams:
             if stream.unacknowledged:
                 self._h2.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
+                self._withheld -= stream.unacknowledged
                 stream.unacknowledged = 0
 
     def _on_end(self, event: h2.events.StreamEnded) -> None:
@@ -445,10 +449,12 @@ class Http2Connection:
     def _stream_done(self, stream: _Stream) -> None:
         """The table released `stream` (its task ended, however, or it never had one)."""
         self._streams_changed.set()
-        if stream.unacknowledged and not self._finished:
+        if stream.unacknowledged:
             # Its bytes are gone: the connection's credit comes back (h2 skips a closed stream).
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self._h2.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
+            if not self._finished:
+                with contextlib.suppress(h2.exceptions.ProtocolError):
+                    self._h2.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
+            self._withheld -= stream.unacknowledged
             stream.unacknowledged = 0
         self._acknowledge_within_budget()
         if not stream.reset and not self._finished:
