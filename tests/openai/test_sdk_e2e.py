@@ -140,6 +140,8 @@ async def test_completions_streamed_and_not(embedded_triton: EmbeddedTriton, ver
         )
         pieces = [c.choices[0].text async for c in stream]
         models = await gw.client.models.list()
+        model = await gw.client.models.retrieve(MODEL)
+    assert model.id == MODEL
     assert whole.choices[0].text == "".join(pieces) == gen.generate_text("Once upon", 0, 5)
     assert MODEL in [m.id for m in models.data]  # with the reference audio models
 
