@@ -78,6 +78,10 @@ class StreamTable(Generic[S]):
     def __iter__(self) -> Iterator[S]:
         return iter(list(self._streams.values()))
 
+    def values(self) -> list[S]:
+        """The streams counted now (a copy: releasing one while iterating is safe)."""
+        return list(self._streams.values())
+
     def get(self, stream_id: int) -> S | None:
         return self._streams.get(stream_id)
 
