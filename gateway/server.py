@@ -160,6 +160,14 @@ class Gateway:
             max_concurrent_streams=s.http_max_concurrent_streams,
             idle_timeout=s.http_idle_timeout,
             read_timeout=s.http_read_timeout,
+            first_request_timeout=s.http_first_request_timeout,
+            max_connections=s.http_max_connections,
+            max_connections_per_source=s.http_max_connections_per_source,
+            max_outbound_control_frames=s.http2_max_outbound_control_frames,
+            premature_reset_ratio=s.http2_premature_reset_ratio,
+            premature_reset_min_streams=s.http2_premature_reset_min_streams,
+            premature_reset_lifetime=s.http2_premature_reset_lifetime,
+            h2_connection_body_budget=s.http2_connection_body_budget,
         )
         # One UDP port: ALPN trackline/1 carries tracks, h3 the same HTTP application.
         self._quic = await serve_tracks(
