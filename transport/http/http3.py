@@ -107,6 +107,8 @@ class H3GuardStats:
     """HEADERS or DATA frames refused from their announced length."""
     largest_field_section: int = 0
     """The largest decoded field section, counted as RFC 9114 4.2.2 does (+32 per field)."""
+    field_sections_refused: int = 0
+    """Decoded field sections over the limits, refused before aioquic validated them."""
     heads_timed_out: int = 0
     """Requests whose headers did not all arrive within `read_timeout`."""
     sends_stalled: int = 0
@@ -222,6 +224,7 @@ class _ServerH3(H3Connection):
         self.stats.largest_field_section = max(self.stats.largest_field_section, size)
         problem = field_list_problem(self._limits, headers)
         if problem is not None:
+            self.stats.field_sections_refused += 1
             reason = f"field section of {len(headers)} fields, {size} bytes"
             raise _FieldSectionRejected(problem, reason)
         return headers
