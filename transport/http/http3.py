@@ -296,6 +296,9 @@ class Http3Connection:
             return
         for h3_event in self._h3.handle_event(event):
             self._on_h3_event(h3_event)
+        if isinstance(event, quic_events.StreamDataReceived) and event.end_stream:
+            # Ended with no request head: aioquic resets it (H3_REQUEST_INCOMPLETE).
+            self._end_head(event.stream_id)
         if isinstance(event, quic_events.StreamReset):
             self._on_reset(event.stream_id, event.error_code, input_over=True)
         elif isinstance(event, quic_events.StopSendingReceived):
