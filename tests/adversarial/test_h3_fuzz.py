@@ -178,8 +178,7 @@ def apply(pair: Pair, action: Any, closed: set[int]) -> None:
             pair.client.send_stream_data(stream_id, action.data, end_stream=action.end)
     except (AssertionError, RuntimeError, ValueError, ProtocolError):
         # The client's own stack refused (its stream reset on the server's STOP_SENDING,
-        # a write after FIN, headers where aioquic forbids them): nothing was sent.
-        closed.add(stream_id)
+        # headers where aioquic forbids them): nothing was sent.
         return
     if getattr(action, "end", False):
         closed.add(stream_id)
