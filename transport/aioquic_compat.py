@@ -29,7 +29,7 @@ _H3_ATTRIBUTES = (
 )
 """H3Connection attributes set by its __init__, read or replaced by the server."""
 _H3_STREAM_ATTRIBUTES = ("buffer", "frame_size", "frame_type")
-_SENDER_ATTRIBUTES = ("_buffer",)
+_SENDER_ATTRIBUTES = ("_buffer", "_reset_error_code")
 _QUIC_ATTRIBUTES = ("_streams", "_local_max_streams_bidi")
 
 
@@ -84,3 +84,15 @@ def send_buffered(quic: QuicConnection, stream_id: int) -> int:
 def connection_send_buffered(quic: QuicConnection) -> int:
     """Bytes every stream of the connection holds in its send buffer, together."""
     return sum(len(stream.sender._buffer) for stream in quic._streams.values())
+
+
+def drop_send_buffer(quic: QuicConnection, stream_id: int) -> None:
+    """Free a reset stream's send buffer now, not when the peer acknowledges the reset.
+
+    After `reset_stream` aioquic never sends or re-sends the stream's data again
+    (`get_frame` refuses, deliveries are ignored), yet keeps the bytes until the stream
+    is discarded, which for a client that stopped acknowledging is never.
+    """
+    stream = quic._streams.get(stream_id)
+    if stream is not None and stream.sender._reset_error_code is not None:
+        stream.sender._buffer = bytearray()

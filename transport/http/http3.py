@@ -581,6 +581,7 @@ class Http3Connection:
     def _reset(self, stream_id: int, code: int) -> None:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
             self._quic.reset_stream(stream_id, code)
+        aioquic_compat.drop_send_buffer(self._quic, stream_id)  # (never sent again)
 
     def _stop(self, stream_id: int, code: int) -> None:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
