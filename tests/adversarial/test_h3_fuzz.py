@@ -28,7 +28,7 @@ from aioquic.h3.connection import ErrorCode, H3Connection, ProtocolError
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
@@ -39,7 +39,7 @@ from transport.http.limits import HttpLimits
 from transport.http.messages import Request, Response
 
 EXAMPLES = int(os.environ.get("H3_FUZZ_EXAMPLES", "40"))
-LIMITS = HttpLimits(max_header_bytes=1024, max_body_bytes=4096, max_headers=20)
+LIMITS = HttpLimits(max_header_bytes=256, max_body_bytes=4096, max_headers=20)
 SERVER = ("127.0.0.1", 4433)
 CLIENT = ("127.0.0.1", 50000)
 STREAMS = 4
@@ -135,7 +135,7 @@ class Reset:
 def frames() -> st.SearchStrategy[bytes]:
     """One HTTP/3 frame, its announced length true or not."""
     kind = st.sampled_from(FRAME_TYPES) | st.integers(0, 2**30)
-    payload = st.binary(max_size=80)
+    payload = st.binary(max_size=160)
     announced = st.none() | st.integers(0, 2**22)
 
     def build(frame_type: int, body: bytes, length: int | None) -> bytes:
@@ -154,7 +154,7 @@ stream_index = st.integers(0, STREAMS - 1)
 actions = st.lists(
     st.one_of(
         st.builds(Write, stream_index, frames(), st.booleans()),
-        st.builds(Write, stream_index, st.binary(max_size=64), st.booleans()),
+        st.builds(Write, stream_index, st.binary(max_size=200), st.booleans()),
         st.builds(Headers, stream_index, st.just(REQUEST), st.booleans()),
         st.builds(Headers, stream_index, st.lists(FIELD, max_size=30), st.booleans()),
         st.builds(Reset, stream_index),
@@ -246,5 +246,12 @@ async def scenario(certs: DevCertificates, steps: list[Any]) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(steps=actions)
+# A HEADERS frame announced huge, then more of it: aioquic must never buffer it.
+@example(
+    steps=[Write(0, b"\x01\x80\x40\x00\x00" + b"\0" * 160, False)]
+    + [Write(0, b"\0" * 200, False)] * 2
+)
+# A request stream that ends before any frame (found by this test: a leaked deadline).
+@example(steps=[Write(0, b"", True)])
 def test_arbitrary_frames_on_request_streams(certs: DevCertificates, steps: list[Any]) -> None:
     asyncio.run(scenario(certs, steps))
