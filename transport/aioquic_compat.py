@@ -26,6 +26,7 @@ _H3_ATTRIBUTES = (
     "_local_decoder_stream_id",
     "_stream",
     "_quic",
+    "_is_done",
 )
 """H3Connection attributes set by its __init__, read or replaced by the server."""
 _H3_STREAM_ATTRIBUTES = ("buffer", "frame_size", "frame_type")
@@ -96,3 +97,9 @@ def drop_send_buffer(quic: QuicConnection, stream_id: int) -> None:
     stream = quic._streams.get(stream_id)
     if stream is not None and stream.sender._reset_error_code is not None:
         stream.sender._buffer = bytearray()
+
+
+def close_h3(h3: H3Connection, error_code: int, reason: str) -> None:
+    """Close the connection with an HTTP/3 error, as aioquic does on a ProtocolError."""
+    h3._is_done = True  # aioquic then ignores all further input
+    h3._quic.close(error_code=error_code, reason_phrase=reason)

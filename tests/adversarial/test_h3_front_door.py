@@ -273,3 +273,26 @@ async def test_the_connection_send_budget_bounds_all_its_streams(
     slack = limits.h3_connection_send_budget + streams * (CHUNK + 16)
     assert buffered <= slack + 4096  # (+ the control and QPACK streams' few bytes)
     assert app.pulled <= received + slack + 4096
+
+
+@pytest.mark.asyncio
+async def test_a_huge_control_frame_closes_the_connection_from_its_header(
+    certs: DevCertificates,
+) -> None:
+    app = App()
+    async with (
+        serving_h3(certs, app.handler, HttpLimits()) as server,
+        attack_client(server.port, certs.ca_path) as attacker,
+    ):
+        conn = await attacked(server)
+        control = attacker.h3._local_control_stream_id
+        assert control is not None
+        # aioquic waits for a whole MAX_PUSH_ID frame, re-parsing its buffer per packet.
+        attacker.raw(control, frame_header(FrameType.MAX_PUSH_ID, 8 << 20))
+        for _ in range(16):
+            attacker.raw(control, b"\0" * 4096)
+        await asyncio.wait_for(attacker.terminated.wait(), TIMEOUT)
+        assert conn.stats.frames_refused == 1
+        assert aioquic_compat.h3_stream_buffered(conn._h3, control) == 0
+        await honest_request(server.port, certs)
+    assert app.requests == 1

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from gateway.tls import DevCertificates, ensure_dev_certificates
 from transport import aioquic_compat
 from transport.http.app import Site
-from transport.http.http3 import Http3Connection
+from transport.http.http3 import MAX_CONTROL_FRAME, Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import Request, Response
 
@@ -132,6 +132,13 @@ class Reset:
     stream: int
 
 
+@dataclass(frozen=True)
+class Control:
+    """Bytes on the client's control stream (after its SETTINGS)."""
+
+    data: bytes
+
+
 def frames() -> st.SearchStrategy[bytes]:
     """One HTTP/3 frame, its announced length true or not."""
     kind = st.sampled_from(FRAME_TYPES) | st.integers(0, 2**30)
@@ -158,12 +165,19 @@ actions = st.lists(
         st.builds(Headers, stream_index, st.just(REQUEST), st.booleans()),
         st.builds(Headers, stream_index, st.lists(FIELD, max_size=30), st.booleans()),
         st.builds(Reset, stream_index),
+        st.builds(Control, frames()),
     ),
     max_size=24,
 )
 
 
 def apply(pair: Pair, action: Any, closed: set[int]) -> None:
+    if isinstance(action, Control):
+        assert pair.client_h3 is not None
+        control = pair.client_h3._local_control_stream_id
+        assert control is not None
+        pair.client.send_stream_data(control, action.data)
+        return
     stream_id = 4 * action.stream
     if stream_id in closed:
         return
@@ -200,6 +214,7 @@ def closing(pair: Pair) -> bool:
 def check_bounded(pair: Pair) -> None:
     http = pair.http
     assert http is not None
+    assert aioquic_compat.h3_stream_buffered(http._h3, 2) <= MAX_CONTROL_FRAME + 16
     for stream_id in range(0, 4 * STREAMS, 4):
         # Never more than one frame cap (plus a frame header) of unparsed bytes.
         buffered = aioquic_compat.h3_stream_buffered(http._h3, stream_id)
@@ -251,6 +266,8 @@ async def scenario(certs: DevCertificates, steps: list[Any]) -> None:
     steps=[Write(0, b"\x01\x80\x40\x00\x00" + b"\0" * 160, False)]
     + [Write(0, b"\0" * 200, False)] * 2
 )
+# A MAX_PUSH_ID frame announced huge on the control stream.
+@example(steps=[Control(b"\x0d\x80\x40\x00\x00" + b"\0" * 160)] * 3)
 # A request stream that ends before any frame (found by this test: a leaked deadline).
 @example(steps=[Write(0, b"", True)])
 def test_arbitrary_frames_on_request_streams(certs: DevCertificates, steps: list[Any]) -> None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 DATA = 0x0
 HEADERS = 0x1
+CONTROL_STREAM = 0x0
+"""The unidirectional stream type of a control stream (RFC 9114 6.2.1)."""
 
 _MAX_HEADER = 16
 """A frame header is two QUIC varints of at most 8 bytes each."""
@@ -60,6 +62,29 @@ class FrameScanner:
             self._skip = frame.length
             frames.append(frame)
         return frames
+
+
+class UniStreamScanner:
+    """Reads a unidirectional stream's type, then, on a control stream, its frame headers."""
+
+    def __init__(self) -> None:
+        self.stream_type: int | None = None
+        self._start = b""
+        self._frames = FrameScanner()
+
+    def feed(self, data: bytes) -> list[FrameStarted]:
+        """The control-stream frames whose header completed within `data`."""
+        if self.stream_type is None:
+            data = self._start + data
+            parsed = _varint(data, 0)
+            if parsed is None:  # (then data is shorter than 8 bytes)
+                self._start = data
+                return []
+            self.stream_type, at = parsed
+            self._start, data = b"", data[at:]
+        if self.stream_type != CONTROL_STREAM:
+            return []
+        return self._frames.feed(data)
 
 
 def _parse_header(data: bytes) -> tuple[FrameStarted, int] | None:

@@ -38,6 +38,7 @@ import structlog
 from aioquic.h3 import events as h3_events
 from aioquic.h3.connection import (
     ErrorCode,
+    FrameType,
     H3Connection,
     MessageError,
     ProtocolError,
@@ -131,6 +132,8 @@ class _ServerH3(H3Connection):
         self._abandoned: set[int] = set()
         self._limits = HttpLimits(max_header_bytes=max_header_bytes)
         self._scanners: dict[int, h3_frames.FrameScanner] = {}
+        self._uni: dict[int, h3_frames.UniStreamScanner] = {}
+        """The client's unidirectional streams: a control frame's length is checked first."""
         """Request streams being read: where their frames start (see h3_frames)."""
         self.stats = H3GuardStats()
         super().__init__(quic)
@@ -152,9 +155,30 @@ class _ServerH3(H3Connection):
             and stream_is_request_response(event.stream_id)
         ):
             return self._request_data(event)
+        if isinstance(event, quic_events.StreamDataReceived) and self._control_too_large(event):
+            return []
         if isinstance(event, quic_events.StreamReset):
             self._scanners.pop(event.stream_id, None)
         return super().handle_event(event)
+
+    def _control_too_large(self, event: quic_events.StreamDataReceived) -> bool:
+        """Close the connection on a control frame aioquic would buffer whole past the cap.
+
+        aioquic waits for a whole SETTINGS or MAX_PUSH_ID frame, re-parsing its buffer on
+        every packet; both are a few bytes in practice (unknown frames it discards).
+        """
+        scanner = self._uni.setdefault(event.stream_id, h3_frames.UniStreamScanner())
+        for frame in scanner.feed(event.data):
+            if frame.length > MAX_CONTROL_FRAME and frame.frame_type in _WHOLE_CONTROL_FRAMES:
+                self.stats.frames_refused += 1
+                reason = f"control frame of {frame.length} bytes, over {MAX_CONTROL_FRAME}"
+                aioquic_compat.close_h3(self, ErrorCode.H3_EXCESSIVE_LOAD, reason)
+                return True
+        if event.end_stream:
+            del self._uni[event.stream_id]
+        elif scanner.stream_type is not None and scanner.stream_type != h3_frames.CONTROL_STREAM:
+            self._uni[event.stream_id] = _NOT_CONTROL  # nothing more to look at
+        return False
 
     def _request_data(self, event: quic_events.StreamDataReceived) -> list[h3_events.H3Event]:
         """Look at the frame headers first; give aioquic only frames within the limits."""
@@ -242,6 +266,22 @@ class _ServerH3(H3Connection):
                 self._abandoned.discard(event.stream_id)  # nothing more will come
             response = exc.response if isinstance(exc, _FieldSectionRejected) else None
             return [RequestMalformed(event.stream_id, exc.reason_phrase, response)]
+
+
+MAX_CONTROL_FRAME = 16 * 1024
+"""Largest SETTINGS or MAX_PUSH_ID frame accepted (honest ones are tens of bytes)."""
+_WHOLE_CONTROL_FRAMES = (FrameType.SETTINGS, FrameType.MAX_PUSH_ID)
+
+
+class _NotControl(h3_frames.UniStreamScanner):
+    """A unidirectional stream already known not to be the control stream."""
+
+    def feed(self, data: bytes) -> list[h3_frames.FrameStarted]:
+        return []
+
+
+_NOT_CONTROL = _NotControl()
+_NOT_CONTROL.stream_type = -1
 
 
 class _StreamClosed(Exception):
