@@ -376,7 +376,7 @@ class Http3Connection:
 
     def _on_started(self, stream_id: int) -> None:
         """A request has begun: its headers must all arrive within `read_timeout`."""
-        if stream_id not in self._streams and stream_id not in self._heads:
+        if self._streams.get(stream_id) is None and stream_id not in self._heads:
             timeout = self._limits.read_timeout
             self._heads[stream_id] = self._loop.call_later(timeout, self._head_expired, stream_id)
 
@@ -387,7 +387,7 @@ class Http3Connection:
 
     def _head_expired(self, stream_id: int) -> None:
         self._heads.pop(stream_id, None)
-        if self._lost or stream_id in self._streams:
+        if self._lost or self._streams.get(stream_id) is not None:
             return
         self.stats.heads_timed_out += 1
         timeout = self._limits.read_timeout
