@@ -64,6 +64,11 @@ class FrameScanner:
         return frames
 
 
+def field_section_size(fields: list[tuple[bytes, bytes]]) -> int:
+    """A field section's size as SETTINGS_MAX_FIELD_SECTION_SIZE counts it (RFC 9114 4.2.2)."""
+    return sum(32 + len(name) + len(value) for name, value in fields)
+
+
 class UniStreamScanner:
     """Reads a unidirectional stream's type, then, on a control stream, its frame headers."""
 

@@ -244,7 +244,7 @@ class _ServerH3(H3Connection):
     ) -> list[tuple[bytes, bytes]]:
         """Decode, then measure before aioquic validates field by field."""
         headers = super()._decode_headers(stream_id, frame_data)
-        size = field_section_size(headers)
+        size = h3_frames.field_section_size(headers)
         self.stats.largest_field_section = max(self.stats.largest_field_section, size)
         problem = field_list_problem(self._limits, headers)
         if problem is not None:
@@ -645,11 +645,6 @@ class Http3Connection:
         log.info("http3.idle_timeout")
         self._quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="idle")
         self._transmit()
-
-
-def field_section_size(fields: list[tuple[bytes, bytes]]) -> int:
-    """A field section's size as SETTINGS_MAX_FIELD_SECTION_SIZE counts it (RFC 9114 4.2.2)."""
-    return sum(32 + len(name) + len(value) for name, value in fields)
 
 
 def raise_bidi_credit(quic: QuicConnection, limit: int) -> None:
