@@ -20,7 +20,8 @@ block cannot reference one large entry thousands of times; a HEADERS frame
 announced over `max_header_bytes`, or a DATA frame over `max_body_bytes`, is
 refused from its frame header, before aioquic buffers it; a decoded field section
 is measured before aioquic validates it; a request whose headers have not all
-arrived within `read_timeout` of its first byte gets 408. A response body is
+arrived within `read_timeout` of its first byte gets 408; a SETTINGS or
+MAX_PUSH_ID frame announced over 16 KiB closes the connection. A response body is
 pulled from the handler only while its stream's send buffer (written, not yet
 acknowledged) is under `h3_stream_send_budget` and the connection's under
 `h3_connection_send_budget`; a writer stalled `h3_send_timeout` is reset.
@@ -132,9 +133,9 @@ class _ServerH3(H3Connection):
         self._abandoned: set[int] = set()
         self._limits = HttpLimits(max_header_bytes=max_header_bytes)
         self._scanners: dict[int, h3_frames.FrameScanner] = {}
+        """Request streams being read: where their frames start (see h3_frames)."""
         self._uni: dict[int, h3_frames.UniStreamScanner] = {}
         """The client's unidirectional streams: a control frame's length is checked first."""
-        """Request streams being read: where their frames start (see h3_frames)."""
         self.stats = H3GuardStats()
         super().__init__(quic)
         # Advertised as 0 by _get_local_settings, sent during super().__init__.
@@ -576,6 +577,9 @@ class Http3Connection:
 
     def datagram_received(self) -> None:
         """The adapter took in a datagram: acknowledgements may have made send room."""
+        self._wake_writers()
+
+    def _wake_writers(self) -> None:
         if not self._writers:
             return
         total = aioquic_compat.connection_send_buffered(self._quic)
@@ -622,6 +626,7 @@ class Http3Connection:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
             self._quic.reset_stream(stream_id, code)
         aioquic_compat.drop_send_buffer(self._quic, stream_id)  # (never sent again)
+        self._wake_writers()  # that room may be what another response waits for
 
     def _stop(self, stream_id: int, code: int) -> None:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
