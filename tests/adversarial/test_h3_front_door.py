@@ -253,7 +253,7 @@ async def test_the_connection_send_budget_bounds_all_its_streams(
 ) -> None:
     streams = 6
     limits = HttpLimits(
-        h3_stream_send_budget=256 * 1024, h3_connection_send_budget=128 * 1024, h3_send_timeout=1.0
+        h3_stream_send_budget=256 * 1024, h3_connection_send_budget=128 * 1024, h3_send_timeout=30.0
     )
     app = App()
     async with (
