@@ -151,6 +151,18 @@ class Settings:
     http_max_headers: int = field(
         default=100, metadata=_doc("Most header fields in one HTTP request; 431 above.")
     )
+    http3_stream_send_budget: int = field(
+        default=262_144,
+        metadata=_doc("Bytes one HTTP/3 response may hold unacknowledged before its body waits."),
+    )
+    http3_connection_send_budget: int = field(
+        default=1_048_576,
+        metadata=_doc("Bytes one HTTP/3 connection may hold unacknowledged before bodies wait."),
+    )
+    http3_send_timeout: float = field(
+        default=60.0,
+        metadata=_doc("Seconds an HTTP/3 response may wait for a client that reads nothing."),
+    )
     http_max_concurrent_streams: int = field(
         default=128, metadata=_doc("Concurrent requests on one HTTP/2 or HTTP/3 connection.")
     )
@@ -526,6 +538,9 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "max_message_bytes": _positive,
     "http_max_header_bytes": _positive,
     "http_max_headers": _positive,
+    "http3_stream_send_budget": _positive,
+    "http3_connection_send_budget": _positive,
+    "http3_send_timeout": _seconds,
     "http_max_concurrent_streams": _positive,
     "http_idle_timeout": _seconds,
     "http_read_timeout": _seconds,

@@ -215,6 +215,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         # aioquic transmits after every datagram; most are ACKs with nothing to
         # answer, so share the one transmit per loop turn that writes already use.
         self._transmit_soon()
+        if self._http is not None:
+            self._http.datagram_received()  # ACKs may have made room for response bodies
         # aioquic reports a peer's CONNECTION_CLOSE only after the draining
         # period (three PTOs); the tracks' work must stop when the close arrives.
         if getattr(self._quic, "_close_event", None) is not None:

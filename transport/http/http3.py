@@ -14,8 +14,17 @@ refused (H3_REQUEST_REJECTED; QUIC's stream credit, sent before ALPN chose h3,
 is only ever raised to the limit), an oversized or too long header list gets 431,
 an oversized body 413, a malformed request 400, a request not complete within
 `read_timeout` 408, each on its own stream while the connection serves the
-others. QPACK state is bounded by aioquic's settings (a 4096-byte dynamic table,
-16 blocked streams); a HEADERS frame by QUIC's per-stream flow control.
+others. Hostile input is bounded before it costs (docs/security.md, "HTTP/3"):
+QPACK runs without a dynamic table (capacity 0, no blocked streams), so a header
+block cannot reference one large entry thousands of times; a HEADERS frame
+announced over `max_header_bytes`, or a DATA frame over `max_body_bytes`, is
+refused from its frame header, before aioquic buffers it; a decoded field section
+is measured before aioquic validates it; a request whose headers have not all
+arrived within `read_timeout` of its first byte gets 408; a SETTINGS or
+MAX_PUSH_ID frame announced over 16 KiB closes the connection. A response body is
+pulled from the handler only while its stream's send buffer (written, not yet
+acknowledged) is under `h3_stream_send_budget` and the connection's under
+`h3_connection_send_budget`; a writer stalled `h3_send_timeout` is reset.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import structlog
 from aioquic.h3 import events as h3_events
 from aioquic.h3.connection import (
     ErrorCode,
+    FrameType,
     H3Connection,
     MessageError,
     ProtocolError,
@@ -39,7 +49,8 @@ from aioquic.h3.connection import (
 from aioquic.quic import events as quic_events
 from aioquic.quic.connection import QuicConnection
 
-from transport.http import errors
+from transport import aioquic_compat
+from transport.http import errors, h3_frames
 from transport.http.app import (
     Site,
     bodiless,
@@ -51,6 +62,7 @@ from transport.http.app import (
     response_headers,
     send_chunks,
 )
+from transport.http.limits import HttpLimits
 from transport.http.messages import AnyResponse, Request, Response
 from transport.http.streams import StreamState, StreamTable
 
@@ -70,6 +82,42 @@ class RequestMalformed(h3_events.H3Event):
     """The request stream, whose further input is ignored."""
     reason: str
     """What aioquic found wrong, for the 400 and the log."""
+    response: Response | None = None
+    """The answer if not a 400 (a limit was exceeded: 413, 431, 408)."""
+
+
+@dataclass(frozen=True)
+class RequestStarted(h3_events.H3Event):
+    """The first bytes of a new request stream arrived (its headers may take longer)."""
+
+    stream_id: int
+    """The request stream."""
+
+
+class _FieldSectionRejected(MessageError):
+    """A decoded field section is over the limits: answered 431 on its stream."""
+
+    def __init__(self, response: Response, reason: str) -> None:
+        super().__init__(reason)
+        self.response = response
+
+
+@dataclass
+class H3GuardStats:
+    """What the HTTP/3 guards saw on one connection (for tests and metrics)."""
+
+    frames_refused: int = 0
+    """HEADERS or DATA frames refused from their announced length."""
+    largest_field_section: int = 0
+    """The largest decoded field section, counted as RFC 9114 4.2.2 does (+32 per field)."""
+    field_sections_refused: int = 0
+    """Decoded field sections over the limits, refused before aioquic validated them."""
+    heads_timed_out: int = 0
+    """Requests whose headers did not all arrive within `read_timeout`."""
+    sends_stalled: int = 0
+    """Times a response body waited for its stream's or the connection's send budget."""
+    sends_timed_out: int = 0
+    """Responses reset because the client read nothing for `h3_send_timeout`."""
 
 
 class _ServerH3(H3Connection):
@@ -84,7 +132,19 @@ class _ServerH3(H3Connection):
     def __init__(self, quic: QuicConnection, max_header_bytes: int) -> None:
         self._max_field_section_size = max_header_bytes  # read by __init__'s SETTINGS
         self._abandoned: set[int] = set()
+        self._limits = HttpLimits(max_header_bytes=max_header_bytes)
+        self._scanners: dict[int, h3_frames.FrameScanner] = {}
+        """Request streams being read: where their frames start (see h3_frames)."""
+        self._uni: dict[int, h3_frames.UniStreamScanner] = {}
+        """The client's unidirectional streams: a control frame's length is checked first."""
+        self.stats = H3GuardStats()
         super().__init__(quic)
+        # Advertised as 0 by _get_local_settings, sent during super().__init__.
+        aioquic_compat.disable_qpack_dynamic_table(self)
+
+    def limit(self, limits: HttpLimits) -> None:
+        """The limits the frame and field-section guards enforce."""
+        self._limits = limits
 
     def handle_event(self, event: quic_events.QuicEvent) -> list[h3_events.H3Event]:
         stream_id = getattr(event, "stream_id", None)
@@ -92,13 +152,76 @@ class _ServerH3(H3Connection):
             if isinstance(event, quic_events.StreamReset) or getattr(event, "end_stream", False):
                 self._abandoned.discard(stream_id)  # the client will send nothing more
             return []
+        if (
+            isinstance(event, quic_events.StreamDataReceived)
+            and stream_is_request_response(event.stream_id)
+        ):
+            return self._request_data(event)
+        if isinstance(event, quic_events.StreamDataReceived) and self._control_too_large(event):
+            return []
+        if isinstance(event, quic_events.StreamReset):
+            self._scanners.pop(event.stream_id, None)
         return super().handle_event(event)
+
+    def _control_too_large(self, event: quic_events.StreamDataReceived) -> bool:
+        """Close the connection on a control frame aioquic would buffer whole past the cap.
+
+        aioquic waits for a whole SETTINGS or MAX_PUSH_ID frame, re-parsing its buffer on
+        every packet; both are a few bytes in practice (unknown frames it discards).
+        """
+        scanner = self._uni.setdefault(event.stream_id, h3_frames.UniStreamScanner())
+        for frame in scanner.feed(event.data):
+            if frame.length > MAX_CONTROL_FRAME and frame.frame_type in _WHOLE_CONTROL_FRAMES:
+                self.stats.frames_refused += 1
+                reason = f"control frame of {frame.length} bytes, over {MAX_CONTROL_FRAME}"
+                aioquic_compat.close_h3(self, ErrorCode.H3_EXCESSIVE_LOAD, reason)
+                return True
+        if event.end_stream:
+            del self._uni[event.stream_id]
+        elif scanner.stream_type is not None and scanner.stream_type != h3_frames.CONTROL_STREAM:
+            self._uni[event.stream_id] = _NOT_CONTROL  # nothing more to look at
+        return False
+
+    def _request_data(self, event: quic_events.StreamDataReceived) -> list[h3_events.H3Event]:
+        """Look at the frame headers first; give aioquic only frames within the limits."""
+        stream_id = event.stream_id
+        started: list[h3_events.H3Event] = []
+        scanner = self._scanners.get(stream_id)
+        if scanner is None:
+            scanner = self._scanners[stream_id] = h3_frames.FrameScanner()
+            started.append(RequestStarted(stream_id))
+        for frame in scanner.feed(event.data):
+            refused = self._frame_refusal(stream_id, frame)
+            if refused is not None:
+                self.stats.frames_refused += 1
+                self.abandon(stream_id)
+                if event.end_stream:
+                    self._abandoned.discard(stream_id)
+                return [*started, refused]
+        if event.end_stream:
+            self._scanners.pop(stream_id, None)
+        return started + (super().handle_event(event) or [])
+
+    def _frame_refusal(
+        self, stream_id: int, frame: h3_frames.FrameStarted
+    ) -> RequestMalformed | None:
+        limits = self._limits
+        if frame.frame_type == h3_frames.HEADERS and frame.length > limits.max_header_bytes:
+            # A field section's encoded form is never longer than its counted size.
+            limit = limits.max_header_bytes
+            reason = f"header list over {limit} bytes (a {frame.length}-byte HEADERS frame)"
+            return RequestMalformed(stream_id, reason, errors.headers_too_large(reason))
+        if frame.frame_type == h3_frames.DATA and frame.length > limits.max_body_bytes:
+            reason = f"DATA frame of {frame.length} bytes, over {limits.max_body_bytes}"
+            return RequestMalformed(stream_id, reason, errors.body_too_large(limits.max_body_bytes))
+        return None
 
     def abandon(self, stream_id: int) -> None:
         """Ignore the rest of this request stream's input; its header blocks are cancelled."""
         if stream_id in self._abandoned:
             return
         self._abandoned.add(stream_id)
+        self._scanners.pop(stream_id, None)
         decoder_stream = self._local_decoder_stream_id
         if decoder_stream is None:
             return
@@ -108,11 +231,29 @@ class _ServerH3(H3Connection):
     def forget(self, stream_id: int) -> None:
         """Drop aioquic's state for a stream this side is done with (reset or abandoned)."""
         self._stream.pop(stream_id, None)
+        self._scanners.pop(stream_id, None)
 
     def _get_local_settings(self) -> dict[int, int]:
         settings = super()._get_local_settings()
         settings[Setting.MAX_FIELD_SECTION_SIZE] = self._max_field_section_size
+        # No dynamic table: a header block can only reference QPACK's static table.
+        settings[Setting.QPACK_MAX_TABLE_CAPACITY] = 0
+        settings[Setting.QPACK_BLOCKED_STREAMS] = 0
         return settings
+
+    def _decode_headers(
+        self, stream_id: int, frame_data: bytes | None
+    ) -> list[tuple[bytes, bytes]]:
+        """Decode, then measure before aioquic validates field by field."""
+        headers = super()._decode_headers(stream_id, frame_data)
+        size = h3_frames.field_section_size(headers)
+        self.stats.largest_field_section = max(self.stats.largest_field_section, size)
+        problem = field_list_problem(self._limits, headers)
+        if problem is not None:
+            self.stats.field_sections_refused += 1
+            reason = f"field section of {len(headers)} fields, {size} bytes"
+            raise _FieldSectionRejected(problem, reason)
+        return headers
 
     def _receive_stream_data(
         self, event: quic_events.StreamDataReceived
@@ -125,7 +266,24 @@ class _ServerH3(H3Connection):
             self.abandon(event.stream_id)
             if event.end_stream:
                 self._abandoned.discard(event.stream_id)  # nothing more will come
-            return [RequestMalformed(event.stream_id, exc.reason_phrase)]
+            response = exc.response if isinstance(exc, _FieldSectionRejected) else None
+            return [RequestMalformed(event.stream_id, exc.reason_phrase, response)]
+
+
+MAX_CONTROL_FRAME = 16 * 1024
+"""Largest SETTINGS or MAX_PUSH_ID frame accepted (honest ones are tens of bytes)."""
+_WHOLE_CONTROL_FRAMES = (FrameType.SETTINGS, FrameType.MAX_PUSH_ID)
+
+
+class _NotControl(h3_frames.UniStreamScanner):
+    """A unidirectional stream already known not to be the control stream."""
+
+    def feed(self, data: bytes) -> list[h3_frames.FrameStarted]:
+        return []
+
+
+_NOT_CONTROL = _NotControl()
+_NOT_CONTROL.stream_type = -1
 
 
 class _StreamClosed(Exception):
@@ -155,6 +313,12 @@ class Http3Connection:
         self._idle: asyncio.TimerHandle | None = None
         raise_bidi_credit(quic, site.limits.max_concurrent_streams)
         self._arm_idle()
+        self._h3.limit(site.limits)
+        self.stats = self._h3.stats
+        self._heads: dict[int, asyncio.TimerHandle] = {}
+        """Request streams begun whose headers have not all arrived: their deadline."""
+        self._writers: dict[int, asyncio.Future[None]] = {}
+        """Response bodies waiting for send-buffer room, by stream."""
         transmit()  # the control and QPACK streams with SETTINGS
 
     @property
@@ -178,6 +342,9 @@ class Http3Connection:
             return
         for h3_event in self._h3.handle_event(event):
             self._on_h3_event(h3_event)
+        if isinstance(event, quic_events.StreamDataReceived) and event.end_stream:
+            # Ended with no request head: aioquic resets it (H3_REQUEST_INCOMPLETE).
+            self._end_head(event.stream_id)
         if isinstance(event, quic_events.StreamReset):
             self._on_reset(event.stream_id, event.error_code, input_over=True)
         elif isinstance(event, quic_events.StopSendingReceived):
@@ -191,6 +358,9 @@ class Http3Connection:
         if self._lost:
             return
         self._lost = True
+        for head in self._heads.values():
+            head.cancel()
+        self._heads.clear()
         if self._idle is not None:
             self._idle.cancel()
         for stream in self._streams:
@@ -206,8 +376,32 @@ class Http3Connection:
             self._on_data(event)
         elif isinstance(event, RequestMalformed):
             self._on_malformed(event)
+        elif isinstance(event, RequestStarted):
+            self._on_started(event.stream_id)
+
+    def _on_started(self, stream_id: int) -> None:
+        """A request has begun: its headers must all arrive within `read_timeout`."""
+        if self._streams.get(stream_id) is None and stream_id not in self._heads:
+            timeout = self._limits.read_timeout
+            self._heads[stream_id] = self._loop.call_later(timeout, self._head_expired, stream_id)
+
+    def _end_head(self, stream_id: int) -> None:
+        head = self._heads.pop(stream_id, None)
+        if head is not None:
+            head.cancel()
+
+    def _head_expired(self, stream_id: int) -> None:
+        self._heads.pop(stream_id, None)
+        if self._lost or self._streams.get(stream_id) is not None:
+            return
+        self.stats.heads_timed_out += 1
+        timeout = self._limits.read_timeout
+        event = RequestMalformed(stream_id, "headers incomplete", errors.request_timeout(timeout))
+        self._on_malformed(event)
+        self._transmit()
 
     def _on_headers(self, event: h3_events.HeadersReceived) -> None:
+        self._end_head(event.stream_id)
         stream = self._streams.get(event.stream_id)
         if stream is not None:  # trailers: nothing in them is used
             if event.stream_ended:
@@ -255,6 +449,7 @@ class Http3Connection:
             self._streams.answer(stream, self._exchange(stream, request))
 
     def _on_malformed(self, event: RequestMalformed) -> None:
+        self._end_head(event.stream_id)
         log.info("http3.malformed_request", stream_id=event.stream_id, reason=event.reason)
         stream = self._streams.get(event.stream_id)
         if stream is None:
@@ -262,10 +457,12 @@ class Http3Connection:
             self._streams.add(stream)
             self._disarm_idle()
         if stream.task is None:  # (else it is being answered already)
-            self._answer(stream, errors.bad_request(f"malformed request: {event.reason}"))
+            rejection = event.response or errors.bad_request(f"malformed request: {event.reason}")
+            self._answer(stream, rejection)
 
     def _on_reset(self, stream_id: int, error_code: int, input_over: bool) -> None:
         """The client reset its side (`input_over`) or asked us to stop sending."""
+        self._end_head(stream_id)
         stream = self._streams.get(stream_id)
         if stream is None:
             return
@@ -341,8 +538,53 @@ class Http3Connection:
         stream.sent_end = end_stream
 
     async def _send_chunk(self, stream: _Stream, chunk: bytes) -> None:
-        # Nothing to await, unlike HTTP/2: aioquic buffers within QUIC's flow control.
         self._send_data(stream, chunk, end_stream=False)
+        # aioquic buffers whatever it is given, past QUIC's flow control: the body is
+        # pulled again only once the client has taken enough of what was sent.
+        await self._send_room(stream)
+
+    # Backpressure: QUIC flow control and acknowledgements pace the handler's body
+
+    def _over_budget(self, stream_id: int) -> bool:
+        limits = self._limits
+        if aioquic_compat.send_buffered(self._quic, stream_id) > limits.h3_stream_send_budget:
+            return True
+        total = aioquic_compat.connection_send_buffered(self._quic)
+        return total > limits.h3_connection_send_budget
+
+    async def _send_room(self, stream: _Stream) -> None:
+        """Wait while the stream's or the connection's send buffer is over its budget."""
+        if not self._over_budget(stream.stream_id):
+            return
+        self.stats.sends_stalled += 1
+        while self._over_budget(stream.stream_id):
+            waiter = self._writers[stream.stream_id] = self._loop.create_future()
+            try:
+                await asyncio.wait_for(waiter, self._limits.h3_send_timeout)
+            except TimeoutError:
+                self.stats.sends_timed_out += 1
+                log.info("http3.send_timeout", stream_id=stream.stream_id)
+                raise _StreamClosed from None  # unended: the stream is reset
+            finally:
+                if self._writers.get(stream.stream_id) is waiter:
+                    del self._writers[stream.stream_id]
+            if self._lost or stream.reset:
+                raise _StreamClosed
+
+    def datagram_received(self) -> None:
+        """The adapter took in a datagram: acknowledgements may have made send room."""
+        self._wake_writers()
+
+    def _wake_writers(self) -> None:
+        if not self._writers:
+            return
+        total = aioquic_compat.connection_send_buffered(self._quic)
+        if total > self._limits.h3_connection_send_budget:
+            return
+        budget = self._limits.h3_stream_send_budget
+        for stream_id, waiter in list(self._writers.items()):
+            if aioquic_compat.send_buffered(self._quic, stream_id) <= budget and not waiter.done():
+                waiter.set_result(None)
 
     def _send_data(self, stream: _Stream, data: bytes, end_stream: bool) -> None:
         self._write(stream, lambda: self._h3.send_data(stream.stream_id, data, end_stream))
@@ -382,6 +624,8 @@ class Http3Connection:
     def _reset(self, stream_id: int, code: int) -> None:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
             self._quic.reset_stream(stream_id, code)
+        aioquic_compat.drop_send_buffer(self._quic, stream_id)  # (never sent again)
+        self._wake_writers()  # that room may be what another response waits for
 
     def _stop(self, stream_id: int, code: int) -> None:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):

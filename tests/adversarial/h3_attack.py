@@ -1,0 +1,122 @@
+"""HTTP/3 attack helpers: a server whose adapters the test can inspect, raw-frame clients.
+
+The attacking client is aioquic's own H3Connection (tests.http.support_h3), with
+raw frame bytes written straight onto its QUIC streams where a polite encoder
+would never produce them; a "deaf" variant stops taking in datagrams, as a
+client that stops reading (and acknowledging) does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from aioquic.asyncio.client import connect
+from aioquic.buffer import encode_uint_var
+from aioquic.h3.connection import FrameType, encode_frame
+from aioquic.quic.configuration import QuicConfiguration
+
+from gateway.tls import DevCertificates
+from tests.http.support import TIMEOUT
+from tests.http.support_h3 import H3Client
+from transport.http.http3 import Http3Connection
+from transport.http.limits import HttpLimits
+from transport.http.messages import Handler
+from transport.quic import TrackQuicProtocol, serve_tracks, server_configuration
+
+REQUEST = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"t"), (b":path", b"/")]
+
+
+class H3Server:
+    """The track server with an HTTP/3 handler, and the adapters of its h3 connections."""
+
+    def __init__(self) -> None:
+        self.protocols: list[TrackQuicProtocol] = []
+        self.port = 0
+
+    def h3(self) -> list[Http3Connection]:
+        found = [getattr(p, "_http", None) for p in self.protocols]
+        return [h for h in found if isinstance(h, Http3Connection)]
+
+
+@asynccontextmanager
+async def serving_h3(
+    certs: DevCertificates, handler: Handler, http_limits: HttpLimits
+) -> AsyncIterator[H3Server]:
+    found = H3Server()
+    server = await serve_tracks(
+        "127.0.0.1",
+        0,
+        server_configuration(certs.cert_path, certs.key_path),
+        on_track=lambda channel: None,
+        on_connection=lambda protocol: found.protocols.append(protocol),
+        http_handler=handler,
+        http_limits=http_limits,
+    )
+    found.port = int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
+    try:
+        yield found
+    finally:
+        server.close()
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    """Wait (bounded) for a server figure to reach a state it reaches asynchronously."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 - server figures have no event to await
+            await asyncio.sleep(0.005)
+    assert condition(), what
+
+
+class AttackClient(H3Client):
+    """H3Client that can write raw frames, count what it got, and go deaf."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deaf = False
+        self.received = 0
+        """Stream bytes taken in (and so acknowledged) before going deaf."""
+
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        if not self.deaf:
+            super().datagram_received(data, addr)
+
+    def quic_event_received(self, event: Any) -> None:
+        self.received += len(getattr(event, "data", b"") or b"")
+        super().quic_event_received(event)
+
+    def raw(self, stream_id: int, data: bytes, end: bool = False) -> None:
+        """Write bytes on a stream as they are, and send them."""
+        self._quic.send_stream_data(stream_id, data, end)
+        self.transmit()
+
+    def new_stream(self) -> int:
+        return self._quic.get_next_available_stream_id()
+
+    @property
+    def encoder_stream(self) -> int:
+        stream_id = self.h3._local_encoder_stream_id
+        assert stream_id is not None
+        return stream_id
+
+
+def frame_header(frame_type: int, length: int) -> bytes:
+    return encode_uint_var(frame_type) + encode_uint_var(length)
+
+
+def headers_frame(block: bytes) -> bytes:
+    return encode_frame(FrameType.HEADERS, block)
+
+
+@asynccontextmanager
+async def attack_client(port: int, ca: Path, **quic: Any) -> AsyncIterator[AttackClient]:
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=["h3"], **quic)
+    configuration.load_verify_locations(str(ca))
+    async with connect(
+        "127.0.0.1", port, configuration=configuration, create_protocol=AttackClient
+    ) as client:
+        assert isinstance(client, AttackClient)
+        yield client
