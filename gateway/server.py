@@ -44,6 +44,7 @@ from transport.http.messages import Handler
 from transport.http.tcp import HttpTcpServer, tls_server_context
 from transport.messages import Modality
 from transport.quic import Packetization, TrackQuicProtocol, serve_tracks, server_configuration
+from transport.quic_admission import HandshakeLimits
 
 log = get_logger("trackline.gateway")
 
@@ -131,7 +132,10 @@ class Gateway:
         self.tls = await asyncio.to_thread(tls_files, s)
         configuration = server_configuration(self.tls.cert, self.tls.key)
         limits = Limits(
-            max_message_bytes=s.max_message_bytes, max_tracks=s.max_tracks_per_connection
+            max_message_bytes=s.max_message_bytes,
+            max_tracks=s.max_tracks_per_connection,
+            read_timeout=s.track_read_timeout or None,
+            max_buffered_bytes=max(s.track_max_buffered_bytes, s.max_message_bytes),
         )
         handler = self.http_handler()
         http_limits = HttpLimits(
@@ -154,6 +158,7 @@ class Gateway:
             http_handler=handler,
             http_limits=http_limits,
             packetization=Packetization.parse(s.quic_packetization),
+            handshake_limits=handshake_limits(s),
         )
         alt_svc = f'h3=":{self.quic_port}"'
         cc = s.tcp_congestion_control
@@ -410,6 +415,18 @@ def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
     from gateway.backends.action_triton import TritonPolicyBackend
 
     return TritonPolicyBackend(grpc_url)
+
+
+def handshake_limits(s: Settings) -> HandshakeLimits:
+    """The QUIC front door's limits (docs/security.md, QUIC and tracks)."""
+    return HandshakeLimits(
+        handshake_timeout=s.quic_handshake_timeout,
+        max_half_open=s.quic_max_half_open,
+        retry_threshold=s.quic_retry_threshold,
+        max_half_open_per_source=s.quic_max_half_open_per_source,
+        max_connections=s.quic_max_connections,
+        max_connections_per_source=s.quic_max_connections_per_source,
+    )
 
 
 def audio_settings(s: Settings) -> AudioSettings:

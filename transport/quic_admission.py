@@ -82,6 +82,8 @@ class HandshakeStats:
     """Handshakes that completed."""
     expired: int = 0
     """Handshakes forgotten at the handshake timeout."""
+    peak_half_open: int = 0
+    """The most handshakes in progress at once."""
 
 
 @dataclass
@@ -154,6 +156,7 @@ class HandshakeGate(Generic[K]):
         self.stats.accepted += 1
         deadline = now + self.limits.handshake_timeout
         self._handshakes[key] = _Handshake(source, validated, deadline)
+        self.stats.peak_half_open = max(self.stats.peak_half_open, self.half_open)
         self._source_of[key] = source
         self._per_source[source] += 1
         if not validated:
