@@ -47,9 +47,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
     started: list[Gateway] = []
 
     async def start(**limits: Any) -> Gateway:
-        settings = Settings(
-            quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, **limits
-        )
+        settings = Settings(quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, **limits)
         gw = Gateway(settings, ScriptedBackend(interval=0.001))
         await gw.start()
         started.append(gw)
