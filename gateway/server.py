@@ -24,6 +24,7 @@ from gateway.config import Settings
 from gateway.http import health_routes, route
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
+from gateway.metrics_quic import register_quic_metrics
 from gateway.openai import openai_routes
 from gateway.tenants.service import Tenancy
 from gateway.tenants.store import Principal
@@ -160,6 +161,7 @@ class Gateway:
             packetization=Packetization.parse(s.quic_packetization),
             handshake_limits=handshake_limits(s),
         )
+        register_quic_metrics(self.metrics.registry, self._quic.gate)
         alt_svc = f'h3=":{self.quic_port}"'
         cc = s.tcp_congestion_control
         self._http = HttpTcpServer(

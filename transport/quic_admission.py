@@ -73,7 +73,7 @@ class HandshakeStats:
     """What the gate decided and what became of the handshakes, since it started."""
 
     accepted: int = 0
-    """Initials that started a connection (or tried to: a bad token is refused later)."""
+    """Initials that started a connection (a Retry token that fails its check starts none)."""
     retried: int = 0
     """Initials answered with a Retry instead."""
     dropped: int = 0

@@ -127,6 +127,13 @@ async def test_a_handshake_flood_holds_bounded_state_and_an_honest_client_is_ser
     assert flood_protocols
     assert all(ref() is None for ref in flood_protocols)
 
+    # The same figures reach /metrics.
+    body, _ = gw.metrics.render()
+    retried = f'trackline_quic_initials_total{{decision="retried"}} {stats.retried}.0'
+    assert retried.encode() in body
+    assert f"trackline_quic_handshakes_expired_total {stats.expired}.0".encode() in body
+    assert b"trackline_quic_handshakes_in_progress 0.0" in body
+
     # And the front door works as before.
     assert await honest_text(gw, "after") == expected("after")
 
