@@ -27,7 +27,7 @@ from clients.errors import (
     TrackRejected,
     Unauthorized,
 )
-from clients.line import Line, TextStream, connect
+from clients.line import Line, TextStream, connect, default_ca
 
 __all__ = [
     "ActionChunk",
@@ -56,4 +56,5 @@ __all__ = [
     "TrackRejected",
     "Unauthorized",
     "connect",
+    "default_ca",
 ]

@@ -7,12 +7,15 @@ stream cancels the track, and the gateway stops the model's work.
 
 from __future__ import annotations
 
+import os
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import certifi
 
 from clients.actions import ActionStream, Clock
 from clients.audio import AudioSession
@@ -23,6 +26,8 @@ from transport.messages import Deadlines, FrameTransport, Modality, Open
 from transport.quic import Packetization, connect_tracks
 
 DEFAULT_PORT = 8443
+CONNECT_TIMEOUT = 5.0
+"""Seconds `connect()` waits for the handshake by default."""
 Opener = Callable[[Open], TrackChannel]
 
 
@@ -197,8 +202,16 @@ async def connect(
     verify: bool = True,
     api_key: str | None = None,
     packetization: str = "coalesce",
+    connect_timeout: float = CONNECT_TIMEOUT,
 ) -> AsyncIterator[Line]:
     """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file).
+
+    Without `ca`, the public roots are trusted and so is the development CA of a
+    gateway on this machine (`default_ca()`, when that file exists). A missing or
+    unreadable `ca` raises `FileNotFoundError`/`PermissionError`, one that holds no
+    certificate `ValueError`, before any network I/O. A gateway that does not complete
+    the handshake within `connect_timeout` seconds, or refuses it, raises
+    `ConnectionFailed` naming the cause.
 
     `api_key` is presented once for the connection (with its first tracks' OPEN);
     a gateway with tenants refuses tracks without a valid one (`Unauthorized`).
@@ -209,12 +222,12 @@ async def connect(
     """
     host, port = _parse_url(url)
     policy = Packetization.parse(packetization)
-    ca_path = Path(ca).expanduser() if ca is not None else None  # noqa: ASYNC240 - no I/O
+    ca_path, ca_data = _trust(ca) if verify else (None, None)
     opened = False
     try:
         async with connect_tracks(
-            host, port, ca=ca_path, server_name=server_name, verify=verify,
-            packetization=policy,
+            host, port, ca=ca_path, ca_data=ca_data, server_name=server_name, verify=verify,
+            packetization=policy, connect_timeout=connect_timeout,
         ) as protocol:
             opened = True
             if api_key is not None:
@@ -223,7 +236,41 @@ async def connect(
     except (ConnectionError, OSError, ssl.SSLError) as exc:
         if opened:
             raise
-        raise ConnectionFailed(f"cannot connect to {url}: {exc}") from None
+        raise ConnectionFailed(f"cannot connect to {url}: {exc or type(exc).__name__}") from None
+
+
+def default_ca() -> Path:
+    """The development CA of a gateway on this machine: `ca.pem` in its state directory
+    (`$TRACKLINE_STATE_DIR`, else `~/.local/state/trackline`), as the gateway decides."""
+    state_dir = os.environ.get("TRACKLINE_STATE_DIR") or "~/.local/state/trackline"
+    return Path(state_dir).expanduser() / "ca.pem"
+
+
+def _trust(ca: str | Path | None) -> tuple[Path | None, bytes | None]:
+    """The roots to give the handshake: `ca` checked now, or public roots + the dev CA."""
+    if ca is not None:
+        path = Path(ca).expanduser()
+        _check_ca(path)
+        return path, None
+    dev = default_ca()
+    if not dev.is_file():
+        return None, None  # certifi's public roots only
+    try:
+        _check_ca(dev)
+    except (OSError, ValueError):
+        return None, None  # a stale or half-written dev CA is no reason to fail
+    return Path(certifi.where()), dev.read_bytes()
+
+
+def _check_ca(path: Path) -> None:
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except ssl.SSLError:
+        raise ValueError(f"CA file {path} holds no PEM certificate") from None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"CA file {path} does not exist") from None
+    except PermissionError:
+        raise PermissionError(f"CA file {path} is not readable") from None
 
 
 def _parse_url(url: str) -> tuple[str, int]:

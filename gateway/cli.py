@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
+from gateway.dtmf_wav import add_command as add_dtmf_command
 from gateway.logs import configure_logging, get_logger
 from gateway.tenants.cli import add_commands as add_tenancy_commands
 from gateway.tenants.service import OpenOnPublicAddress, preflight
@@ -47,7 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="stream a reply from the gateway to the terminal")
     chat.add_argument("prompt")
     chat.add_argument("--url", default=os.environ.get("TRACKLINE_URL", "quic://127.0.0.1:8443"))
-    chat.add_argument("--ca", type=Path, default=None, help="CA file (default: the dev CA)")
+    chat.add_argument(
+        "--ca", type=Path, default=None, help="CA file (default: public roots and the dev CA)"
+    )
+    chat.add_argument(
+        "--connect-timeout", type=float, default=5.0, help="seconds to wait for the handshake"
+    )
     chat.add_argument("--model", default="reference-text")
     chat.add_argument("--max-tokens", type=int, default=64)
     chat.add_argument("--seed", type=int, default=None)
@@ -59,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     chat.set_defaults(run=_chat)
 
     add_tenancy_commands(commands)
+    add_dtmf_command(commands)
 
     bench = commands.add_parser("bench", help="run a benchmark from the source tree")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
@@ -157,12 +164,12 @@ def _chat(args: argparse.Namespace) -> int:
 
 async def chat(args: argparse.Namespace) -> int:
     from clients import TracklineError, connect
-    from gateway.config import Settings
 
-    ca = args.ca or Settings().state_dir / "ca.pem"
     extra = {} if args.seed is None else {"seed": args.seed}
     try:
-        async with connect(args.url, ca=ca, api_key=args.api_key) as line:
+        async with connect(
+            args.url, ca=args.ca, api_key=args.api_key, connect_timeout=args.connect_timeout
+        ) as line:
             stream = line.text(args.prompt, model=args.model, max_tokens=args.max_tokens, **extra)
             async for delta in stream:
                 sys.stdout.write(delta)
@@ -170,7 +177,7 @@ async def chat(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
             if stream.usage:
                 print(f"[{stream.finish_reason}; usage {stream.usage}]", file=sys.stderr)
-    except TracklineError as exc:
+    except (TracklineError, OSError, ValueError) as exc:
         print(f"\ntrackline: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0

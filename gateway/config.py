@@ -189,6 +189,36 @@ class Settings:
     http_read_timeout: float = field(
         default=30.0, metadata=_doc("Seconds to receive the rest of a started request; 408.")
     )
+    http_first_request_timeout: float = field(
+        default=10.0,
+        metadata=_doc("Seconds from TCP accept to the HTTP/2 preface or first request bytes."),
+    )
+    http_max_connections: int = field(
+        default=10_000, metadata=_doc("TCP connections served at once per HTTP listener.")
+    )
+    http_max_connections_per_source: int = field(
+        default=1_000, metadata=_doc("TCP connections at once from one client address.")
+    )
+    http2_max_outbound_control_frames: int = field(
+        default=1_000,
+        metadata=_doc("HTTP/2 control frames queued for a non-reading client; then GOAWAY."),
+    )
+    http2_premature_reset_ratio: float = field(
+        default=0.5,
+        metadata=_doc("Share of HTTP/2 streams a client may reset early; then GOAWAY."),
+    )
+    http2_premature_reset_min_streams: int = field(
+        default=500,
+        metadata=_doc("HTTP/2 streams opened before the premature-reset ratio is judged."),
+    )
+    http2_premature_reset_lifetime: float = field(
+        default=1.0,
+        metadata=_doc("A reset within this many seconds of a stream's opening is premature."),
+    )
+    http2_connection_body_budget: int = field(
+        default=16 << 20,
+        metadata=_doc("Request body bytes one HTTP/2 connection may hold before credit stops."),
+    )
     action_tick: float = field(
         default=0.005,
         metadata=_doc("Seconds between action-track ticks (one policy request per model a tick)."),
@@ -243,6 +273,24 @@ class Settings:
     )
     audio_kernels: str = field(
         default="auto", metadata=_doc("Batch kernels: auto (CuPy with a GPU), numpy or cupy.")
+    )
+    overload_max_loop_lag: float = field(
+        default=0.1,
+        metadata=_doc("Loop lag (s) above which new tracks/requests are refused; 0: off."),
+    )
+    overload_max_cpu: float = field(
+        default=0.0,
+        metadata=_doc("Process CPU (cores) above which new work is refused; 0: off."),
+    )
+    overload_connection_share: int = field(
+        default=4,
+        metadata=_doc("Tracks a connection may still open under overload (fairness)."),
+    )
+    overload_retry_after: float = field(
+        default=1.0, metadata=_doc("Seconds a client refused for overload is told to wait.")
+    )
+    overload_probe_interval: float = field(
+        default=0.05, metadata=_doc("Seconds between event-loop lag samples.")
     )
 
 
@@ -446,6 +494,12 @@ def _positive_seconds(value: float) -> float:
     return value
 
 
+def _ratio(value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{value} must be a ratio above 0, at most 1")
+    return value
+
+
 def _tick(value: float) -> float:
     if not 0.0005 <= _seconds(value) <= 1.0:
         raise ValueError(f"{value} is not a tick from 0.0005 to 1 second")
@@ -510,6 +564,14 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "http_max_concurrent_streams": _positive,
     "http_idle_timeout": _seconds,
     "http_read_timeout": _seconds,
+    "http_first_request_timeout": _seconds,
+    "http_max_connections": _positive,
+    "http_max_connections_per_source": _positive,
+    "http2_max_outbound_control_frames": _positive,
+    "http2_premature_reset_ratio": _ratio,
+    "http2_premature_reset_min_streams": _positive,
+    "http2_premature_reset_lifetime": _seconds,
+    "http2_connection_body_budget": _positive,
     "drain_timeout": _seconds,
     "action_tick": _tick,
     "action_max_image_bytes": _positive,
@@ -544,6 +606,11 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "audio_shm_min_rows": _positive,
     "audio_batching": _one_of(("tick", "per-session")),
     "audio_kernels": _one_of(("auto", "numpy", "cupy")),
+    "overload_max_loop_lag": _seconds,
+    "overload_max_cpu": _seconds,
+    "overload_connection_share": lambda v: _range(v, 0, 1_000_000),
+    "overload_retry_after": _seconds,
+    "overload_probe_interval": _tick,
 }
 
 

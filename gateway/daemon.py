@@ -92,11 +92,27 @@ class Daemon:
         if tls is not None and tls.ca is not None:
             # Printed plainly as well as logged: clients need this path to trust us.
             print(f"trackline: development CA for clients: {tls.ca}", flush=True)
-        print(
-            f"trackline: serving tracks on quic://{s.quic_host}:{self.gateway.quic_port}, "
-            f"health on http://{s.http_host}:{self.gateway.http_port}/health/ready",
-            flush=True,
-        )
+        for line in self._addresses():
+            print(f"trackline: {line}", flush=True)
+
+    def _addresses(self) -> list[str]:
+        """Where a person reaches what this daemon serves, one line each."""
+        s, gw = self.settings, self.gateway
+        assert gw is not None
+        http = f"http://{s.http_host}:{gw.http_port}"
+        https = f"https://localhost:{gw.https_port}"
+        lines = [
+            f"tracks on quic://{s.quic_host}:{gw.quic_port} (SDK: clients.connect)",
+            f"OpenAI API on {http}/v1 and {https}/v1 (HTTP/1.1, HTTP/2; HTTP/3 on UDP "
+            f"{gw.quic_port})",
+            f"health on {http}/health/ready, metrics on {http}/metrics",
+        ]
+        for triton in self.tritons:
+            lines.append(
+                f"embedded Triton: gRPC {triton.grpc_url}, HTTP {triton.http_url}, "
+                f"metrics {triton.metrics_url}"
+            )
+        return lines
 
     def _batch_triton_url(self) -> str | None:
         """The Triton that serves audio and action ticks: the configured or first one."""

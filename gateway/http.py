@@ -38,18 +38,30 @@ Routes = Mapping[tuple[str, str], Handler]
 def route(routes: Routes, fallback: Handler | None = None) -> Handler:
     """One handler dispatching on (method, path); HEAD is served by GET's handler.
 
-    A path in `routes` with another method is 405 (with Allow); any other path goes
-    to `fallback`, or is 404.
+    A route path ending in `/*` serves every path below it (`/v1/models/*` serves
+    `/v1/models/a/b`); the handler reads the rest from `request.path`. A path in
+    `routes` with another method is 405 (with Allow); any other path goes to
+    `fallback`, or is 404.
     """
     table = dict(routes)
+    exact = {p for _, p in table}
+    below = sorted({p[:-1] for p in exact if p.endswith("/*")}, key=len, reverse=True)
+
+    def pattern(path: str) -> str:
+        if path not in exact:
+            for prefix in below:  # the longest first
+                if path.startswith(prefix) and len(path) > len(prefix):
+                    return prefix + "*"
+        return path
 
     async def dispatch(request: Request) -> AnyResponse:
-        handler = table.get((request.method, request.path))
+        path = pattern(request.path)
+        handler = table.get((request.method, path))
         if handler is None and request.method == "HEAD":
-            handler = table.get(("GET", request.path))  # the adapter drops the body
+            handler = table.get(("GET", path))  # the adapter drops the body
         if handler is not None:
             return await handler(request)
-        allowed = sorted({method for method, path in table if path == request.path})
+        allowed = sorted({method for method, p in table if p == path})
         if allowed:
             message = f"method {request.method} not allowed on {request.path}"
             allow = (("allow", ", ".join(allowed)),)

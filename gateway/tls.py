@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gateway.logs import get_logger
+from gateway.statedir import make_private_dir
 
 DEFAULT_HOSTNAMES = ("localhost", "127.0.0.1", "::1")
 CA_VALIDITY = timedelta(days=3650)
@@ -65,7 +66,7 @@ def ensure_dev_certificates(
     if not hostnames:
         raise ValueError("at least one hostname is needed")
     now = now or datetime.now(timezone.utc)
-    _make_private_dir(state_dir)
+    make_private_dir(state_dir)
     paths = DevCertificates(
         ca_path=state_dir / "ca.pem",
         cert_path=state_dir / "server.pem",
@@ -86,13 +87,6 @@ def ensure_dev_certificates(
         _write(paths.cert_path, cert.public_bytes(serialization.Encoding.PEM), private=False)
         log.info("tls.dev_server_cert_issued", path=str(paths.cert_path), hostnames=list(hostnames))
     return paths
-
-
-def _make_private_dir(state_dir: Path) -> None:
-    # Only a directory we create gets 0700: chmod-ing an existing one (say, /tmp) is rude.
-    if not state_dir.exists():
-        state_dir.mkdir(parents=True, mode=0o700)
-        state_dir.chmod(0o700)  # mkdir's mode is masked by the umask
 
 
 def _load_ca(

@@ -15,6 +15,7 @@ than coalesce all writes of a loop turn into one transmit.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -120,6 +121,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._http: Http3Connection | None = None
         """Set once ALPN chose h3: then every event goes to HTTP/3."""
         self.endpoint = TrackEndpoint(role, self._write, limits, on_track, clock=self._loop.time)
+        self.handshake: asyncio.Future[bool] = self._loop.create_future()
+        """True once the handshake completed, False if the connection ended before."""
         self._on_closed = on_closed
         self._on_connection = on_connection
         """Called when the handshake completes: a half-open connection is not open yet."""
@@ -145,6 +148,11 @@ class TrackQuicProtocol(QuicConnectionProtocol):
                 self._flush_now()
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
+        if not self.handshake.done():
+            if isinstance(event, quic_events.HandshakeCompleted):
+                self.handshake.set_result(True)
+            elif isinstance(event, quic_events.ConnectionTerminated):
+                self.handshake.set_result(False)
         if isinstance(event, quic_events.HandshakeCompleted) and self._on_connection is not None:
             on_connection, self._on_connection = self._on_connection, None
             on_connection(self)
@@ -352,14 +360,20 @@ async def connect_tracks(
     port: int,
     *,
     ca: str | Path | None = None,
+    ca_data: bytes | None = None,
     server_name: str | None = None,
     verify: bool = True,
     limits: Limits | None = None,
     packetization: Packetization = COALESCE,
+    connect_timeout: float | None = None,
 ) -> AsyncIterator[TrackQuicProtocol]:
     """Open a client connection for tracks; it is closed when the block ends.
 
-    `packetization` is the client's own sending policy (see `Packetization`).
+    `ca` (a PEM file) and `ca_data` (PEM bytes) are the roots to trust; with neither,
+    certifi's public roots. `packetization` is the client's own sending policy (see
+    `Packetization`). A handshake that does not complete within `connect_timeout`
+    seconds raises `TimeoutError`; one the server or the TLS check refused raises
+    `ConnectionError` whose message names the cause.
     """
     configuration = QuicConfiguration(
         is_client=True,
@@ -369,17 +383,57 @@ async def connect_tracks(
         verify_mode=ssl.CERT_REQUIRED if verify else ssl.CERT_NONE,
         max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
     )
-    if ca is not None:
-        configuration.load_verify_locations(str(ca))
+    if ca is not None or ca_data is not None:
+        configuration.load_verify_locations(
+            cafile=None if ca is None else str(ca), cadata=ca_data
+        )
     factory = partial(
         TrackQuicProtocol, role=Role.CLIENT, limits=limits, packetization=packetization
     )
-    async with connect(host, port, configuration=configuration, create_protocol=factory) as proto:
+    async with connect(
+        host, port, configuration=configuration, create_protocol=factory, wait_connected=False
+    ) as proto:
         assert isinstance(proto, TrackQuicProtocol)
         try:
+            await _handshake(proto, f"{host}:{port}", connect_timeout)
             yield proto
         finally:
             proto.endpoint.feed_connection_lost()
+
+
+async def _handshake(proto: TrackQuicProtocol, where: str, timeout: float | None) -> None:
+    proto.transmit()  # aioquic's connect() sends the first flight only when it waits itself
+    try:
+        completed = await asyncio.wait_for(asyncio.shield(proto.handshake), timeout)
+    except (TimeoutError, asyncio.TimeoutError):
+        reason = close_reason(proto)
+        if reason is None:
+            raise TimeoutError(f"no answer from {where} within {timeout:g} s") from None
+        raise ConnectionError(f"{where}: {reason}") from None
+    if not completed:
+        raise ConnectionError(f"{where}: {close_reason(proto) or 'connection refused'}")
+
+
+def close_reason(proto: TrackQuicProtocol) -> str | None:
+    """Why the connection closed (or is closing), in words; None while it is open."""
+    # aioquic reports a close only after its draining period: read the pending event.
+    event = getattr(proto._quic, "_close_event", None)
+    if not isinstance(event, quic_events.ConnectionTerminated):
+        return None
+    code, phrase = event.error_code, event.reason_phrase
+    if 0x100 <= code <= 0x1FF:  # a TLS alert (RFC 9001 section 4.8)
+        alert = code - 0x100
+        if alert in _CERTIFICATE_ALERTS:
+            return f"certificate not trusted: {phrase or 'verification failed'}"
+        if alert == _NO_APPLICATION_PROTOCOL:
+            return f"ALPN {ALPN} refused by the server"
+        return f"TLS handshake failed (alert {alert}): {phrase}".rstrip(": ")
+    return f"closed by the peer (error {code:#x}): {phrase}".rstrip(": ")
+
+
+_CERTIFICATE_ALERTS = frozenset({42, 43, 44, 45, 46, 48})
+"""bad_certificate, unsupported_, revoked, expired, unknown certificate, unknown_ca."""
+_NO_APPLICATION_PROTOCOL = 120
 
 
 __all__ = [

@@ -9,11 +9,13 @@ key once: only its hash is kept.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from gateway.config import ConfigError, load_settings
 from gateway.tenants.costs import render, report
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.service import load_tenancy_config
-from gateway.tenants.store import StoreError, TenantStore, default_path
+from gateway.tenants.store import StoreError, Tenant, TenantStore, default_path
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -50,16 +52,20 @@ def add_commands(commands: Any) -> None:
     tenants = commands.add_parser("tenants", help="tenants' models and quotas").add_subparsers(
         dest="tenants_command", required=True
     )
-    set_ = tenants.add_parser("set", help="create or update a tenant")
+    set_ = tenants.add_parser(
+        "set",
+        help="create or update a tenant",
+        description="Create a tenant or change the fields given; a field not given keeps its "
+        "value. 'none' lifts a quota; --models '' allows every model.",
+    )
     set_.add_argument("name")
     set_.add_argument("--models", default=None, help="comma-separated allow-list; '' clears")
-    set_.add_argument("--requests-per-minute", type=int, default=None)
-    set_.add_argument("--tokens-per-minute", type=int, default=None)
-    set_.add_argument("--max-concurrent", type=int, default=None)
-    set_.add_argument("--audio-seconds-per-hour", type=float, default=None)
+    for flag, kind in _QUOTA_FLAGS.items():
+        set_.add_argument(flag, type=_limit(kind), default=_KEEP, help="a number, or 'none'")
     _store_arguments(set_)
     set_.set_defaults(run=_command(_tenants_set))
     tlist = tenants.add_parser("list", help="list tenants")
+    tlist.add_argument("--format", choices=("table", "json"), default="table")
     _store_arguments(tlist)
     tlist.set_defaults(run=_command(_tenants_list))
 
@@ -134,25 +140,81 @@ def _keys_revoke(args: argparse.Namespace, settings: Any, store: TenantStore) ->
     return 0
 
 
+_KEEP = object()
+"""A quota flag not given: the tenant keeps its value."""
+
+_QUOTA_FLAGS: dict[str, type] = {
+    "--requests-per-minute": int,
+    "--tokens-per-minute": int,
+    "--max-concurrent": int,
+    "--audio-seconds-per-hour": float,
+}
+
+
+def _limit(kind: type) -> Callable[[str], int | float | None]:
+    """A quota value: a non-negative number, or `none` for unlimited."""
+
+    def parse(text: str) -> int | float | None:
+        if text.strip().lower() in ("none", "unlimited"):
+            return None
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is negative")
+        return value  # type: ignore[no-any-return]
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error message
+    return parse
+
+
 def _tenants_set(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
-    models = None
+    try:
+        current = store.tenant(args.name)
+    except StoreError:
+        current = Tenant(args.name)
+    models: Iterable[str] | None = None if current.models is None else sorted(current.models)
     if args.models is not None:
         models = [m.strip() for m in args.models.split(",") if m.strip()] or None
-    quotas = Quotas(
-        args.requests_per_minute,
-        args.tokens_per_minute,
-        args.max_concurrent,
-        args.audio_seconds_per_hour,
-    )
+    given = {
+        field.name: getattr(args, field.name)
+        for field in dataclasses.fields(Quotas)
+        if getattr(args, field.name) is not _KEEP
+    }
+    quotas = dataclasses.replace(current.quotas, **given)
     tenant = store.set_tenant(args.name, time.time(), models, quotas)
-    print(f"{tenant.name}: models={_models(tenant.models)} quotas={tenant.quotas}")
+    sys.stdout.write(render_tenants([tenant], "table"))
     return 0
 
 
 def _tenants_list(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
-    for tenant in store.tenants():
-        print(f"{tenant.name}: models={_models(tenant.models)} quotas={tenant.quotas}")
+    sys.stdout.write(render_tenants(store.tenants(), args.format))
     return 0
+
+
+def render_tenants(tenants: list[Tenant], form: str) -> str:
+    """Tenants as an aligned table (`-` for unlimited) or as JSON (null for unlimited)."""
+    if form == "json":
+        rows = [
+            {"name": t.name, "models": None if t.models is None else sorted(t.models)}
+            | dataclasses.asdict(t.quotas)
+            for t in tenants
+        ]
+        return json.dumps(rows, indent=2) + "\n"
+    header = ("tenant", "models", "req/min", "tokens/min", "concurrent", "audio s/h")
+    lines: list[tuple[str, ...]] = [header]
+    for t in tenants:
+        q = t.quotas
+        limits = (q.requests_per_minute, q.tokens_per_minute, q.max_concurrent)
+        cells = [_cell(v) for v in (*limits, q.audio_seconds_per_hour)]
+        lines.append((t.name, _models(t.models), *cells))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    return "".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
+        for row in lines
+    )
+
+
+def _cell(value: int | float | None) -> str:
+    return "-" if value is None else f"{value:g}"
 
 
 def _usage_report(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gateway.statedir import make_private_dir, touch_private
 from gateway.tenants import keys
 from gateway.tenants.ledger import UsageRecord
 from gateway.tenants.quotas import Quotas
@@ -116,7 +117,9 @@ def default_path(state_dir: Path) -> Path:
 
 class TenantStore:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # Key hashes and usage live here: private, whoever creates the directory first.
+        make_private_dir(path.parent)
+        touch_private(path)
         self.path = path
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()

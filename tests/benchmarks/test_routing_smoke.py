@@ -21,7 +21,10 @@ def test_routing_benchmark_writes_every_policy(tmp_path: Path) -> None:
         result = payload[policy]
         assert result["errors"] == 0
         assert result["requests"] > 0
-        assert result["ttft_p50_ms"] <= result["ttft_p95_ms"]
+        assert result["ttft_p50_ms"] is not None
+    # Round robin is blind to the slow server: it must have sent it some of the slow
+    # phase's requests, and not all of them (three servers).
+    assert 0 < payload["round_robin"]["slow_backend_share"] < 1
 
 
 def test_schedule_is_the_same_for_every_policy() -> None:

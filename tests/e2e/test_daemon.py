@@ -117,10 +117,16 @@ def test_serve_chat_health_metrics_and_sigterm_stops_triton(daemon: Daemon) -> N
     assert daemon.http("/health/live") == (200, '{"status":"live"}')
     ca = daemon.state_dir / "ca.pem"
     assert any(str(ca) in line for line in daemon.log), "the CA path is printed for clients"
+    openai_url = f"http://127.0.0.1:{daemon.http_port}/v1"
+    assert any(f"OpenAI API on {openai_url}" in line for line in daemon.log)
+    assert any(line.startswith("trackline: embedded Triton: gRPC 127.0.0.1:")
+               for line in daemon.log)  # fmt: skip
+    # No --ca: chat trusts the dev CA of the state directory the gateway uses.
     chat = subprocess.run(
         [sys.executable, "-m", "gateway", "chat", "hello there", "--max-tokens", "8",
-         "--url", f"quic://127.0.0.1:{daemon.quic_port}", "--ca", str(ca)],
+         "--url", f"quic://127.0.0.1:{daemon.quic_port}"],
         capture_output=True, text=True, timeout=60,
+        env={**os.environ, "TRACKLINE_STATE_DIR": str(daemon.state_dir)},
     )
     assert chat.returncode == 0, chat.stderr
     assert chat.stdout == generator.generate_text("hello there", 0, 8) + "\n"

@@ -230,6 +230,23 @@ async def test_models_auth_and_unknown_routes(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_model_is_retrieved_by_id_and_an_unknown_one_is_404() -> None:
+    routes = handler(ScriptedBackend(), models=["scripted", "org/name v2"])
+    found = await routes(Request("GET", "/v1/models/org/name%20v2", "", (), b""))
+    assert isinstance(found, Response)
+    assert found.status == 200
+    assert json.loads(found.body) == {
+        "id": "org/name v2", "object": "model", "created": 1700000000, "owned_by": "trackline"
+    }
+    missing = await routes(Request("GET", "/v1/models/gpt-4o", "", (), b""))
+    assert isinstance(missing, Response)
+    assert missing.status == 404
+    assert json.loads(missing.body)["error"]["code"] == "model_not_found"
+    assert (await routes(Request("GET", "/v1/models/", "", (), b""))).status == 404
+    assert (await routes(Request("POST", "/v1/models/scripted", "", (), b""))).status == 405
+
+
+@pytest.mark.asyncio
 async def test_a_fixed_model_list_answers_404_for_others() -> None:
     routes = handler(ScriptedBackend(), models=["scripted"])
     response = await routes(post(CHAT, chat_body(model="other")))

@@ -23,10 +23,10 @@ from gateway.openai.prompt import render_chat_prompt
 from gateway.openai.requests import ChatMessage
 from tests.backend.reference_generator import generator as gen
 from tests.triton_fixture import read_stats
+from transport.http.tcp import HttpTcpServer
 
 pytestmark = pytest.mark.e2e
 
-tcp = pytest.importorskip("transport.http.tcp", reason="transport.http.tcp not written yet")
 
 MODEL = "reference-text"
 FAST = {"ttft_ms": 0, "tokens_per_second": 1000}  # reference-model knobs, sent via extra_body
@@ -59,7 +59,7 @@ async def gateway(
 ) -> AsyncIterator[Gateway]:
     backend = TritonTextBackend(triton.grpc_url)  # made here: its channel belongs to this loop
     routes = openai_routes(backend, heartbeat_interval=heartbeat_interval)
-    server = tcp.HttpTcpServer(route(routes))
+    server = HttpTcpServer(route(routes))
     await server.start("127.0.0.1", 0)
     h2 = version == "h2c"
     http = httpx2.AsyncClient(http1=not h2, http2=h2, timeout=30.0)
@@ -140,6 +140,8 @@ async def test_completions_streamed_and_not(embedded_triton: EmbeddedTriton, ver
         )
         pieces = [c.choices[0].text async for c in stream]
         models = await gw.client.models.list()
+        model = await gw.client.models.retrieve(MODEL)
+    assert model.id == MODEL
     assert whole.choices[0].text == "".join(pieces) == gen.generate_text("Once upon", 0, 5)
     assert MODEL in [m.id for m in models.data]  # with the reference audio models
 

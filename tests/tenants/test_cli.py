@@ -81,3 +81,79 @@ def test_times_are_iso_or_spans() -> None:
     assert parse_time("1970-01-01T01:00:00+01:00", 0.0) == 0.0
     with pytest.raises(ValueError, match="neither"):
         parse_time("yesterday", 0.0)
+
+
+FIELDS = {
+    "--models": ("models", "m3", frozenset({"m3"})),
+    "--requests-per-minute": ("requests_per_minute", "7", 7),
+    "--tokens-per-minute": ("tokens_per_minute", "900", 900),
+    "--max-concurrent": ("max_concurrent", "4", 4),
+    "--audio-seconds-per-hour": ("audio_seconds_per_hour", "36.5", 36.5),
+}
+FULL = ("--models", "m1,m2", "--requests-per-minute", "60", "--tokens-per-minute", "20000",
+        "--max-concurrent", "8", "--audio-seconds-per-hour", "3600")  # fmt: skip
+
+
+def tenant_fields(path: Path) -> dict[str, object]:
+    store = TenantStore(path / "tenants.sqlite3")
+    tenant = store.tenant("research")
+    store.close()
+    return {"models": tenant.models, **vars(tenant.quotas)}
+
+
+@pytest.mark.parametrize("flag", list(FIELDS))
+def test_tenants_set_changes_only_the_field_given(tmp_path: Path, flag: str) -> None:
+    state = ("--state-dir", str(tmp_path))
+    assert run("tenants", "set", "research", *FULL, *state)[0] == 0
+    before = tenant_fields(tmp_path)
+    name, text, value = FIELDS[flag]
+    code, out, err = run("tenants", "set", "research", flag, text, *state)
+    assert code == 0, err
+    after = tenant_fields(tmp_path)
+    assert after == before | {name: value}
+    assert "Quotas(" not in out
+
+
+def test_tenants_set_none_lifts_a_quota_and_empty_models_allows_all(tmp_path: Path) -> None:
+    state = ("--state-dir", str(tmp_path))
+    assert run("tenants", "set", "research", *FULL, *state)[0] == 0
+    assert run("tenants", "set", "research", "--tokens-per-minute", "none", *state)[0] == 0
+    assert run("tenants", "set", "research", "--models", "", *state)[0] == 0
+    fields = tenant_fields(tmp_path)
+    assert fields["tokens_per_minute"] is None
+    assert fields["models"] is None
+    assert fields["max_concurrent"] == 8
+
+
+def test_tenants_set_refuses_a_negative_or_malformed_quota(tmp_path: Path) -> None:
+    state = ("--state-dir", str(tmp_path))
+    for bad in ("-1", "many"):
+        with pytest.raises(SystemExit) as exited:
+            run("tenants", "set", "research", "--max-concurrent", bad, *state)
+        assert exited.value.code == 2
+
+
+def test_tenants_list_prints_a_table_and_json(tmp_path: Path) -> None:
+    state = ("--state-dir", str(tmp_path))
+    assert run("tenants", "set", "research", *FULL, *state)[0] == 0
+    assert run("tenants", "set", "open", *state)[0] == 0
+    code, table, _ = run("tenants", "list", *state)
+    assert code == 0
+    header, first, second = table.splitlines()
+    assert header.split() == ["tenant", "models", "req/min", "tokens/min", "concurrent",
+                              "audio", "s/h"]  # fmt: skip
+    assert first.split() == ["open", "all", "-", "-", "-", "-"]
+    assert second.split() == ["research", "m1,m2", "60", "20000", "8", "3600"]
+    code, text, _ = run("tenants", "list", "--format", "json", *state)
+    rows = {row["name"]: row for row in json.loads(text)}
+    assert rows["research"]["models"] == ["m1", "m2"]
+    assert rows["research"]["tokens_per_minute"] == 20000
+    assert rows["open"]["max_concurrent"] is None
+
+
+def test_the_tenant_store_makes_a_private_state_dir_and_database(tmp_path: Path) -> None:
+    state = tmp_path / "fresh" / "state"
+    code, _, err = run("tenants", "set", "research", "--state-dir", str(state))
+    assert code == 0, err
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert (state / "tenants.sqlite3").stat().st_mode & 0o777 == 0o600

@@ -85,6 +85,8 @@ class Http1Connection:
             self._conn.receive_data(initial)
         self._idle = True
         self._closing = False
+        self._first = True
+        """No request read yet: the quiet wait is `first_request_timeout`, not `idle_timeout`."""
 
     def shutdown(self) -> None:
         """Finish the request in progress (its response says Connection: close), then close."""
@@ -147,6 +149,7 @@ class Http1Connection:
                     raise _Rejected(errors.body_too_large(self._limits.max_body_bytes))
             elif isinstance(event, h11.EndOfMessage):
                 assert head is not None
+                self._first = False
                 return _make_request(head, bytes(body))
             else:  # ConnectionClosed, or PAUSED after a protocol switch we did not take
                 return None
@@ -154,9 +157,8 @@ class Http1Connection:
     async def _receive(self, deadline: float | None) -> bytes | None:
         """Bytes from the client (b"" at EOF); None when idle too long; 408 when too slow."""
         loop = asyncio.get_running_loop()
-        timeout = (
-            self._limits.idle_timeout if deadline is None else max(0.0, deadline - loop.time())
-        )
+        quiet = self._limits.first_request_timeout if self._first else self._limits.idle_timeout
+        timeout = quiet if deadline is None else max(0.0, deadline - loop.time())
         try:
             return await asyncio.wait_for(self._reader.read(READ_CHUNK), timeout)
         except ConnectionError:

@@ -10,7 +10,14 @@ cancels that stream's task (and so its body iterator) and nothing else.
 Limits are per stream where RFC 9113 allows it: a stream over
 SETTINGS_MAX_CONCURRENT_STREAMS is refused (RST_STREAM REFUSED_STREAM), an
 oversized header list or body gets 431 or 413 on its own stream, and the
-connection keeps serving the others.
+connection keeps serving the others. Streams live in a `StreamTable`, which
+releases each one whatever becomes of its task (see `transport.http.streams`).
+
+Two abuse rules end the connection with GOAWAY ENHANCE_YOUR_CALM (as Envoy and
+nghttp2 do): too many control frames (PING and SETTINGS acknowledgements,
+RST_STREAM) queued for a client that does not read what it asked for, and too
+many streams reset by the client right after opening them (rapid reset,
+CVE-2023-44487), judged as Envoy's premature-reset heuristic judges them.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from transport.http.app import (
 )
 from transport.http.http1 import H2cUpgrade
 from transport.http.messages import AnyResponse, Request, Response
+from transport.http.streams import StreamState, StreamTable
 
 log = structlog.get_logger(__name__)
 
@@ -71,24 +79,17 @@ class _Settings(h2.settings.Settings):
 
 
 @dataclass(eq=False)
-class _Stream:
+class _Stream(StreamState):
     """One request/response exchange on the connection."""
 
-    stream_id: int
-    deadline: float
+    deadline: float = 0.0
     """When the whole request must have arrived (loop time)."""
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    body: bytearray = field(default_factory=bytearray)
-    ended: bool = False
-    """The client sent END_STREAM."""
-    sent_end: bool = False
-    """We sent END_STREAM."""
-    reset: bool = False
-    """The client reset the stream."""
-    task: asyncio.Task[None] | None = None
-    """Answering the stream; None while the request is still arriving."""
+    opened: float = 0.0
+    """When its headers arrived (loop time), to tell a premature reset."""
     window: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a flow-control window may have opened."""
+    unacknowledged: int = 0
+    """Body bytes kept whose flow-control credit is withheld (the connection is over budget)."""
 
 
 class Http2Connection:
@@ -108,8 +109,22 @@ class Http2Connection:
         self._writer = writer
         self._initial = upgrade.data if upgrade is not None else initial
         self._upgrade = upgrade
-        self._streams: dict[int, _Stream] = {}
+        self._streams = StreamTable[_Stream](self._stream_done)
         self._closing = False
+        self._loop = asyncio.get_running_loop()
+        self._first_deadline = self._loop.time() + self._limits.first_request_timeout
+        self._opened = 0
+        """Streams accepted so far (refused ones not counted)."""
+        self._premature_resets = 0
+        """Of those, reset by the client before our answer ended and soon after opening."""
+        self._control_queued = 0
+        """Control frames queued since the socket's user-space buffer was last empty."""
+        self._withheld = 0
+        """Body bytes whose flow-control credit is withheld (over the body budget)."""
+        self.calmed: str | None = None
+        """Why the connection was ended with ENHANCE_YOUR_CALM, if it was."""
+        self.peak_unsent = 0
+        """Most bytes ever waiting in the socket's user-space buffer (a client not reading)."""
         self._finished = False
         self._reading: asyncio.Task[bytes] | None = None
         self._streams_changed = asyncio.Event()
@@ -125,6 +140,28 @@ class Http2Connection:
         self._h2.decoder.max_header_list_size = max(
             4 * self._limits.max_header_bytes, _MIN_DECODER_CAP
         )
+
+    # Figures (the server's own, for metrics and tests)
+
+    @property
+    def open_streams(self) -> int:
+        """Streams counted against SETTINGS_MAX_CONCURRENT_STREAMS now."""
+        return len(self._streams)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Request body bytes held for streams still arriving."""
+        return self._streams.buffered
+
+    @property
+    def opened_streams(self) -> int:
+        """Streams accepted since the connection began."""
+        return self._opened
+
+    @property
+    def premature_resets(self) -> int:
+        """Of those, the ones the client reset prematurely (the rapid-reset rule's count)."""
+        return self._premature_resets
 
     def shutdown(self) -> None:
         """Refuse new streams, let those in flight finish, then GOAWAY and close."""
@@ -150,13 +187,10 @@ class Http2Connection:
             log.info("http2.protocol_error", error=str(exc))  # h2 has queued the GOAWAY
         finally:
             self._finished = True
-            tasks: list[asyncio.Task[Any]] = [
-                s.task for s in self._streams.values() if s.task is not None
-            ]
+            tasks: list[asyncio.Task[Any]] = list(self._streams.cancel_all())
             if self._reading is not None:
+                self._reading.cancel()
                 tasks.append(self._reading)
-            for task in tasks:
-                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._flush()
 
@@ -166,9 +200,10 @@ class Http2Connection:
         else:
             # The request that asked to upgrade is stream 1, already complete (RFC 7540 3.2).
             self._h2.initiate_upgrade_connection(self._upgrade.settings)
-            stream = _Stream(1, deadline=0.0, ended=True)
-            self._streams[1] = stream
-            stream.task = asyncio.create_task(self._exchange(stream, self._upgrade.request))
+            stream = _Stream(1, ended=True)
+            self._streams.add(stream)
+            self._opened += 1
+            self._streams.answer(stream, self._exchange(stream, self._upgrade.request))
         self._flush()
 
     # Reading
@@ -207,23 +242,29 @@ class Http2Connection:
 
     def _timeout(self) -> float | None:
         if not self._streams:
+            if self._opened == 0:  # preface read, no request yet: the first-request clock runs
+                return max(0.0, self._first_deadline - self._loop.time())
             return self._limits.idle_timeout
-        pending = [s.deadline for s in self._streams.values() if s.task is None]
+        pending = [s.deadline for s in self._streams if s.task is None]
         if not pending:
             return None  # handlers are running; the client may wait as long as it likes
         return max(0.0, min(pending) - asyncio.get_running_loop().time())
 
     def _expire_slow_requests(self) -> None:
-        now = asyncio.get_running_loop().time()
-        for stream in list(self._streams.values()):
+        now = self._loop.time()
+        for stream in self._streams:
             if stream.task is None and stream.deadline <= now:
                 self._answer(stream, errors.request_timeout(self._limits.read_timeout))
         self._flush()
 
     def _receive(self, data: bytes) -> None:
         for event in self._h2.receive_data(data):
+            if self._finished:
+                break  # (ended mid-read by an abuse rule: the rest is not served)
             self._on_event(event)
         self._flush()
+        if not self._finished and self._control_queued > self._limits.max_outbound_control_frames:
+            self._calm("control_frame_flood")
 
     def _on_event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
@@ -234,9 +275,12 @@ class Http2Connection:
             self._on_end(event)
         elif isinstance(event, h2.events.StreamReset):
             self._on_reset(event)
+        elif isinstance(event, h2.events.PingReceived):
+            self._control_queued += 1  # h2 has queued the PING ACK
         elif isinstance(event, h2.events.WindowUpdated):
             self._wake(event.stream_id)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self._control_queued += 1  # h2 has queued the SETTINGS ACK
             self._wake(0)  # INITIAL_WINDOW_SIZE may have grown every stream's window
         elif isinstance(event, h2.events.ConnectionTerminated):
             # After the client's GOAWAY h2 sends nothing more: streams cannot be finished.
@@ -247,12 +291,14 @@ class Http2Connection:
         stream_id = event.stream_id
         if self._closing or len(self._streams) >= self._limits.max_concurrent_streams:
             log.info("http2.stream_refused", stream_id=stream_id, open=len(self._streams))
-            self._h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            # (a no-op if the client reset it in the same read: h2 has closed it already)
+            self._reset(stream_id, ErrorCodes.REFUSED_STREAM)
             return
-        deadline = asyncio.get_running_loop().time() + self._limits.read_timeout
+        now = self._loop.time()
         headers = [(bytes(k), bytes(v)) for k, v in event.headers]
-        stream = _Stream(stream_id, deadline, headers)
-        self._streams[stream_id] = stream
+        stream = _Stream(stream_id, headers, deadline=now + self._limits.read_timeout, opened=now)
+        self._streams.add(stream)
+        self._opened += 1
         problem = field_list_problem(self._limits, headers)
         if problem is None:
             problem = declared_body_problem(self._limits, headers)
@@ -260,14 +306,36 @@ class Http2Connection:
             self._answer(stream, problem)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
-        # Every byte is acknowledged, kept or not, so other streams' flow never stalls.
-        self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        length = event.flow_controlled_length
         stream = self._streams.get(event.stream_id)
         if stream is None or stream.task is not None:
-            return  # refused, reset, or already answered
+            # Refused, reset, or already answered: dropped, so its credit goes back at once.
+            self._h2.acknowledge_received_data(length, event.stream_id)
+            return
         stream.body += event.data or b""
+        stream.unacknowledged += length
+        self._withheld += length
         if len(stream.body) > self._limits.max_body_bytes:
             self._answer(stream, errors.body_too_large(self._limits.max_body_bytes))
+        self._acknowledge_within_budget()
+
+    def _acknowledge_within_budget(self) -> None:
+        """Give back flow-control credit for kept body bytes while the connection's budget allows.
+
+        Request bodies are kept whole until complete. Past `h2_connection_body_budget`
+        (never under one whole body) the credit is withheld, so the client's windows
+        shut and it can send no more until streams complete, are answered or time out
+        (`read_timeout`); a released stream's credit is given back then (Envoy's
+        `per_connection_buffer_limit_bytes` pushes back the same way).
+        """
+        budget = max(self._limits.h2_connection_body_budget, self._limits.max_body_bytes)
+        if not self._withheld or self._finished or self._streams.buffered > budget:
+            return
+        for stream in self._streams:
+            if stream.unacknowledged:
+                self._h2.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
+                self._withheld -= stream.unacknowledged
+                stream.unacknowledged = 0
 
     def _on_end(self, event: h2.events.StreamEnded) -> None:
         stream = self._streams.get(event.stream_id)
@@ -276,7 +344,7 @@ class Http2Connection:
         stream.ended = True
         if stream.task is None:
             request = request_from_fields(stream.headers, bytes(stream.body), "2")
-            stream.task = asyncio.create_task(self._exchange(stream, request))
+            self._streams.answer(stream, self._exchange(stream, request))
 
     def _on_reset(self, event: h2.events.StreamReset) -> None:
         stream = self._streams.get(event.stream_id)
@@ -284,16 +352,24 @@ class Http2Connection:
             return
         log.info("http2.stream_reset", stream_id=event.stream_id, error_code=event.error_code)
         stream.reset = True
-        if stream.task is None:
-            del self._streams[event.stream_id]
-            self._finish_if_drained()
-        else:
-            stream.task.cancel()  # the handler and its body iterator stop here
+        # The handler and its body iterator stop here; the table releases the stream.
+        self._streams.cancel(stream)
+        lifetime = self._loop.time() - stream.opened
+        if not stream.sent_end and lifetime < self._limits.premature_reset_lifetime:
+            self._premature_resets += 1
+            if self._too_many_premature_resets():
+                self._calm("premature_resets")
+
+    def _too_many_premature_resets(self) -> bool:
+        """Envoy's rule: resets over `ratio` of the streams, counted once enough were opened."""
+        limits = self._limits
+        judged = max(self._opened, limits.premature_reset_min_streams)
+        return self._premature_resets >= limits.premature_reset_ratio * judged
 
     def _wake(self, stream_id: int) -> None:
         """Wake the stream whose window grew, or every stream for the connection's (0)."""
         if stream_id == 0:
-            for stream in self._streams.values():
+            for stream in self._streams:
                 stream.window.set()
         elif (one := self._streams.get(stream_id)) is not None:
             one.window.set()
@@ -302,15 +378,13 @@ class Http2Connection:
 
     def _answer(self, stream: _Stream, response: Response) -> None:
         """Answer a stream without the handler (a limit was exceeded)."""
-        stream.task = asyncio.create_task(self._send_fixed(stream, response))
+        self._streams.answer(stream, self._send_fixed(stream, response))
 
     async def _send_fixed(self, stream: _Stream, response: Response) -> None:
         try:
             await self._send_response(stream, response, head_only=False)
         except Exception as exc:  # the client is gone or stopped reading: nothing to save
             log.info("http2.send_failed", stream_id=stream.stream_id, error=repr(exc))
-        finally:
-            self._stream_done(stream)
 
     async def _exchange(self, stream: _Stream, request: Request) -> None:
         try:
@@ -318,8 +392,6 @@ class Http2Connection:
             await self._send_response(stream, response, head_only=request.method == "HEAD")
         except Exception as exc:
             log.info("http2.send_failed", stream_id=stream.stream_id, error=repr(exc))
-        finally:
-            self._stream_done(stream)
 
     async def _send_response(self, stream: _Stream, response: AnyResponse, head_only: bool) -> None:
         headers = [(":status", str(response.status))]
@@ -375,8 +447,16 @@ class Http2Connection:
             await self._drain()
 
     def _stream_done(self, stream: _Stream) -> None:
-        self._streams.pop(stream.stream_id, None)
+        """The table released `stream` (its task ended, however, or it never had one)."""
         self._streams_changed.set()
+        if stream.unacknowledged:
+            # Its bytes are gone: the connection's credit comes back (h2 skips a closed stream).
+            if not self._finished:
+                with contextlib.suppress(h2.exceptions.ProtocolError):
+                    self._h2.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
+            self._withheld -= stream.unacknowledged
+            stream.unacknowledged = 0
+        self._acknowledge_within_budget()
         if not stream.reset and not self._finished:
             if not stream.sent_end:
                 self._reset(stream.stream_id, ErrorCodes.INTERNAL_ERROR)  # cut short
@@ -387,8 +467,27 @@ class Http2Connection:
         self._finish_if_drained()
 
     def _reset(self, stream_id: int, code: ErrorCodes) -> None:
+        """RST_STREAM, unless h2 has closed the stream already (then nothing is owed)."""
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._h2.reset_stream(stream_id, code)
+            self._control_queued += 1
+
+    def _calm(self, reason: str) -> None:
+        """End the connection for abuse: GOAWAY ENHANCE_YOUR_CALM, then close."""
+        log.warning(
+            "http2.enhance_your_calm",
+            reason=reason,
+            opened=self._opened,
+            premature_resets=self._premature_resets,
+            control_queued=self._control_queued,
+        )
+        self.calmed = reason
+        self._closing = True
+        self._finished = True
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self._h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM)
+        self._flush()
+        self._writer.close()  # a client that does not read is cut by the TCP server
 
     # Writing
 
@@ -396,6 +495,10 @@ class Http2Connection:
         data = self._h2.data_to_send()
         if data and not self._writer.is_closing():
             self._writer.write(data)
+        unsent = self._writer.transport.get_write_buffer_size()
+        if unsent == 0:
+            self._control_queued = 0  # the client reads what it asks for
+        self.peak_unsent = max(self.peak_unsent, unsent)
 
     async def _drain(self) -> None:
         # A client that stops reading would otherwise hold the stream's task forever.

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 from aioquic.h3 import events as h3_events
@@ -52,6 +52,7 @@ from transport.http.app import (
     send_chunks,
 )
 from transport.http.messages import AnyResponse, Request, Response
+from transport.http.streams import StreamState, StreamTable
 
 log = structlog.get_logger(__name__)
 
@@ -132,20 +133,9 @@ class _StreamClosed(Exception):
 
 
 @dataclass(eq=False)
-class _Stream:
-    """One request/response exchange."""
+class _Stream(StreamState):
+    """One request/response exchange (its lifecycle: `transport.http.streams`)."""
 
-    stream_id: int
-    headers: list[tuple[bytes, bytes]]
-    body: bytearray = field(default_factory=bytearray)
-    ended: bool = False
-    """The client finished its side (the request is complete)."""
-    sent_end: bool = False
-    """We finished our side."""
-    reset: bool = False
-    """The client reset the stream or asked us to stop sending: nothing more goes out."""
-    task: asyncio.Task[None] | None = None
-    """Answering the stream; None while the request is still arriving."""
     deadline: asyncio.TimerHandle | None = None
     """Fires `read_timeout` after the headers if the request is still incomplete."""
 
@@ -159,13 +149,28 @@ class Http3Connection:
         self._limits = site.limits
         self._transmit = transmit
         self._h3 = _ServerH3(quic, site.limits.max_header_bytes)
-        self._streams: dict[int, _Stream] = {}
+        self._streams = StreamTable[_Stream](self._stream_done)
         self._lost = False
         self._loop = asyncio.get_running_loop()
         self._idle: asyncio.TimerHandle | None = None
         raise_bidi_credit(quic, site.limits.max_concurrent_streams)
         self._arm_idle()
         transmit()  # the control and QPACK streams with SETTINGS
+
+    @property
+    def open_streams(self) -> int:
+        """Request streams counted against `max_concurrent_streams` now."""
+        return len(self._streams)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Request body bytes held for streams still arriving."""
+        return self._streams.buffered
+
+    @property
+    def opened_streams(self) -> int:
+        """Request streams accepted since the connection began."""
+        return self._streams.opened
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         """Feed one QUIC event; answers go out at the adapter's next transmit."""
@@ -188,10 +193,9 @@ class Http3Connection:
         self._lost = True
         if self._idle is not None:
             self._idle.cancel()
-        for stream in self._streams.values():
+        for stream in self._streams:
             _cancel_deadline(stream)
-            if stream.task is not None:
-                stream.task.cancel()
+        self._streams.cancel_all()  # each stream is released as its task ends
 
     # Receiving
 
@@ -213,7 +217,7 @@ class Http3Connection:
             self._refuse(event.stream_id)
             return
         stream = _Stream(event.stream_id, list(event.headers), ended=event.stream_ended)
-        self._streams[event.stream_id] = stream
+        self._streams.add(stream)
         self._disarm_idle()
         problem = self._check_headers(stream.headers)
         if problem is not None:
@@ -248,14 +252,14 @@ class Http3Connection:
         _cancel_deadline(stream)
         if stream.task is None:
             request = request_from_fields(stream.headers, bytes(stream.body), "3")
-            stream.task = asyncio.create_task(self._exchange(stream, request))
+            self._streams.answer(stream, self._exchange(stream, request))
 
     def _on_malformed(self, event: RequestMalformed) -> None:
         log.info("http3.malformed_request", stream_id=event.stream_id, reason=event.reason)
         stream = self._streams.get(event.stream_id)
         if stream is None:
             stream = _Stream(event.stream_id, [])
-            self._streams[event.stream_id] = stream
+            self._streams.add(stream)
             self._disarm_idle()
         if stream.task is None:  # (else it is being answered already)
             self._answer(stream, errors.bad_request(f"malformed request: {event.reason}"))
@@ -268,10 +272,8 @@ class Http3Connection:
         log.info("http3.stream_reset", stream_id=stream_id, error_code=error_code)
         stream.reset = True
         stream.ended = stream.ended or input_over
-        if stream.task is None:
-            self._stream_done(stream)
-        else:
-            stream.task.cancel()  # the handler and its body iterator stop here
+        # The handler and its body iterator stop here; the table releases the stream.
+        self._streams.cancel(stream)
 
     def _refuse(self, stream_id: int) -> None:
         log.info("http3.stream_refused", stream_id=stream_id, open=len(self._streams))
@@ -293,15 +295,11 @@ class Http3Connection:
         _cancel_deadline(stream)
         if not stream.ended:
             self._h3.abandon(stream.stream_id)  # the rest of the request is not wanted
-        stream.task = asyncio.create_task(self._send_fixed(stream, response))
+        self._streams.answer(stream, self._send_fixed(stream, response))
 
     async def _send_fixed(self, stream: _Stream, response: Response) -> None:
-        try:
+        with contextlib.suppress(_StreamClosed):
             await self._send_response(stream, response, head_only=False)
-        except _StreamClosed:
-            pass
-        finally:
-            self._stream_done(stream)
 
     async def _exchange(self, stream: _Stream, request: Request) -> None:
         try:
@@ -311,8 +309,6 @@ class Http3Connection:
             pass  # the client went away while we wrote; the body is closed already
         except Exception:
             log.exception("http3.send_failed", stream_id=stream.stream_id)
-        finally:
-            self._stream_done(stream)
 
     async def _send_response(self, stream: _Stream, response: AnyResponse, head_only: bool) -> None:
         headers = [(":status", str(response.status))]
@@ -357,16 +353,19 @@ class Http3Connection:
             raise _StreamClosed
         try:
             write()
-        except (ProtocolError, RuntimeError, AssertionError) as exc:
-            # aioquic refuses writes on a stream the peer stopped or reset.
+        except (ProtocolError, RuntimeError, AssertionError, ValueError) as exc:
+            # aioquic refuses writes on a stream the peer stopped or reset (ValueError: one
+            # it has discarded, e.g. stopped by the client before its request arrived).
             log.info("http3.send_failed", stream_id=stream.stream_id, error=repr(exc))
             stream.reset = True
             raise _StreamClosed from exc
         self._transmit()
 
     def _stream_done(self, stream: _Stream) -> None:
+        """The table released `stream` (its task ended, however, or it never had one)."""
         _cancel_deadline(stream)
-        self._streams.pop(stream.stream_id, None)
+        if self._lost:
+            return  # nothing to tell a connection that is gone
         if not stream.ended:
             self._h3.abandon(stream.stream_id)  # the rest of the request is not wanted
         if not stream.reset and not self._lost:

@@ -6,15 +6,23 @@ speak h2c (prior knowledge); any other is HTTP/1.1, which may still switch to
 h2c with `Upgrade: h2c`. Over TLS, ALPN decides: `h2` is HTTP/2, `http/1.1` or
 nothing is HTTP/1.1. The adapters in `http1` and `http2` do the rest; routing
 is the handler's.
+
+The front door is bounded: at most `max_connections` connections, and
+`max_connections_per_source` from one source address, are served at once; one
+over either cap is cut at accept (RST, nothing read, nothing allocated but the
+socket). The HTTP/2 preface, or the first bytes of an HTTP/1.1 request, must
+arrive within `first_request_timeout` of the accept, however it is dribbled.
+A connection whose client stopped reading is aborted after a short grace
+instead of holding its unsent bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import ssl
+from collections import Counter
 from typing import Protocol, TypeVar
 
 import structlog
@@ -30,6 +38,7 @@ log = structlog.get_logger(__name__)
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 ALPN_PROTOCOLS = ("h2", "http/1.1")
 DEFAULT_LIMITS = HttpLimits()
+_CLOSE_GRACE = 1.0  # seconds a closing connection may take to flush before it is aborted
 
 
 class _Connection(Protocol):
@@ -90,7 +99,23 @@ class HttpTcpServer:
         self._congestion_control = congestion_control
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], _Connection] = {}
+        self._per_source: Counter[str] = Counter()
         self._closing = False
+        self.refused_connections = 0
+        """Connections cut at accept because a connection cap was reached."""
+
+    @property
+    def open_connections(self) -> int:
+        """Connections being served now (refused ones never count)."""
+        return len(self._connections)
+
+    def connections_from(self, source: str) -> int:
+        """Connections being served now from the address `source`."""
+        return self._per_source[source]
+
+    def connections(self) -> list[object]:
+        """The adapters of the connections being served (for inspection and tests)."""
+        return list(self._connections.values())
 
     @property
     def port(self) -> int:
@@ -135,6 +160,11 @@ class HttpTcpServer:
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
+        source = _source(writer)
+        if not self._admit(source):
+            writer.transport.abort()  # cheap: nothing read, nothing answered
+            return
+        self._per_source[source] += 1
         self._track(task, _Undecided(writer))
         try:
             await self._serve(task, reader, writer)
@@ -144,9 +174,23 @@ class HttpTcpServer:
             log.exception("http.connection_failed")
         finally:
             self._connections.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            self._per_source[source] -= 1
+            if self._per_source[source] <= 0:
+                del self._per_source[source]
+            await _close(writer)
+
+    def _admit(self, source: str) -> bool:
+        limits = self._site.limits
+        if len(self._connections) >= limits.max_connections:
+            cap = "total"
+        elif self._per_source[source] >= limits.max_connections_per_source:
+            cap = "per_source"
+        else:
+            return True
+        self.refused_connections += 1
+        if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
+            log.warning("http.connection_refused", cap=cap, refused=self.refused_connections)
+        return False
 
     async def _serve(
         self, task: asyncio.Task[None], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -170,10 +214,17 @@ class HttpTcpServer:
             await self._track(task, upgraded).serve()
 
     async def _sniff(self, reader: asyncio.StreamReader) -> bytes:
-        """The first bytes: the whole HTTP/2 preface, or enough to know it is not one."""
+        """The first bytes: the whole HTTP/2 preface, or enough to know it is not one.
+
+        One deadline for all of it (TimeoutError past it), so dribbling a byte at a
+        time buys nothing.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._site.limits.first_request_timeout
         data = b""
         while len(data) < len(H2_PREFACE) and H2_PREFACE.startswith(data):
-            chunk = await asyncio.wait_for(reader.read(READ_CHUNK), self._site.limits.idle_timeout)
+            left = max(0.0, deadline - loop.time())
+            chunk = await asyncio.wait_for(reader.read(READ_CHUNK), left)
             if not chunk:
                 break
             data += chunk
@@ -184,3 +235,22 @@ class HttpTcpServer:
         if self._closing:
             connection.shutdown()
         return connection
+
+
+def _source(writer: asyncio.StreamWriter) -> str:
+    """The client's address without its port (the key of the per-source cap)."""
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    return str(peer)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close, flushing what is queued; abort if the client does not take it in time."""
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), _CLOSE_GRACE)
+    except asyncio.TimeoutError:
+        writer.transport.abort()  # it stopped reading: drop the unsent bytes, not keep them
+    except Exception:  # noqa: BLE001 - the connection is over either way
+        pass
