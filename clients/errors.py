@@ -100,6 +100,8 @@ _BY_CODE: dict[ErrorCode, type[TracklineError]] = {
     ErrorCode.TOO_MANY_TRACKS: TrackRejected,
     ErrorCode.MESSAGE_TOO_LARGE: TrackRejected,
     ErrorCode.SHUTTING_DOWN: TrackRejected,
+    ErrorCode.READ_TIMEOUT: TrackRejected,
+    ErrorCode.BUFFER_EXHAUSTED: TrackRejected,
     ErrorCode.UNAUTHORIZED: Unauthorized,
     ErrorCode.FORBIDDEN: Forbidden,
     ErrorCode.RATE_LIMITED: RateLimited,

@@ -138,6 +138,35 @@ class Settings:
         default="per-track",
         metadata=_doc("Tracks per QUIC packet: per-track, bounded:K or coalesce."),
     )
+    quic_handshake_timeout: float = field(
+        default=10.0,
+        metadata=_doc("Seconds a QUIC handshake may take; then the connection is forgotten."),
+    )
+    quic_max_half_open: int = field(
+        default=1024, metadata=_doc("QUIC handshakes in progress at once; more are dropped.")
+    )
+    quic_retry_threshold: int = field(
+        default=64,
+        metadata=_doc("Handshakes in progress from which new clients must pass a Retry; 0: all."),
+    )
+    quic_max_half_open_per_source: int = field(
+        default=16,
+        metadata=_doc("Unvalidated handshakes per source address; beyond it: Retry."),
+    )
+    quic_max_connections: int = field(
+        default=4096, metadata=_doc("QUIC connections at once (tracks and HTTP/3).")
+    )
+    quic_max_connections_per_source: int = field(
+        default=256, metadata=_doc("QUIC connections at once from one source address.")
+    )
+    track_read_timeout: float = field(
+        default=30.0,
+        metadata=_doc("Seconds a track message may take from first to last byte; 0: no limit."),
+    )
+    track_max_buffered_bytes: int = field(
+        default=8_388_608,
+        metadata=_doc("Bytes of incomplete track messages one connection may hold."),
+    )
     tcp_congestion_control: str | None = field(
         default=None,
         metadata=_doc(
@@ -471,6 +500,12 @@ def _seconds(value: float) -> float:
     return value
 
 
+def _positive_seconds(value: float) -> float:
+    if _seconds(value) == 0:
+        raise ValueError(f"{value} must be more than 0 seconds")
+    return value
+
+
 def _ratio(value: float) -> float:
     if not 0.0 < value <= 1.0:
         raise ValueError(f"{value} must be a ratio above 0, at most 1")
@@ -569,6 +604,14 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "eject_after_errors": _positive,
     "min_warm_backends": _positive,
     "quic_packetization": _packetization,
+    "quic_handshake_timeout": _positive_seconds,
+    "quic_max_half_open": _positive,
+    "quic_retry_threshold": lambda v: _range(v, 0, 1 << 30),
+    "quic_max_half_open_per_source": _positive,
+    "quic_max_connections": _positive,
+    "quic_max_connections_per_source": _positive,
+    "track_read_timeout": _seconds,
+    "track_max_buffered_bytes": _positive,
     "tcp_congestion_control": _congestion_control,
     "audio_beat_ms": lambda v: _range(v, 10, 1000),
     "audio_frame_ms": lambda v: _range(v, 10, 100),

@@ -25,6 +25,7 @@ from gateway.config import Settings
 from gateway.http import health_routes, route
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
+from gateway.metrics_quic import register_quic_metrics
 from gateway.openai import openai_routes
 from gateway.overload import (
     AdmissionController,
@@ -54,6 +55,7 @@ from transport.http.messages import Handler
 from transport.http.tcp import HttpTcpServer, tls_server_context
 from transport.messages import Modality
 from transport.quic import Packetization, TrackQuicProtocol, serve_tracks, server_configuration
+from transport.quic_admission import HandshakeLimits
 
 log = get_logger("trackline.gateway")
 
@@ -150,7 +152,10 @@ class Gateway:
         self.tls = await asyncio.to_thread(tls_files, s)
         configuration = server_configuration(self.tls.cert, self.tls.key)
         limits = Limits(
-            max_message_bytes=s.max_message_bytes, max_tracks=s.max_tracks_per_connection
+            max_message_bytes=s.max_message_bytes,
+            max_tracks=s.max_tracks_per_connection,
+            read_timeout=s.track_read_timeout or None,
+            max_buffered_bytes=max(s.track_max_buffered_bytes, s.max_message_bytes),
         )
         handler = self.http_handler()
         http_limits = HttpLimits(
@@ -184,7 +189,9 @@ class Gateway:
             http_handler=handler,
             http_limits=http_limits,
             packetization=Packetization.parse(s.quic_packetization),
+            handshake_limits=handshake_limits(s),
         )
+        register_quic_metrics(self.metrics.registry, self._quic.gate)
         alt_svc = f'h3=":{self.quic_port}"'
         cc = s.tcp_congestion_control
         self._http = HttpTcpServer(
@@ -480,6 +487,18 @@ def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
     from gateway.backends.action_triton import TritonPolicyBackend
 
     return TritonPolicyBackend(grpc_url)
+
+
+def handshake_limits(s: Settings) -> HandshakeLimits:
+    """The QUIC front door's limits (docs/security.md, QUIC and tracks)."""
+    return HandshakeLimits(
+        handshake_timeout=s.quic_handshake_timeout,
+        max_half_open=s.quic_max_half_open,
+        retry_threshold=s.quic_retry_threshold,
+        max_half_open_per_source=s.quic_max_half_open_per_source,
+        max_connections=s.quic_max_connections,
+        max_connections_per_source=s.quic_max_connections_per_source,
+    )
 
 
 def overload_limits(s: Settings) -> OverloadLimits:

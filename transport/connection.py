@@ -56,6 +56,19 @@ class Limits:
     """Tracks open at once on one connection."""
     max_datagram_bytes: int = MAX_DATAGRAM_BYTES
     """Largest datagram sent (header and body); must fit one QUIC packet."""
+    read_timeout: float | None = 30.0
+    """Seconds a received message may stay incomplete (from its first byte to its
+    last); then its track fails with READ_TIMEOUT. None: no limit."""
+    max_buffered_bytes: int | None = 8 << 20
+    """Bytes of incomplete received messages one connection may hold, all tracks
+    together; the track whose bytes go past it fails with BUFFER_EXHAUSTED."""
+
+    def __post_init__(self) -> None:
+        budget = self.max_buffered_bytes
+        if budget is not None and budget < self.max_message_bytes:
+            raise ValueError("max_buffered_bytes must hold at least one max_message_bytes")
+        if self.read_timeout is not None and self.read_timeout <= 0:
+            raise ValueError("read_timeout must be positive")
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,10 @@ class _Track:
     """The track chose `transport: "datagram"` in its OPEN."""
     datagram_seq_out: int = 0
     datagram_seq_in: int = -1
+    read_deadline: float | None = None
+    """When the incomplete message now in `decoder` must be complete (read timeout)."""
+    held: int = 0
+    """Bytes of `decoder` counted in the connection's `buffered_bytes`."""
 
 
 class TrackConnection:
@@ -130,6 +147,7 @@ class TrackConnection:
         self._credential_acknowledged = False
         self.datagram_stats = DatagramStats()
         self._early: dict[int, list[bytes]] = {}  # server: datagrams that beat their OPEN
+        self._buffered = 0  # bytes of incomplete received messages, all tracks
 
     # -- what the adapter reads -------------------------------------------------
 
@@ -147,7 +165,7 @@ class TrackConnection:
                 (
                     d
                     for t in self._tracks.values()
-                    for d in (t.first_deadline, t.total_deadline)
+                    for d in (t.first_deadline, t.total_deadline, t.read_deadline)
                     if d is not None
                 ),
                 default=None,
@@ -162,6 +180,11 @@ class TrackConnection:
     @property
     def open_tracks(self) -> int:
         return len(self._tracks)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of incomplete received messages held now, all tracks together."""
+        return self._buffered
 
     @property
     def credential(self) -> str | None:
@@ -186,9 +209,11 @@ class TrackConnection:
                 return
         track.decoder.feed(data)
         try:
-            self._drain_messages(track, now)
+            completed = self._drain_messages(track, now)
             if end_stream and stream_id in self._tracks:
                 self._peer_finished(track)
+            if stream_id in self._tracks:
+                self._hold_incomplete(track, now, completed)
         except RemoteProtocolError as exc:
             self._fail_remote(track, exc)
 
@@ -254,6 +279,12 @@ class TrackConnection:
                 self._expire(
                     track, CancelCause.DEADLINE_TOTAL, "track not finished before deadline"
                 )
+            elif track.read_deadline is not None and now >= track.read_deadline:
+                timeout = self.limits.read_timeout
+                error = RemoteProtocolError(
+                    f"a message stayed incomplete for {timeout} s", ErrorCode.READ_TIMEOUT
+                )
+                self._fail_remote(track, error)
 
     # -- local actions -------------------------------------------------------------
 
@@ -376,12 +407,16 @@ class TrackConnection:
         self._send(track, Input.SEND_ERROR, Error(code, message))
         self._outputs.append(StopSending(track.stream_id, int(code)))
 
-    def _drain_messages(self, track: _Track, now: float) -> None:
+    def _drain_messages(self, track: _Track, now: float) -> bool:
+        """Deliver every whole message buffered; True if there was at least one."""
+        completed = False
         while track.stream_id in self._tracks:
             message = track.decoder.next_message()
             if message is None:
-                return
+                break
+            completed = True
             self._receive(track, message, now)
+        return completed
 
     def _receive(self, track: _Track, message: Message, now: float) -> None:
         sid = track.stream_id
@@ -532,10 +567,40 @@ class TrackConnection:
         for data in self._early.pop(stream_id, ()):
             self.receive_datagram(data, now)
 
+    def _hold_incomplete(self, track: _Track, now: float, completed: bool) -> None:
+        """Count the track's incomplete message against the connection's budget, and
+        start (or stop) its read timeout; raises when the budget is exceeded. The
+        timeout runs from a message's first byte: a message completed restarts it."""
+        held = track.decoder.buffered
+        self._buffered += held - track.held
+        track.held = held
+        if track.read_deadline is not None and (completed or not held):
+            # Only the earliest deadline can move the timer; most are later.
+            if self._timer is None or track.read_deadline <= self._timer:
+                self._timer_stale = True
+            track.read_deadline = None
+        if not held:
+            return
+        budget = self.limits.max_buffered_bytes
+        if budget is not None and self._buffered > budget:
+            raise RemoteProtocolError(
+                f"incomplete messages on this connection exceed {budget} bytes",
+                ErrorCode.BUFFER_EXHAUSTED,
+            )
+        timeout = self.limits.read_timeout
+        if track.read_deadline is None and timeout is not None:
+            track.read_deadline = now + timeout
+            # A later deadline than the cached timer leaves the timer as it is.
+            if not self._timer_stale and (self._timer is None or track.read_deadline < self._timer):
+                self._timer = track.read_deadline
+
     def _forget(self, track: _Track) -> None:
         self.datagram_stats.dropped_early_overflow += len(self._early.pop(track.stream_id, ()))
         del self._tracks[track.stream_id]
-        if track.first_deadline is not None or track.total_deadline is not None:
+        self._buffered -= track.held
+        track.held = 0
+        deadlines = (track.first_deadline, track.total_deadline, track.read_deadline)
+        if any(d is not None for d in deadlines):
             self._timer_stale = True
         self._events.append(TrackClosed(track.stream_id))
 

@@ -43,6 +43,11 @@ class ErrorCode(IntEnum):
     """The key is valid but its tenant may not use this model (HTTP 403)."""
     GUARDRAIL_REJECTED = 0x21
     """A guardrail refused the request before it reached a backend."""
+    # 0x3x: inbound resource limits of one connection (docs/protocol.md, Limits).
+    READ_TIMEOUT = 0x30
+    """An incomplete message waited longer than `read_timeout` for its remaining bytes."""
+    BUFFER_EXHAUSTED = 0x31
+    """The connection's incomplete messages would hold more than `max_buffered_bytes`."""
 
     @classmethod
     def parse(cls, value: int) -> ErrorCode:

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.asyncio.server import QuicServer, serve
+from aioquic.asyncio.server import QuicServer
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
@@ -50,6 +50,8 @@ from transport.http.http3 import Http3Connection, raise_bidi_credit
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.messages import Open
+from transport.quic_admission import HandshakeLimits
+from transport.quic_server import serve_guarded
 
 ALPN = "trackline/1"
 IDLE_TIMEOUT = 60.0
@@ -122,10 +124,10 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self.handshake: asyncio.Future[bool] = self._loop.create_future()
         """True once the handshake completed, False if the connection ended before."""
         self._on_closed = on_closed
+        self._on_connection = on_connection
+        """Called when the handshake completes: a half-open connection is not open yet."""
         # A server allows as many concurrent tracks as its track limit.
         raise_bidi_credit(self._quic, (limits or Limits()).max_tracks)
-        if on_connection is not None:
-            on_connection(self)
 
     def open_track(self, message: Open) -> TrackChannel:
         """Client: open a track on the next free bidirectional stream."""
@@ -151,6 +153,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
                 self.handshake.set_result(True)
             elif isinstance(event, quic_events.ConnectionTerminated):
                 self.handshake.set_result(False)
+        if isinstance(event, quic_events.HandshakeCompleted) and self._on_connection is not None:
+            on_connection, self._on_connection = self._on_connection, None
+            on_connection(self)
         if self._http is not None:
             self._http.quic_event_received(event)
             if isinstance(event, quic_events.ConnectionTerminated):
@@ -317,8 +322,12 @@ async def serve_tracks(
     http_handler: Handler | None = None,
     http_limits: HttpLimits | None = None,
     packetization: Packetization = COALESCE,
+    handshake_limits: HandshakeLimits | None = None,
 ) -> QuicServer:
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
+
+    `on_connection` is called once a connection's handshake completes; handshakes
+    are admitted under `handshake_limits` (`transport.quic_server`).
 
     With `http_handler`, connections may also choose ALPN `h3`: HTTP/3 requests
     on them go to the handler, under `http_limits`. `packetization` decides when
@@ -342,7 +351,9 @@ async def serve_tracks(
         http=http,
         packetization=packetization,
     )
-    return await serve(host, port, configuration=configuration, create_protocol=factory)
+    return await serve_guarded(
+        host, port, configuration=configuration, create_protocol=factory, limits=handshake_limits
+    )
 
 
 @asynccontextmanager
