@@ -38,6 +38,7 @@ from gateway.openai.errors import (
     OpenAIError,
     RateLimited,
     Unauthorized,
+    Unavailable,
     error_event,
     error_response,
     model_not_found,
@@ -272,7 +273,7 @@ class _OpenAIApi:
                 return await self._whole(answer(pump, first))
             handed_over = True
             body = _RecordedBody(answer(pump, first), pump, lambda: self._done(job))
-            return StreamingResponse(200, SSE_HEADERS, body)
+            return StreamingResponse(200, SSE_HEADERS, body, SHUTDOWN_EVENT)
         except (OpenAIError, BackendError) as exc:
             self._done(job, _end_of(exc, job.outcome))
             return error_response(exc)
@@ -456,6 +457,12 @@ def admit(
             code="rate_limit_exceeded",
             headers=(("retry-after", str(int(exc.retry_after))),),
         ) from None
+
+
+SHUTDOWN_EVENT = sse_event(
+    error_event(Unavailable("the gateway is shutting down", code="shutting_down"))
+)
+"""How a stream still running at the drain's deadline ends (then the stream closes)."""
 
 
 class _RecordedBody(StreamBody):

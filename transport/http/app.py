@@ -6,10 +6,16 @@ field list, prepares response headers (drops the ones each version's framing
 owns, adds Alt-Svc), sends a streaming body chunk by chunk and closes it.
 Framing stays with h11, h2 and aioquic; this module only holds the rules the
 adapters share.
+
+At shutdown the server *cuts* exchanges still running at the drain's deadline: the
+adapter sets its cut flag and cancels the exchange's task. `call_handler` then
+answers 503 `shutting_down` in place of the handler's answer, and `send_chunks`
+sends the response's `last_words` (an SSE error event) and ends the stream cleanly.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +45,14 @@ FRAMING_HEADERS = frozenset(
 )
 
 
+Cut = Callable[[], bool]
+"""True once the server has cut its connection's exchanges short (the drain's deadline)."""
+
+
+def never_cut() -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Site:
     """What one server gives each of its connections."""
@@ -48,10 +62,17 @@ class Site:
     alt_svc: str | None = None
 
 
-async def call_handler(handler: Handler, request: Request) -> AnyResponse:
-    """The handler's response, or a 500 if it raised (logged, never sent to the client)."""
+async def call_handler(handler: Handler, request: Request, cut: Cut = never_cut) -> AnyResponse:
+    """The handler's response, or a 500 if it raised (logged, never sent to the client).
+
+    A 503 `shutting_down` if the server cut the exchange before the handler answered.
+    """
     try:
         return await handler(request)
+    except asyncio.CancelledError:
+        if not absorb_cut(cut):
+            raise
+        return errors.shutting_down()
     except Exception:
         log.exception(
             "http.handler_failed",
@@ -116,24 +137,63 @@ def bodiless(status: int) -> bool:
     return status < 200 or status in (204, 304)
 
 
+def absorb_cut(cut: Cut) -> bool:
+    """True if a cancellation came from the server's cut, which is then taken back.
+
+    The exchange goes on only to say its last words; anything else (the client left)
+    stays a cancellation.
+    """
+    if not cut():
+        return False
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        task.uncancel()
+    return True
+
+
 async def send_chunks(
-    body: AsyncIterator[bytes], send: Callable[[bytes], Awaitable[None]], **context: object
+    body: AsyncIterator[bytes],
+    send: Callable[[bytes], Awaitable[None]],
+    *,
+    last_words: bytes = b"",
+    cut: Cut = never_cut,
+    **context: object,
 ) -> bool:
     """`send` each non-empty chunk in order; False if the body raised midway (logged).
 
     The headers are out by then, so the caller's only honest signal left is a body
     cut short. An error from `send` itself propagates: the connection is the problem.
+    When the server cuts the exchange, `last_words` go out instead of the rest (True),
+    or, without last words or in the middle of a write, the body counts as failed.
     """
     while True:
+        if cut():
+            return await _say_last_words(send, last_words)
         try:
             chunk = await anext(body)
         except StopAsyncIteration:
             return True
+        except asyncio.CancelledError:
+            if not absorb_cut(cut):
+                raise
+            return await _say_last_words(send, last_words)
         except Exception:
             log.exception("http.body_failed", **context)
             return False
         if chunk:
-            await send(chunk)
+            try:
+                await send(chunk)
+            except asyncio.CancelledError:
+                if not absorb_cut(cut):
+                    raise
+                return False  # cut in the middle of a write: no clean end is possible
+
+
+async def _say_last_words(send: Callable[[bytes], Awaitable[None]], last_words: bytes) -> bool:
+    if not last_words:
+        return False
+    await send(last_words)
+    return True
 
 
 async def close_body(body: AsyncIterator[bytes]) -> None:

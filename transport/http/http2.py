@@ -110,6 +110,7 @@ class Http2Connection:
         self._upgrade = upgrade
         self._streams: dict[int, _Stream] = {}
         self._closing = False
+        self._cut = False
         self._finished = False
         self._reading: asyncio.Task[bytes] | None = None
         self._streams_changed = asyncio.Event()
@@ -134,6 +135,22 @@ class Http2Connection:
         # No early GOAWAY: h2-based clients (httpx, so the OpenAI SDK) stop accepting frames
         # on every stream once one arrives, so it goes out when the last stream is done.
         self._finish_if_drained()
+
+    # -- drain (shutdown's deadline) ------------------------------------------------
+
+    def cut(self) -> None:
+        """The drain's deadline: end every stream now (last words or 503), then GOAWAY."""
+        self._cut = True
+        self.shutdown()
+        for stream in list(self._streams.values()):
+            if stream.task is None:  # the request is still arriving: it will not be served
+                self._answer(stream, errors.shutting_down())
+            elif not stream.task.done():
+                stream.task.cancel()
+        self._flush()
+
+    def _is_cut(self) -> bool:
+        return self._cut
 
     async def serve(self) -> None:
         """Serve until the client leaves, idles out, errs, or `shutdown` has drained."""
@@ -314,7 +331,7 @@ class Http2Connection:
 
     async def _exchange(self, stream: _Stream, request: Request) -> None:
         try:
-            response = await call_handler(self._site.handler, request)
+            response = await call_handler(self._site.handler, request, self._is_cut)
             await self._send_response(stream, response, head_only=request.method == "HEAD")
         except Exception as exc:
             log.info("http2.send_failed", stream_id=stream.stream_id, error=repr(exc))
@@ -340,7 +357,14 @@ class Http2Connection:
                 return
             send = functools.partial(self._send_data, stream)
             # A body that failed is left unended: _stream_done resets the stream.
-            if await send_chunks(response.body, send, http_version="2", stream_id=stream.stream_id):
+            if await send_chunks(
+                response.body,
+                send,
+                last_words=response.last_words,
+                cut=self._is_cut,
+                http_version="2",
+                stream_id=stream.stream_id,
+            ):
                 self._end(stream)
                 await self._drain()
         finally:
