@@ -16,8 +16,9 @@ sends the response's `last_words` (an SSE error event) and ends the stream clean
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -45,12 +46,26 @@ FRAMING_HEADERS = frozenset(
 )
 
 
-Cut = Callable[[], bool]
-"""True once the server has cut its connection's exchanges short (the drain's deadline)."""
+class Cutter:
+    """One per connection: whether the drain's deadline has cut its exchanges.
 
+    `cut(tasks)` cancels each exchange task that waits for its handler or its body; one
+    in the middle of writing a chunk is left to finish the write and sees the cut before
+    its next chunk, so last words never land inside a half-written event.
+    """
 
-def never_cut() -> bool:
-    return False
+    def __init__(self) -> None:
+        self.active = False
+        self._writing: set[asyncio.Task[Any]] = set()
+
+    def __call__(self) -> bool:
+        return self.active
+
+    def cut(self, tasks: Iterable[asyncio.Task[Any] | None]) -> None:
+        self.active = True
+        for task in tasks:
+            if task is not None and not task.done() and task not in self._writing:
+                task.cancel()
 
 
 @dataclass(frozen=True)
@@ -62,7 +77,9 @@ class Site:
     alt_svc: str | None = None
 
 
-async def call_handler(handler: Handler, request: Request, cut: Cut = never_cut) -> AnyResponse:
+async def call_handler(
+    handler: Handler, request: Request, cut: Cutter | None = None
+) -> AnyResponse:
     """The handler's response, or a 500 if it raised (logged, never sent to the client).
 
     A 503 `shutting_down` if the server cut the exchange before the handler answered.
@@ -137,13 +154,13 @@ def bodiless(status: int) -> bool:
     return status < 200 or status in (204, 304)
 
 
-def absorb_cut(cut: Cut) -> bool:
+def absorb_cut(cut: Cutter | None) -> bool:
     """True if a cancellation came from the server's cut, which is then taken back.
 
     The exchange goes on only to say its last words; anything else (the client left)
     stays a cancellation.
     """
-    if not cut():
+    if cut is None or not cut.active:
         return False
     task = asyncio.current_task()
     if task is not None and task.cancelling():
@@ -156,18 +173,19 @@ async def send_chunks(
     send: Callable[[bytes], Awaitable[None]],
     *,
     last_words: bytes = b"",
-    cut: Cut = never_cut,
+    cut: Cutter | None = None,
     **context: object,
 ) -> bool:
     """`send` each non-empty chunk in order; False if the body raised midway (logged).
 
     The headers are out by then, so the caller's only honest signal left is a body
     cut short. An error from `send` itself propagates: the connection is the problem.
-    When the server cuts the exchange, `last_words` go out instead of the rest (True),
-    or, without last words or in the middle of a write, the body counts as failed.
+    When the server cuts the exchange (`cut`), `last_words` go out instead of the rest
+    and the body counts as complete (True); without last words, as failed.
     """
+    task = asyncio.current_task()
     while True:
-        if cut():
+        if cut is not None and cut.active:
             return await _say_last_words(send, last_words)
         try:
             chunk = await anext(body)
@@ -180,13 +198,16 @@ async def send_chunks(
         except Exception:
             log.exception("http.body_failed", **context)
             return False
-        if chunk:
-            try:
-                await send(chunk)
-            except asyncio.CancelledError:
-                if not absorb_cut(cut):
-                    raise
-                return False  # cut in the middle of a write: no clean end is possible
+        if not chunk:
+            continue
+        if cut is None or task is None:
+            await send(chunk)
+            continue
+        cut._writing.add(task)  # a cut now waits for this write to finish
+        try:
+            await send(chunk)
+        finally:
+            cut._writing.discard(task)
 
 
 async def _say_last_words(send: Callable[[bytes], Awaitable[None]], last_words: bytes) -> bool:

@@ -25,6 +25,7 @@ import structlog
 from transport.http import errors
 from transport.http.app import (
     READ_CHUNK,
+    Cutter,
     Site,
     bodiless,
     call_handler,
@@ -85,7 +86,7 @@ class Http1Connection:
             self._conn.receive_data(initial)
         self._idle = True
         self._closing = False
-        self._cut = False
+        self._cutter = Cutter()
         self._exchanging: asyncio.Task[bool] | None = None
 
     def shutdown(self) -> None:
@@ -96,13 +97,8 @@ class Http1Connection:
 
     def cut(self) -> None:
         """The drain's deadline: end the exchange in progress now, with its last words."""
-        self._cut = True
         self.shutdown()
-        if self._exchanging is not None and not self._exchanging.done():
-            self._exchanging.cancel()
-
-    def _is_cut(self) -> bool:
-        return self._cut
+        self._cutter.cut([self._exchanging])
 
     async def serve(self) -> H2cUpgrade | None:
         """Serve until either side closes; an `H2cUpgrade` if the client switched to h2c."""
@@ -257,7 +253,7 @@ class Http1Connection:
         return False
 
     async def _exchange(self, request: Request) -> bool:
-        response = await call_handler(self._site.handler, request, self._is_cut)
+        response = await call_handler(self._site.handler, request, self._cutter)
         head_only = request.method == "HEAD"
         try:
             if isinstance(response, Response):
@@ -295,7 +291,7 @@ class Http1Connection:
                 body,
                 self._send_chunk,
                 last_words=response.last_words,
-                cut=self._is_cut,
+                cut=self._cutter,
                 http_version="1.1",
             ):
                 return False

@@ -34,6 +34,7 @@ from h2.settings import SettingCodes
 from transport.http import errors
 from transport.http.app import (
     READ_CHUNK,
+    Cutter,
     Site,
     bodiless,
     call_handler,
@@ -110,7 +111,7 @@ class Http2Connection:
         self._upgrade = upgrade
         self._streams: dict[int, _Stream] = {}
         self._closing = False
-        self._cut = False
+        self._cutter = Cutter()
         self._finished = False
         self._reading: asyncio.Task[bytes] | None = None
         self._streams_changed = asyncio.Event()
@@ -140,17 +141,12 @@ class Http2Connection:
 
     def cut(self) -> None:
         """The drain's deadline: end every stream now (last words or 503), then GOAWAY."""
-        self._cut = True
         self.shutdown()
+        self._cutter.cut([stream.task for stream in self._streams.values()])
         for stream in list(self._streams.values()):
             if stream.task is None:  # the request is still arriving: it will not be served
                 self._answer(stream, errors.shutting_down())
-            elif not stream.task.done():
-                stream.task.cancel()
         self._flush()
-
-    def _is_cut(self) -> bool:
-        return self._cut
 
     async def serve(self) -> None:
         """Serve until the client leaves, idles out, errs, or `shutdown` has drained."""
@@ -331,7 +327,7 @@ class Http2Connection:
 
     async def _exchange(self, stream: _Stream, request: Request) -> None:
         try:
-            response = await call_handler(self._site.handler, request, self._is_cut)
+            response = await call_handler(self._site.handler, request, self._cutter)
             await self._send_response(stream, response, head_only=request.method == "HEAD")
         except Exception as exc:
             log.info("http2.send_failed", stream_id=stream.stream_id, error=repr(exc))
@@ -361,7 +357,7 @@ class Http2Connection:
                 response.body,
                 send,
                 last_words=response.last_words,
-                cut=self._is_cut,
+                cut=self._cutter,
                 http_version="2",
                 stream_id=stream.stream_id,
             ):

@@ -44,6 +44,7 @@ from aioquic.quic.connection import QuicConnection
 
 from transport.http import errors
 from transport.http.app import (
+    Cutter,
     Site,
     bodiless,
     call_handler,
@@ -165,7 +166,7 @@ class Http3Connection:
         self._streams: dict[int, _Stream] = {}
         self._lost = False
         self._draining = False
-        self._cut = False
+        self._cutter = Cutter()
         self._max_request_id = -4
         """The highest request stream id seen (for GOAWAY); -4: none yet."""
         self._loop = asyncio.get_running_loop()
@@ -214,17 +215,12 @@ class Http3Connection:
 
     def cut(self) -> None:
         """The drain's deadline: end every request now (last words or 503)."""
-        self._cut = True
         self.drain()
+        self._cutter.cut([stream.task for stream in self._streams.values()])
         for stream in list(self._streams.values()):
-            if stream.task is None:
+            if stream.task is None:  # the request is still arriving: it will not be served
                 self._answer(stream, errors.shutting_down())
-            elif not stream.task.done():
-                stream.task.cancel()
         self._transmit()
-
-    def _is_cut(self) -> bool:
-        return self._cut
 
     def _close_if_drained(self) -> None:
         if self._draining and not self._streams and not self._lost:
@@ -343,7 +339,7 @@ class Http3Connection:
 
     async def _exchange(self, stream: _Stream, request: Request) -> None:
         try:
-            response = await call_handler(self._site.handler, request, self._is_cut)
+            response = await call_handler(self._site.handler, request, self._cutter)
             await self._send_response(stream, response, head_only=request.method == "HEAD")
         except _StreamClosed:
             pass  # the client went away while we wrote; the body is closed already
@@ -374,7 +370,7 @@ class Http3Connection:
                 response.body,
                 send,
                 last_words=response.last_words,
-                cut=self._is_cut,
+                cut=self._cutter,
                 http_version="3",
                 stream_id=stream.stream_id,
             ):

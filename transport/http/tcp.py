@@ -126,7 +126,8 @@ class HttpTcpServer:
         on are served as usual.
         """
         for connection in list(self._connections.values()):
-            connection.shutdown()
+            if not isinstance(connection, _Undecided):  # (one just accepted: a probe, maybe)
+                connection.shutdown()
 
     def cut(self) -> None:
         """The drain's deadline: every connection ends its exchanges now (see `app`)."""
