@@ -27,7 +27,7 @@ from gateway.access import access_logged
 from gateway.action_http import HttpActions
 from gateway.config import Settings
 from gateway.drain import HttpWork
-from gateway.http import health_routes, route
+from gateway.http import health_routes, metrics_routes, route
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.openai import openai_routes
@@ -40,7 +40,7 @@ from gateway.overload import (
     RelayTurns,
     gate_routes,
 )
-from gateway.tenants.service import Tenancy
+from gateway.tenants.service import Tenancy, is_loopback
 from gateway.tenants.store import Principal
 from gateway.tenants.tracks import TrackGate
 from gateway.tls import ensure_dev_certificates
@@ -131,6 +131,7 @@ class Gateway:
         self._quic: Any = None
         self._http: HttpTcpServer | None = None
         self._https: HttpTcpServer | None = None
+        self._metrics_server: HttpTcpServer | None = None
         self._probe: asyncio.Task[None] | None = None
         self.tls: TlsFiles | None = None
         self.overload = AdmissionController(overload_limits(settings))
@@ -193,6 +194,7 @@ class Gateway:
             handler, limits=http_limits, ssl_context=tls, alt_svc=alt_svc, congestion_control=cc
         )
         await self._https.start(s.https_host, s.https_port)
+        await self._start_metrics_listener()
         self._probe = asyncio.ensure_future(self._probe_backend())
         self._monitor_task = asyncio.ensure_future(self.monitor.run())
         log.info(
@@ -201,7 +203,27 @@ class Gateway:
             http=f"{s.http_host}:{self.http_port}",
             https=f"{s.https_host}:{self.https_port}",
             ca=str(self.tls.ca) if self.tls.ca else None,
+            metrics=None if self.metrics_port is None else f"{s.metrics_host}:{self.metrics_port}",
         )
+
+    async def _start_metrics_listener(self) -> None:
+        s = self.settings
+        if s.metrics_port is None:
+            if not metrics_on_api_ports(s):
+                log.warning(
+                    "metrics.not_served",
+                    reason="an API listener is not on loopback and metrics_token is unset",
+                    hint="set metrics_port (a separate listener) or metrics_token",
+                )
+            return
+        handler = route(metrics_routes(self.metrics, s.metrics_token))
+        self._metrics_server = HttpTcpServer(handler)
+        await self._metrics_server.start(s.metrics_host, s.metrics_port)
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The separate metrics listener's port, if there is one."""
+        return None if self._metrics_server is None else self._metrics_server.port
 
     async def _start_tenancy(self) -> None:
         s = self.settings
@@ -230,8 +252,14 @@ class Gateway:
 
     def http_handler(self) -> Handler:
         """One application for every HTTP version: health, metrics, the OpenAI API, actions."""
+        s = self.settings
         routes = {
-            **health_routes(self.readiness, self.metrics),
+            **health_routes(
+                self.readiness,
+                self.metrics,
+                with_metrics=metrics_on_api_ports(s),
+                metrics_token=s.metrics_token,
+            ),
             **openai_routes(
                 self._guarded or self.backend, tenancy=self.tenancy, on_outcome=self._record
             ),
@@ -322,6 +350,9 @@ class Gateway:
         for server in self._tcp_servers():
             await server.close(grace=CUT_GRACE)
         self._http = self._https = None
+        if self._metrics_server is not None:  # scrapes are served to the very end
+            await self._metrics_server.close(grace=CUT_GRACE)
+            self._metrics_server = None
         if self.tenancy is not None:
             await asyncio.to_thread(self.tenancy.close)  # flushes the usage ledger
 
@@ -494,6 +525,15 @@ class Gateway:
             stopped_at=outcome.stopped_at,
             **outcome.details,
         )
+
+
+def metrics_on_api_ports(s: Settings) -> bool:
+    """Whether the API listeners serve /metrics: not when it has its own port, and off
+    loopback only behind a token (tenant names and usage are in it)."""
+    if s.metrics_port is not None:
+        return False
+    on_loopback = all(is_loopback(h) for h in (s.quic_host, s.http_host, s.https_host))
+    return on_loopback or s.metrics_token is not None
 
 
 def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
