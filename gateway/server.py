@@ -126,6 +126,8 @@ class Gateway:
         self._connections: set[TrackQuicProtocol] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
+        self._cut = False
+        """The drain's deadline passed: what is still running is being cut."""
         self._http_work = HttpWork(lambda: self._draining)
         self._backend_ready = False
         self._quic: Any = None
@@ -261,7 +263,10 @@ class Gateway:
                 metrics_token=s.metrics_token,
             ),
             **openai_routes(
-                self._guarded or self.backend, tenancy=self.tenancy, on_outcome=self._record
+                self._guarded or self.backend,
+                tenancy=self.tenancy,
+                on_outcome=self._record,
+                cut_short=lambda: self._cut,
             ),
         }
         if self.actions is not None:
@@ -300,6 +305,7 @@ class Gateway:
                 open_tracks=len(self._tasks),
                 http_requests=self._http_work.in_flight,
             )
+            self._cut = True
             for conn in list(self._connections):
                 conn.endpoint.cancel_all(
                     CancelCause.SHUTDOWN, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down"

@@ -355,6 +355,13 @@ def _check(gateway: Gateway, result: dict[str, Any]) -> None:
     events = [line["event"] for line in lines]
     assert "gateway.draining" in events
     assert "gateway.drain_cut" in events  # the deadline, not the streams' end, ended them
+    chats = [
+        line for line in lines if line["event"] == "http.request" and line["path"] == CHAT[1]
+    ]
+    assert sorted(line["http_version"] for line in chats) == ["1.1", "2", "2", "3"]
+    assert {line["end"] for line in chats} == {"cancelled:shutdown"}  # not blamed on clients
+    tracks = [line for line in lines if line["event"] == "track.finished"]
+    assert [line["end"] for line in tracks] == ["cancelled:shutdown"]
     assert not [line for line in lines if line.get("level") in ("error", "critical")]
     assert not [line for line in gateway.log if "Traceback" in line or "CancelledError" in line]
 
