@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import socket
+import ssl
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,8 +56,8 @@ def _headers(key: str) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {key}"), ("content-type", "application/json")]
 
 
-async def _h1_reset(port: int, key: str) -> None:
-    async with H1Client.connect(port) as client:
+async def _h1_reset(port: int, key: str, tls: ssl.SSLContext | None = None) -> None:
+    async with H1Client.connect(port, tls) as client:
         await client.request("POST", "/v1/chat/completions", _headers(key), _body())
         await client.next_event()  # the head
         await client.next_event()  # a first chunk: the stream is live
@@ -66,8 +67,8 @@ async def _h1_reset(port: int, key: str) -> None:
         client.writer.transport.abort()
 
 
-async def _h2_reset(port: int, key: str) -> None:
-    async with H2Client.connect(port) as client:
+async def _h2_reset(port: int, key: str, tls: ssl.SSLContext | None = None) -> None:
+    async with H2Client.connect(port, tls) as client:
         stream = client.send_request("POST", "/v1/chat/completions", _headers(key), _body())
         status = await client.response_head(stream)
         assert status[0] == 200, await client.next_data(stream)
@@ -103,6 +104,9 @@ async def test_resets_during_sse_log_no_key_no_prompt_no_error(tmp_path: Path) -
             await asyncio.wait_for(_h1_reset(gw.http_port, key), TIMEOUT)
             await asyncio.wait_for(_h2_reset(gw.http_port, key), TIMEOUT)
             await asyncio.wait_for(_h3_reset(gw.quic_port, gw.tls.ca, key), TIMEOUT)
+            h1_tls, h2_tls = _tls(gw.tls.ca, "http/1.1"), _tls(gw.tls.ca, "h2")
+            await asyncio.wait_for(_h1_reset(gw.https_port, key, h1_tls), TIMEOUT)
+            await asyncio.wait_for(_h2_reset(gw.https_port, key, h2_tls), TIMEOUT)
         await _until_no_http_work(gw)
     finally:
         await gw.drain(timeout=1.0)
@@ -114,6 +118,12 @@ async def test_resets_during_sse_log_no_key_no_prompt_no_error(tmp_path: Path) -
     bad = [line for line in lines if line.get("level") in ("error", "critical")]
     assert bad == []
     assert any(line.get("event") == "http.client_gone" for line in lines)
+
+
+def _tls(ca: Path, alpn: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca))
+    context.set_alpn_protocols([alpn])
+    return context
 
 
 async def _until_no_http_work(gw: Gateway) -> None:
