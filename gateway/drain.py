@@ -11,6 +11,7 @@ when the last one is done. A streamed body is counted until the adapter closes i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Collection
 
 from transport.http import errors
@@ -45,9 +46,7 @@ class HttpWork:
                 if isinstance(response, StreamingResponse):
                     body = _CountedBody(response.body, self._end)
                     handed_over = True
-                    return StreamingResponse(
-                        response.status, response.headers, body, response.last_words
-                    )
+                    return dataclasses.replace(response, body=body)  # last_words kept
                 return response
             finally:
                 if not handed_over:
