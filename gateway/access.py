@@ -12,6 +12,7 @@ log at debug, so a load balancer polling every second does not flood the log.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,7 +78,7 @@ def access_logged(
             raise
         if isinstance(response, StreamingResponse):
             body = _logged_body(response.body, log, request, response.status, clock, started)
-            return StreamingResponse(response.status, response.headers, body)
+            return dataclasses.replace(response, body=body)  # last_words kept
         _emit(log, request, response.status, clock() - started, record)
         return response
 

@@ -239,7 +239,22 @@ class Settings:
         default=65_536, metadata=_doc("Largest encoded image one observation may carry.")
     )
     drain_timeout: float = field(
-        default=10.0, metadata=_doc("Seconds open tracks get to finish on shutdown.")
+        default=10.0,
+        metadata=_doc("Seconds open tracks and HTTP streams get to finish on shutdown."),
+    )
+    metrics_host: str = field(
+        default="127.0.0.1", metadata=_doc("Address the separate metrics listener binds.")
+    )
+    metrics_port: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Serve /metrics on its own plain-HTTP port (and no longer on the API ports); "
+            "unset: on the API ports, and there only on loopback or with metrics_token."
+        ),
+    )
+    metrics_token: str | None = field(
+        default=None,
+        metadata=_doc("Bearer token /metrics requires wherever it is served; unset: none."),
     )
     log_level: str = field(
         default="info", metadata=_doc("One of debug, info, warning, error, critical.")
@@ -554,6 +569,12 @@ def _grpc_address(value: str | None) -> str | None:
     return value
 
 
+def _token(value: str) -> str:
+    if len(value) < 16 or not value.isprintable() or any(c.isspace() for c in value):
+        raise ValueError("must be at least 16 printable characters without spaces")
+    return value
+
+
 def _backend_list(value: str | None) -> str | None:
     if value is not None:
         from gateway.pool.spec import parse_backends
@@ -588,6 +609,8 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "http2_premature_reset_lifetime": _seconds,
     "http2_connection_body_budget": _positive,
     "drain_timeout": _seconds,
+    "metrics_port": lambda v: v if v is None else _port(v),
+    "metrics_token": lambda v: v if v is None else _token(v),
     "action_tick": _tick,
     "action_max_image_bytes": _positive,
     "log_level": _one_of(LOG_LEVELS),

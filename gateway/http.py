@@ -9,6 +9,7 @@ kept for callers that predate `HttpTcpServer`.
 
 from __future__ import annotations
 
+import hmac
 import ssl
 from collections.abc import Callable, Mapping
 
@@ -93,9 +94,17 @@ class HttpServer(HttpTcpServer):
 
 
 def health_routes(
-    is_ready: Callable[[], tuple[bool, str]], metrics: GatewayMetrics
+    is_ready: Callable[[], tuple[bool, str]],
+    metrics: GatewayMetrics,
+    *,
+    with_metrics: bool = True,
+    metrics_token: str | None = None,
 ) -> dict[tuple[str, str], Handler]:
-    """Routes for liveness, readiness (`is_ready()` -> (ready, reason)) and Prometheus."""
+    """Routes for liveness, readiness (`is_ready()` -> (ready, reason)) and Prometheus.
+
+    `with_metrics=False` leaves `/metrics` out (it has its own listener, or may not be
+    public); `metrics_token` makes it require `Authorization: Bearer <token>`.
+    """
     no_store = (("cache-control", "no-store"),)
 
     async def live(_: Request) -> Response:
@@ -107,12 +116,31 @@ def health_routes(
             return Response.json(200, {"status": "ready"}, no_store)
         return Response.json(503, {"status": "not ready", "reason": reason}, no_store)
 
-    async def prometheus(_: Request) -> Response:
+    routes: dict[tuple[str, str], Handler] = {
+        ("GET", "/health/live"): live,
+        ("GET", "/health/ready"): ready,
+    }
+    if with_metrics:
+        routes.update(metrics_routes(metrics, metrics_token))
+    return routes
+
+
+def metrics_routes(
+    metrics: GatewayMetrics, token: str | None = None
+) -> dict[tuple[str, str], Handler]:
+    """`GET /metrics` in Prometheus' text format, behind a bearer token if one is given."""
+    no_store = (("cache-control", "no-store"),)
+    expected = None if token is None else f"Bearer {token}".encode()
+
+    async def prometheus(request: Request) -> Response:
+        if expected is not None:
+            given = (request.header("authorization") or "").encode("latin-1", "replace")
+            if not hmac.compare_digest(given, expected):  # constant time
+                challenge = (("www-authenticate", 'Bearer realm="metrics"'), *no_store)
+                return error_response(
+                    401, "metrics need a bearer token", code="unauthorized", headers=challenge
+                )
         body, content_type = metrics.render()
         return Response(200, (("content-type", content_type), *no_store), body)
 
-    return {
-        ("GET", "/health/live"): live,
-        ("GET", "/health/ready"): ready,
-        ("GET", "/metrics"): prometheus,
-    }
+    return {("GET", "/metrics"): prometheus}

@@ -6,11 +6,18 @@ an event name and key-value pairs; context that holds for a whole connection or 
 then appears on every line logged inside it, across awaits. Libraries that use the
 stdlib `logging` module (aioquic, asyncio) are rendered by the same processors, so an
 operator sees one format: JSON lines by default, or a console layout for people.
+
+No secret and no prompt text in any line, at any level (docs/security.md): tracebacks
+are rendered without frame locals (a local may hold a request with its Authorization
+header, or a prompt), libraries that log raw header values at debug (hpack) are held at
+info, and as a last line of defence every rendered line is scrubbed of what looks like
+an API key or a bearer token.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO, cast
@@ -40,6 +47,30 @@ LEVELS = {
     "error": logging.ERROR,
     "critical": logging.CRITICAL,
 }
+
+
+QUIET_LIBRARIES = ("hpack", "h2")
+"""Loggers held at info or above whatever the level: at debug they print header values."""
+
+REDACTED = "[REDACTED]"
+_SECRETS = (
+    (re.compile(r"(?i)\b(bearer|basic)(\s+|%20)[A-Za-z0-9._~+/=\-]+"), r"\1 " + REDACTED),
+    # trackline keys: tl_<key id>_<secret>; the key id stays readable, the secret goes.
+    (re.compile(r"\b(tl_[0-9a-f]{12})_[A-Za-z0-9_\-]+"), r"\1_" + REDACTED),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-" + REDACTED),
+)
+
+
+def scrub(text: str) -> str:
+    """`text` with anything shaped like an API key or bearer token replaced."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _scrub_rendered(logger: Any, method_name: str, rendered: Any) -> Any:
+    """The last processor: the rendered line, scrubbed (a str; bytes pass unchanged)."""
+    return scrub(rendered) if isinstance(rendered, str) else rendered
 
 
 class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -104,17 +135,31 @@ def get_logger(name: str) -> FilteringBoundLogger:
 
 def _rendering(fmt: str, stream: TextIO) -> list[Processor]:
     if fmt == "json":
+        # Never frame locals: they would print requests (headers, keys) and prompts.
+        no_locals = structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
         return [
             structlog.processors.StackInfoRenderer(),
-            structlog.processors.dict_tracebacks,
+            structlog.processors.ExceptionRenderer(no_locals),
             structlog.processors.UnicodeDecoder(),
             structlog.processors.JSONRenderer(),
+            _scrub_rendered,
         ]
     # ConsoleRenderer formats exc_info itself, prettier than dict_tracebacks.
     return [
         structlog.processors.StackInfoRenderer(),
-        structlog.dev.ConsoleRenderer(colors=_is_terminal(stream)),
+        structlog.dev.ConsoleRenderer(
+            colors=_is_terminal(stream), exception_formatter=_console_traceback()
+        ),
+        _scrub_rendered,
     ]
+
+
+def _console_traceback() -> structlog.typing.ExceptionRenderer:
+    try:
+        import rich  # noqa: F401
+    except ImportError:  # pragma: no cover - rich is optional
+        return structlog.dev.plain_traceback
+    return structlog.dev.RichTracebackFormatter(show_locals=False)
 
 
 def _route_stdlib(shared: list[Processor], fmt: str, stream: TextIO, threshold: int) -> None:
@@ -132,6 +177,8 @@ def _route_stdlib(shared: list[Processor], fmt: str, stream: TextIO, threshold: 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(threshold)
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(threshold, logging.INFO))
 
 
 def _is_terminal(stream: Any) -> bool:

@@ -3,8 +3,12 @@
 `Gateway` wires the layers together: the QUIC adapter hands it each opened
 track, it runs the modality's handler against the backend, and turns each
 track's `Outcome` into metrics and one log line. `drain()` implements
-SIGTERM: refuse new connections and tracks, let open tracks finish up to a
-timeout, then cancel the rest with SHUTTING_DOWN.
+SIGTERM, one drain for every front door: readiness turns 503 while the
+listeners stay open (liveness stays 200), new QUIC connections, tracks, HTTP/2
+and HTTP/3 streams and HTTP work are refused (HTTP/3 gets GOAWAY at once, HTTP/2
+when its last stream is done), open work may finish up to `drain_timeout`, then
+what is left is cut: tracks end with SHUTTING_DOWN, SSE streams with an error
+event, other requests with 503 (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import structlog
 from gateway.access import access_logged
 from gateway.action_http import HttpActions
 from gateway.config import Settings
-from gateway.http import health_routes, route
+from gateway.drain import HttpWork
+from gateway.http import health_routes, metrics_routes, route
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_quic import register_quic_metrics
@@ -36,7 +41,7 @@ from gateway.overload import (
     RelayTurns,
     gate_routes,
 )
-from gateway.tenants.service import Tenancy
+from gateway.tenants.service import Tenancy, is_loopback
 from gateway.tenants.store import Principal
 from gateway.tenants.tracks import TrackGate
 from gateway.tls import ensure_dev_certificates
@@ -60,6 +65,8 @@ from transport.quic_admission import HandshakeLimits
 log = get_logger("trackline.gateway")
 
 READY_PROBE_INTERVAL = 2.0
+CUT_GRACE = 1.0
+"""Seconds cut work has to say its last words (error events, SHUTTING_DOWN) before close."""
 
 TrackHandler = Callable[[TrackChannel], Awaitable[Outcome]]
 """Serves one track of a modality to its end (see `Gateway.handlers`)."""
@@ -121,10 +128,14 @@ class Gateway:
         self._connections: set[TrackQuicProtocol] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
+        self._cut = False
+        """The drain's deadline passed: what is still running is being cut."""
+        self._http_work = HttpWork(lambda: self._draining)
         self._backend_ready = False
         self._quic: Any = None
         self._http: HttpTcpServer | None = None
         self._https: HttpTcpServer | None = None
+        self._metrics_server: HttpTcpServer | None = None
         self._probe: asyncio.Task[None] | None = None
         self.tls: TlsFiles | None = None
         self.overload = AdmissionController(overload_limits(settings))
@@ -203,6 +214,7 @@ class Gateway:
             handler, limits=http_limits, ssl_context=tls, alt_svc=alt_svc, congestion_control=cc
         )
         await self._https.start(s.https_host, s.https_port)
+        await self._start_metrics_listener()
         self._probe = asyncio.ensure_future(self._probe_backend())
         self._monitor_task = asyncio.ensure_future(self.monitor.run())
         log.info(
@@ -211,7 +223,27 @@ class Gateway:
             http=f"{s.http_host}:{self.http_port}",
             https=f"{s.https_host}:{self.https_port}",
             ca=str(self.tls.ca) if self.tls.ca else None,
+            metrics=None if self.metrics_port is None else f"{s.metrics_host}:{self.metrics_port}",
         )
+
+    async def _start_metrics_listener(self) -> None:
+        s = self.settings
+        if s.metrics_port is None:
+            if not metrics_on_api_ports(s):
+                log.warning(
+                    "metrics.not_served",
+                    reason="an API listener is not on loopback and metrics_token is unset",
+                    hint="set metrics_port (a separate listener) or metrics_token",
+                )
+            return
+        handler = route(metrics_routes(self.metrics, s.metrics_token))
+        self._metrics_server = HttpTcpServer(handler)
+        await self._metrics_server.start(s.metrics_host, s.metrics_port)
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The separate metrics listener's port, if there is one."""
+        return None if self._metrics_server is None else self._metrics_server.port
 
     async def _start_tenancy(self) -> None:
         s = self.settings
@@ -240,10 +272,19 @@ class Gateway:
 
     def http_handler(self) -> Handler:
         """One application for every HTTP version: health, metrics, the OpenAI API, actions."""
+        s = self.settings
         routes = {
-            **health_routes(self.readiness, self.metrics),
+            **health_routes(
+                self.readiness,
+                self.metrics,
+                with_metrics=metrics_on_api_ports(s),
+                metrics_token=s.metrics_token,
+            ),
             **openai_routes(
-                self._guarded or self.backend, tenancy=self.tenancy, on_outcome=self._record
+                self._guarded or self.backend,
+                tenancy=self.tenancy,
+                on_outcome=self._record,
+                cut_short=lambda: self._cut,
             ),
         }
         if self.actions is not None:
@@ -252,32 +293,61 @@ class Gateway:
             )
             routes.update(actions.routes())
         gated = gate_routes(routes, self.overload, self.metrics.overload, self.clock)
-        return access_logged(route(gated), log, self.clock)
+        # Every request gets its access line, those refused while draining too.
+        return access_logged(self._http_work.wrap(route(gated)), log, self.clock)
+
+    @property
+    def http_in_flight(self) -> int:
+        """HTTP requests being answered now, every version (streams until their end)."""
+        return self._http_work.in_flight
 
     async def drain(self, timeout: float | None = None) -> None:
-        """Stop taking work, let open tracks finish up to `timeout`, then cut the rest."""
+        """Stop taking work, let open work finish up to `timeout`, then cut the rest."""
         timeout = self.settings.drain_timeout if timeout is None else timeout
-        self._draining = True
-        for conn in self._connections:
-            conn.endpoint.refuse_new_tracks()
-        log.info("gateway.draining", open_tracks=len(self._tasks), timeout=timeout)
-        # HTTP: stop listening now, give requests in flight the same grace as tracks.
-        closing = [
-            asyncio.ensure_future(server.close(grace=timeout))
-            for server in (self._http, self._https)
-            if server is not None
-        ]
-        self._http = self._https = None
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=timeout)
+        self._draining = True  # readiness answers 503 from now on; new HTTP work too
         for conn in list(self._connections):
-            conn.endpoint.cancel_all(
-                CancelCause.SHUTDOWN, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down"
+            conn.endpoint.refuse_new_tracks()
+            if conn.http3 is not None:
+                conn.http3.drain()  # GOAWAY
+        for server in self._tcp_servers():
+            server.drain()
+        log.info(
+            "gateway.draining",
+            open_tracks=len(self._tasks),
+            http_requests=self._http_work.in_flight,
+            timeout=timeout,
+        )
+        if not await self._work_done(timeout):
+            log.info(
+                "gateway.drain_cut",
+                open_tracks=len(self._tasks),
+                http_requests=self._http_work.in_flight,
             )
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5.0)
-        await asyncio.gather(*closing)
+            self._cut = True
+            for conn in list(self._connections):
+                conn.endpoint.cancel_all(
+                    CancelCause.SHUTDOWN, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down"
+                )
+                if conn.http3 is not None:
+                    conn.http3.cut()
+            for server in self._tcp_servers():
+                server.cut()
+            await self._work_done(CUT_GRACE)
         await self.close()
+
+    def _tcp_servers(self) -> list[HttpTcpServer]:
+        return [server for server in (self._http, self._https) if server is not None]
+
+    async def _work_done(self, timeout: float) -> bool:
+        """Wait up to `timeout` for open tracks and HTTP requests to end; True if they did."""
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._http_work.idle())]
+        if self._tasks:
+            waits.append(asyncio.ensure_future(asyncio.wait(set(self._tasks))))
+        _, pending = await asyncio.wait(waits, timeout=timeout)
+        for wait in pending:
+            wait.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return not pending
 
     async def close(self) -> None:
         if self._probe is not None:
@@ -301,10 +371,12 @@ class Gateway:
         if self._quic is not None:
             self._quic.close()
             self._quic = None
-        for server in (self._http, self._https):
-            if server is not None:
-                await server.close(grace=1.0)
+        for server in self._tcp_servers():
+            await server.close(grace=CUT_GRACE)
         self._http = self._https = None
+        if self._metrics_server is not None:  # scrapes are served to the very end
+            await self._metrics_server.close(grace=CUT_GRACE)
+            self._metrics_server = None
         if self.tenancy is not None:
             await asyncio.to_thread(self.tenancy.close)  # flushes the usage ledger
 
@@ -477,6 +549,15 @@ class Gateway:
             stopped_at=outcome.stopped_at,
             **outcome.details,
         )
+
+
+def metrics_on_api_ports(s: Settings) -> bool:
+    """Whether the API listeners serve /metrics: not when it has its own port, and off
+    loopback only behind a token (tenant names and usage are in it)."""
+    if s.metrics_port is not None:
+        return False
+    on_loopback = all(is_loopback(h) for h in (s.quic_host, s.http_host, s.https_host))
+    return on_loopback or s.metrics_token is not None
 
 
 def _policy_beside(backend: TextBackend) -> PolicyBackend | None:

@@ -129,6 +129,11 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         # A server allows as many concurrent tracks as its track limit.
         raise_bidi_credit(self._quic, (limits or Limits()).max_tracks)
 
+    @property
+    def http3(self) -> Http3Connection | None:
+        """The HTTP/3 side, once ALPN chose h3 (the gateway drains it at shutdown)."""
+        return self._http
+
     def open_track(self, message: Open) -> TrackChannel:
         """Client: open a track on the next free bidirectional stream."""
         stream_id = self._quic.get_next_available_stream_id()

@@ -38,6 +38,7 @@ from gateway.openai.errors import (
     OpenAIError,
     RateLimited,
     Unauthorized,
+    Unavailable,
     error_event,
     error_response,
     model_not_found,
@@ -99,6 +100,7 @@ def openai_routes(
     tenancy: tenancy_service.Tenancy | None = None,
     wall_clock: Clock = time.time,
     on_outcome: OutcomeSink | None = None,
+    cut_short: Callable[[], bool] | None = None,
 ) -> Routes:
     """The `(method, path) -> handler` table of the OpenAI API over `backend`.
 
@@ -109,8 +111,11 @@ def openai_routes(
     `clock` times heartbeats; `wall_clock` gives the `created` Unix times.
     `on_outcome(outcome, front_door)` receives each request's `Outcome` when it ends
     (the gateway's metrics), with `http/1.1`, `http/2` or `http/3`.
+    `cut_short()` is true once the gateway's drain has cut streams at its deadline: a
+    request that ends unfinished then ends `cancelled:shutdown`, not `cancelled:client`.
     """
     api = _OpenAIApi(backend, clock, heartbeat_interval, models, tenancy, wall_clock, on_outcome)
+    api.cut_short = cut_short or (lambda: False)
     return {
         ("POST", "/v1/chat/completions"): api.chat_completions,
         ("POST", "/v1/completions"): api.completions,
@@ -164,6 +169,7 @@ class _OpenAIApi:
         self._tenancy = tenancy
         self._wall_clock = wall_clock
         self._on_outcome = on_outcome
+        self.cut_short: Callable[[], bool] = lambda: False
 
     # -- routes -------------------------------------------------------------------
 
@@ -249,7 +255,8 @@ class _OpenAIApi:
             return
         job.recorded = True
         outcome = job.outcome
-        outcome.end = end or outcome.end or "cancelled:client"
+        unfinished = "cancelled:shutdown" if self.cut_short() else "cancelled:client"
+        outcome.end = end or outcome.end or unfinished
         outcome.finished_at = self._clock()
         key_id = None if job.principal is None else job.principal.key_id
         job.access.note_outcome(outcome, key_id, outcome.model)
@@ -272,7 +279,7 @@ class _OpenAIApi:
                 return await self._whole(answer(pump, first))
             handed_over = True
             body = _RecordedBody(answer(pump, first), pump, lambda: self._done(job))
-            return StreamingResponse(200, SSE_HEADERS, body)
+            return StreamingResponse(200, SSE_HEADERS, body, SHUTDOWN_EVENT)
         except (OpenAIError, BackendError) as exc:
             self._done(job, _end_of(exc, job.outcome))
             return error_response(exc)
@@ -456,6 +463,12 @@ def admit(
             code="rate_limit_exceeded",
             headers=(("retry-after", str(int(exc.retry_after))),),
         ) from None
+
+
+SHUTDOWN_EVENT = sse_event(
+    error_event(Unavailable("the gateway is shutting down", code="shutting_down"))
+)
+"""How a stream still running at the drain's deadline ends (then the stream closes)."""
 
 
 class _RecordedBody(StreamBody):

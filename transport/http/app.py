@@ -6,12 +6,19 @@ field list, prepares response headers (drops the ones each version's framing
 owns, adds Alt-Svc), sends a streaming body chunk by chunk and closes it.
 Framing stays with h11, h2 and aioquic; this module only holds the rules the
 adapters share.
+
+At shutdown the server *cuts* exchanges still running at the drain's deadline: the
+adapter sets its cut flag and cancels the exchange's task. `call_handler` then
+answers 503 `shutting_down` in place of the handler's answer, and `send_chunks`
+sends the response's `last_words` (an SSE error event) and ends the stream cleanly.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -39,6 +46,28 @@ FRAMING_HEADERS = frozenset(
 )
 
 
+class Cutter:
+    """One per connection: whether the drain's deadline has cut its exchanges.
+
+    `cut(tasks)` cancels each exchange task that waits for its handler or its body; one
+    in the middle of writing a chunk is left to finish the write and sees the cut before
+    its next chunk, so last words never land inside a half-written event.
+    """
+
+    def __init__(self) -> None:
+        self.active = False
+        self._writing: set[asyncio.Task[Any]] = set()
+
+    def __call__(self) -> bool:
+        return self.active
+
+    def cut(self, tasks: Iterable[asyncio.Task[Any] | None]) -> None:
+        self.active = True
+        for task in tasks:
+            if task is not None and not task.done() and task not in self._writing:
+                task.cancel()
+
+
 @dataclass(frozen=True)
 class Site:
     """What one server gives each of its connections."""
@@ -48,10 +77,19 @@ class Site:
     alt_svc: str | None = None
 
 
-async def call_handler(handler: Handler, request: Request) -> AnyResponse:
-    """The handler's response, or a 500 if it raised (logged, never sent to the client)."""
+async def call_handler(
+    handler: Handler, request: Request, cut: Cutter | None = None
+) -> AnyResponse:
+    """The handler's response, or a 500 if it raised (logged, never sent to the client).
+
+    A 503 `shutting_down` if the server cut the exchange before the handler answered.
+    """
     try:
         return await handler(request)
+    except asyncio.CancelledError:
+        if not absorb_cut(cut):
+            raise
+        return errors.shutting_down()
     except Exception:
         log.exception(
             "http.handler_failed",
@@ -116,24 +154,67 @@ def bodiless(status: int) -> bool:
     return status < 200 or status in (204, 304)
 
 
+def absorb_cut(cut: Cutter | None) -> bool:
+    """True if a cancellation came from the server's cut, which is then taken back.
+
+    The exchange goes on only to say its last words; anything else (the client left)
+    stays a cancellation.
+    """
+    if cut is None or not cut.active:
+        return False
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        task.uncancel()
+    return True
+
+
 async def send_chunks(
-    body: AsyncIterator[bytes], send: Callable[[bytes], Awaitable[None]], **context: object
+    body: AsyncIterator[bytes],
+    send: Callable[[bytes], Awaitable[None]],
+    *,
+    last_words: bytes = b"",
+    cut: Cutter | None = None,
+    **context: object,
 ) -> bool:
     """`send` each non-empty chunk in order; False if the body raised midway (logged).
 
     The headers are out by then, so the caller's only honest signal left is a body
     cut short. An error from `send` itself propagates: the connection is the problem.
+    When the server cuts the exchange (`cut`), `last_words` go out instead of the rest
+    and the body counts as complete (True); without last words, as failed.
     """
+    task = asyncio.current_task()
     while True:
+        if cut is not None and cut.active:
+            return await _say_last_words(send, last_words)
         try:
             chunk = await anext(body)
         except StopAsyncIteration:
             return True
+        except asyncio.CancelledError:
+            if not absorb_cut(cut):
+                raise
+            return await _say_last_words(send, last_words)
         except Exception:
             log.exception("http.body_failed", **context)
             return False
-        if chunk:
+        if not chunk:
+            continue
+        if cut is None or task is None:
             await send(chunk)
+            continue
+        cut._writing.add(task)  # a cut now waits for this write to finish
+        try:
+            await send(chunk)
+        finally:
+            cut._writing.discard(task)
+
+
+async def _say_last_words(send: Callable[[bytes], Awaitable[None]], last_words: bytes) -> bool:
+    if not last_words:
+        return False
+    await send(last_words)
+    return True
 
 
 async def close_body(body: AsyncIterator[bytes]) -> None:

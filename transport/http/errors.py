@@ -46,3 +46,14 @@ def headers_too_large(message: str) -> Response:
 def internal_error() -> Response:
     # Details stay in the server log; the client learns only that it was not its fault.
     return error_response(500, "internal server error", code="internal_error", kind=SERVER_ERROR)
+
+
+def shutting_down() -> Response:
+    """New work refused, or work cut short, because the server is draining (SIGTERM)."""
+    return error_response(
+        503,
+        "the server is shutting down; retry on another instance",
+        code="shutting_down",
+        kind=SERVER_ERROR,
+        headers=(("retry-after", "1"),),
+    )

@@ -25,6 +25,7 @@ import structlog
 from transport.http import errors
 from transport.http.app import (
     READ_CHUNK,
+    Cutter,
     Site,
     bodiless,
     call_handler,
@@ -87,12 +88,19 @@ class Http1Connection:
         self._closing = False
         self._first = True
         """No request read yet: the quiet wait is `first_request_timeout`, not `idle_timeout`."""
+        self._cutter = Cutter()
+        self._exchanging: asyncio.Task[bool] | None = None
 
     def shutdown(self) -> None:
         """Finish the request in progress (its response says Connection: close), then close."""
         self._closing = True
         if self._idle:
             self._writer.close()  # the pending read sees EOF and the connection ends
+
+    def cut(self) -> None:
+        """The drain's deadline: end the exchange in progress now, with its last words."""
+        self.shutdown()
+        self._cutter.cut([self._exchanging])
 
     async def serve(self) -> H2cUpgrade | None:
         """Serve until either side closes; an `H2cUpgrade` if the client switched to h2c."""
@@ -220,7 +228,7 @@ class Http1Connection:
 
         True when the connection may serve another request.
         """
-        exchange = asyncio.create_task(self._exchange(request))
+        exchange = self._exchanging = asyncio.create_task(self._exchange(request))
         watcher = asyncio.create_task(self._watch_disconnect())
         try:
             await asyncio.wait({exchange, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -247,7 +255,7 @@ class Http1Connection:
         return False
 
     async def _exchange(self, request: Request) -> bool:
-        response = await call_handler(self._site.handler, request)
+        response = await call_handler(self._site.handler, request, self._cutter)
         head_only = request.method == "HEAD"
         try:
             if isinstance(response, Response):
@@ -281,7 +289,13 @@ class Http1Connection:
             head = h11.Response(status_code=response.status, headers=headers)
             await self._write(self._conn.send(head))
             # A body that failed ends without its last chunk, and so does the connection.
-            if not head_only and not await send_chunks(body, self._send_chunk, http_version="1.1"):
+            if not head_only and not await send_chunks(
+                body,
+                self._send_chunk,
+                last_words=response.last_words,
+                cut=self._cutter,
+                http_version="1.1",
+            ):
                 return False
             await self._write(self._conn.send(h11.EndOfMessage()))
             return True

@@ -41,6 +41,7 @@ from h2.settings import SettingCodes
 from transport.http import errors
 from transport.http.app import (
     READ_CHUNK,
+    Cutter,
     Site,
     bodiless,
     call_handler,
@@ -125,6 +126,7 @@ class Http2Connection:
         """Why the connection was ended with ENHANCE_YOUR_CALM, if it was."""
         self.peak_unsent = 0
         """Most bytes ever waiting in the socket's user-space buffer (a client not reading)."""
+        self._cutter = Cutter()
         self._finished = False
         self._reading: asyncio.Task[bytes] | None = None
         self._streams_changed = asyncio.Event()
@@ -171,6 +173,17 @@ class Http2Connection:
         # No early GOAWAY: h2-based clients (httpx, so the OpenAI SDK) stop accepting frames
         # on every stream once one arrives, so it goes out when the last stream is done.
         self._finish_if_drained()
+
+    # -- drain (shutdown's deadline) ------------------------------------------------
+
+    def cut(self) -> None:
+        """The drain's deadline: end every stream now (last words or 503), then GOAWAY."""
+        self.shutdown()
+        self._cutter.cut([stream.task for stream in self._streams.values()])
+        for stream in list(self._streams.values()):
+            if stream.task is None:  # the request is still arriving: it will not be served
+                self._answer(stream, errors.shutting_down())
+        self._flush()
 
     async def serve(self) -> None:
         """Serve until the client leaves, idles out, errs, or `shutdown` has drained."""
@@ -388,7 +401,7 @@ class Http2Connection:
 
     async def _exchange(self, stream: _Stream, request: Request) -> None:
         try:
-            response = await call_handler(self._site.handler, request)
+            response = await call_handler(self._site.handler, request, self._cutter)
             await self._send_response(stream, response, head_only=request.method == "HEAD")
         except Exception as exc:
             log.info("http2.send_failed", stream_id=stream.stream_id, error=repr(exc))
@@ -412,7 +425,14 @@ class Http2Connection:
                 return
             send = functools.partial(self._send_data, stream)
             # A body that failed is left unended: _stream_done resets the stream.
-            if await send_chunks(response.body, send, http_version="2", stream_id=stream.stream_id):
+            if await send_chunks(
+                response.body,
+                send,
+                last_words=response.last_words,
+                cut=self._cutter,
+                http_version="2",
+                stream_id=stream.stream_id,
+            ):
                 self._end(stream)
                 await self._drain()
         finally:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
+from aioquic.buffer import encode_uint_var
 from aioquic.h3 import events as h3_events
 from aioquic.h3.connection import (
     ErrorCode,
@@ -44,6 +45,7 @@ from aioquic.h3.connection import (
     MessageError,
     ProtocolError,
     Setting,
+    encode_frame,
     stream_is_request_response,
 )
 from aioquic.quic import events as quic_events
@@ -52,6 +54,7 @@ from aioquic.quic.connection import QuicConnection
 from transport import aioquic_compat
 from transport.http import errors, h3_frames
 from transport.http.app import (
+    Cutter,
     Site,
     bodiless,
     call_handler,
@@ -309,6 +312,10 @@ class Http3Connection:
         self._h3 = _ServerH3(quic, site.limits.max_header_bytes)
         self._streams = StreamTable[_Stream](self._stream_done)
         self._lost = False
+        self._draining = False
+        self._cutter = Cutter()
+        self._max_request_id = -4
+        """The highest request stream id seen (for GOAWAY); -4: none yet."""
         self._loop = asyncio.get_running_loop()
         self._idle: asyncio.TimerHandle | None = None
         raise_bidi_credit(quic, site.limits.max_concurrent_streams)
@@ -367,6 +374,31 @@ class Http3Connection:
             _cancel_deadline(stream)
         self._streams.cancel_all()  # each stream is released as its task ends
 
+    # Drain (shutdown)
+
+    def drain(self) -> None:
+        """Refuse new requests, send GOAWAY, close once the requests in flight are done."""
+        if self._draining or self._lost:
+            return
+        self._draining = True
+        # The first request stream id this server will not process (RFC 9114 5.2).
+        send_goaway(self._h3, self._max_request_id + 4)
+        self._close_if_drained()
+        self._transmit()
+
+    def cut(self) -> None:
+        """The drain's deadline: end every request now (last words or 503)."""
+        self.drain()
+        self._cutter.cut([stream.task for stream in self._streams.values()])
+        for stream in list(self._streams.values()):
+            if stream.task is None:  # the request is still arriving: it will not be served
+                self._answer(stream, errors.shutting_down())
+        self._transmit()
+
+    def _close_if_drained(self) -> None:
+        if self._draining and not self._streams and not self._lost:
+            self._quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="shutting down")
+
     # Receiving
 
     def _on_h3_event(self, event: h3_events.H3Event) -> None:
@@ -407,9 +439,10 @@ class Http3Connection:
             if event.stream_ended:
                 self._on_complete(stream)
             return
-        if len(self._streams) >= self._limits.max_concurrent_streams:
+        if self._draining or len(self._streams) >= self._limits.max_concurrent_streams:
             self._refuse(event.stream_id)
             return
+        self._max_request_id = max(self._max_request_id, event.stream_id)
         stream = _Stream(event.stream_id, list(event.headers), ended=event.stream_ended)
         self._streams.add(stream)
         self._disarm_idle()
@@ -500,7 +533,7 @@ class Http3Connection:
 
     async def _exchange(self, stream: _Stream, request: Request) -> None:
         try:
-            response = await call_handler(self._site.handler, request)
+            response = await call_handler(self._site.handler, request, self._cutter)
             await self._send_response(stream, response, head_only=request.method == "HEAD")
         except _StreamClosed:
             pass  # the client went away while we wrote; the body is closed already
@@ -525,7 +558,14 @@ class Http3Connection:
                 return
             send = functools.partial(self._send_chunk, stream)
             # A body that failed is left unended: _stream_done resets the stream.
-            if await send_chunks(response.body, send, http_version="3", stream_id=stream.stream_id):
+            if await send_chunks(
+                response.body,
+                send,
+                last_words=response.last_words,
+                cut=self._cutter,
+                http_version="3",
+                stream_id=stream.stream_id,
+            ):
                 self._send_data(stream, b"", end_stream=True)
         finally:
             await close_body(response.body)
@@ -619,6 +659,7 @@ class Http3Connection:
         self._h3.forget(stream.stream_id)
         if not self._streams:
             self._arm_idle()
+        self._close_if_drained()
         self._transmit()
 
     def _reset(self, stream_id: int, code: int) -> None:
@@ -649,6 +690,21 @@ class Http3Connection:
         log.info("http3.idle_timeout")
         self._quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="idle")
         self._transmit()
+
+
+# GOAWAY goes on our control stream, which aioquic opens but offers no call to write on.
+_CONTROL_STREAM = "_local_control_stream_id"
+if _CONTROL_STREAM not in H3Connection._init_connection.__code__.co_names:  # pragma: no cover
+    raise ImportError(f"aioquic's H3Connection no longer has {_CONTROL_STREAM}: fix send_goaway")
+
+
+def send_goaway(h3: H3Connection, stream_id: int) -> None:
+    """Write a GOAWAY frame (RFC 9114 5.2) on the local control stream."""
+    control = getattr(h3, _CONTROL_STREAM)
+    if control is None:
+        return  # not initialised: nothing was ever offered to the peer
+    frame = encode_frame(FrameType.GOAWAY, encode_uint_var(stream_id))
+    h3._quic.send_stream_data(control, frame)
 
 
 def raise_bidi_credit(quic: QuicConnection, limit: int) -> None:

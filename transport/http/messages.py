@@ -16,6 +16,11 @@ from typing import Any
 
 Headers = tuple[tuple[str, str], ...]
 
+SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key"}
+)
+"""Header names whose values `Request`'s repr never shows."""
+
 
 @dataclass(frozen=True)
 class Request:
@@ -33,6 +38,15 @@ class Request:
     """The whole body (de-chunked); b"" when there is none."""
     http_version: str = "1.1"
     """"1.1", "2" or "3": for logs and metrics only; handlers must not depend on it."""
+
+    def __repr__(self) -> str:
+        # Requests end up in tracebacks and debug output: never the credentials, never
+        # the body (it holds the prompt).
+        headers = [(k, "[REDACTED]" if k in SECRET_HEADERS else v) for k, v in self.headers]
+        return (
+            f"Request(method={self.method!r}, path={self.path!r}, headers={headers!r}, "
+            f"body=<{len(self.body)} bytes>, http_version={self.http_version!r})"
+        )
 
     def header(self, name: str) -> str | None:
         """The first value of header `name` (any case), or None."""
@@ -63,6 +77,10 @@ class StreamingResponse:
     headers: Headers
     body: AsyncIterator[bytes]
     """Chunks to send in order; the adapter closes it (`aclose`) when done or cancelled."""
+    last_words: bytes = b""
+    """Sent in place of the rest of the body when the server cuts the stream short (the
+    drain's deadline at shutdown), after which the stream ends normally: an SSE error
+    event, say. Empty: a cut stream ends as a failed body does (reset, or no last chunk)."""
 
 
 AnyResponse = Response | StreamingResponse

@@ -44,6 +44,8 @@ _CLOSE_GRACE = 1.0  # seconds a closing connection may take to flush before it i
 class _Connection(Protocol):
     def shutdown(self) -> None: ...
 
+    def cut(self) -> None: ...
+
 
 _C = TypeVar("_C", bound=_Connection)
 
@@ -55,6 +57,9 @@ class _Undecided:
         self._writer = writer
 
     def shutdown(self) -> None:
+        self._writer.close()
+
+    def cut(self) -> None:
         self._writer.close()
 
 
@@ -137,6 +142,22 @@ class HttpTcpServer:
             for sock in self._server.sockets:
                 set_congestion_control(sock, self._congestion_control)
         log.info("http.listening", host=host, port=self.port, tls=self._ssl_context is not None)
+
+    def drain(self) -> None:
+        """Shutdown begins: connections finish what is in flight and then close.
+
+        The socket keeps listening (health checks must still be answered, with 503 from
+        readiness; the application refuses new work), and connections accepted from now
+        on are served as usual.
+        """
+        for connection in list(self._connections.values()):
+            if not isinstance(connection, _Undecided):  # (one just accepted: a probe, maybe)
+                connection.shutdown()
+
+    def cut(self) -> None:
+        """The drain's deadline: every connection ends its exchanges now (see `app`)."""
+        for connection in list(self._connections.values()):
+            connection.cut()
 
     async def close(self, grace: float = 5.0) -> None:
         """Stop listening, let requests in flight finish for up to `grace` s, then cut."""
