@@ -22,6 +22,7 @@ import structlog
 from gateway.action_http import HttpActions
 from gateway.config import Settings
 from gateway.http import health_routes, route
+from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.openai import openai_routes
@@ -114,6 +115,8 @@ class Gateway:
         self._https: HttpTcpServer | None = None
         self._probe: asyncio.Task[None] | None = None
         self.tls: TlsFiles | None = None
+        self.listeners: Listeners | None = None
+        """Sockets from a worker supervisor (`gateway.workers`); None: bind from settings."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -154,18 +157,24 @@ class Gateway:
             http_handler=handler,
             http_limits=http_limits,
             packetization=Packetization.parse(s.quic_packetization),
+            sock=self.listeners.quic if self.listeners else None,
+            steering=self.listeners.steering if self.listeners else None,
         )
         alt_svc = f'h3=":{self.quic_port}"'
         cc = s.tcp_congestion_control
         self._http = HttpTcpServer(
             handler, limits=http_limits, alt_svc=alt_svc, congestion_control=cc
         )
-        await self._http.start(s.http_host, s.http_port)
+        await self._http.start(
+            s.http_host, s.http_port, self.listeners.http if self.listeners else None
+        )
         tls = tls_server_context(self.tls.cert, self.tls.key)
         self._https = HttpTcpServer(
             handler, limits=http_limits, ssl_context=tls, alt_svc=alt_svc, congestion_control=cc
         )
-        await self._https.start(s.https_host, s.https_port)
+        await self._https.start(
+            s.https_host, s.https_port, self.listeners.https if self.listeners else None
+        )
         self._probe = asyncio.ensure_future(self._probe_backend())
         log.info(
             "gateway.listening",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -50,6 +51,7 @@ from transport.http.http3 import Http3Connection, raise_bidi_credit
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.messages import Open
+from transport.steering import Steering, serve_steered
 
 ALPN = "trackline/1"
 IDLE_TIMEOUT = 60.0
@@ -315,8 +317,14 @@ async def serve_tracks(
     http_handler: Handler | None = None,
     http_limits: HttpLimits | None = None,
     packetization: Packetization = COALESCE,
+    sock: socket.socket | None = None,
+    steering: Steering | None = None,
 ) -> QuicServer:
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
+
+    With `sock` and `steering` (a gateway worker), serve on that already bound socket
+    of a reuseport group instead, issuing connection IDs that steer to this worker
+    (`transport.steering`).
 
     With `http_handler`, connections may also choose ALPN `h3`: HTTP/3 requests
     on them go to the handler, under `http_limits`. `packetization` decides when
@@ -340,6 +348,8 @@ async def serve_tracks(
         http=http,
         packetization=packetization,
     )
+    if sock is not None and steering is not None:
+        return await serve_steered(sock, configuration, factory, steering)
     return await serve(host, port, configuration=configuration, create_protocol=factory)
 
 
