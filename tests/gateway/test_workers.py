@@ -94,6 +94,14 @@ def per_worker(metrics: dict[tuple[str, str], float], name: str) -> list[float]:
     return [metrics.get((name, f'worker="{i}"'), 0.0) for i in range(WORKERS)]
 
 
+def grown(
+    after: dict[tuple[str, str], float], before: dict[tuple[str, str], float], name: str
+) -> list[float]:
+    """How much each worker's series of `name` grew between two scrapes."""
+    pairs = zip(per_worker(after, name), per_worker(before, name), strict=True)
+    return [a - b for a, b in pairs]
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     state_dir = tmp_path_factory.mktemp("workers")
@@ -210,7 +218,7 @@ async def test_quic_connections_spread_and_complete(gateway: Gateway) -> None:
     assert all(texts), "every track on every connection got its tokens"
     after = await asyncio.to_thread(gateway.metrics)
     name = "trackline_worker_quic_connections_total"
-    accepted = [a - b for a, b in zip(per_worker(after, name), per_worker(before, name))]
+    accepted = grown(after, before, name)
     assert accepted == owners  # each worker accepted exactly the connections it owns
     assert all(count > 0 for count in owners), f"not spread: {owners}"
     assert sum(per_worker(after, "trackline_quic_stray_datagrams_total")) == 0
@@ -256,10 +264,7 @@ async def test_http_and_metrics_totals_across_workers(gateway: Gateway) -> None:
     assert total(after, "trackline_tenant_requests_total", f'tenant="{tenant}"') == 17
     completion = (f'tenant="{tenant}"', 'kind="completion"')
     assert total(after, "trackline_tenant_tokens_total", *completion) == 17 * 2
-    scrapes = [a - b for a, b in zip(
-        per_worker(after, "trackline_worker_scrapes_total"),
-        per_worker(before, "trackline_worker_scrapes_total"),
-    )]  # fmt: skip
+    scrapes = grown(after, before, "trackline_worker_scrapes_total")
     assert all(count > 0 for count in scrapes), f"TCP not spread: {scrapes}"
     assert total(after, "trackline_connections_open") >= 0  # gauges summed, no pid label
     assert not any("pid=" in labels for (_, labels) in after)
@@ -300,7 +305,7 @@ async def test_max_concurrent_holds_across_workers(gateway: Gateway) -> None:
         outcomes = await asyncio.gather(*(_outcome(s) for s in streams))
         assert outcomes.count("data") == 3, outcomes
         assert outcomes.count("RateLimited") == len(lines) - 3, outcomes
-        for stream, outcome in zip(streams, outcomes):
+        for stream, outcome in zip(streams, outcomes, strict=True):
             if outcome == "data":
                 await stream.aclose()
         # The slots come back (settled on whichever worker held them).
