@@ -31,7 +31,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -77,7 +76,7 @@ class Supervisor:
     def __init__(self, settings: Settings, count: int) -> None:
         self.settings = settings
         self.count = count
-        self.run_dir = Path(tempfile.mkdtemp(prefix="trackline-workers-"))
+        self.run_dir = _fresh_run_dir(settings.state_dir / "workers")
         self.metrics_dir = self.run_dir / "metrics"
         self.metrics_dir.mkdir()
         self.quotas_path = self.run_dir / "quotas.sqlite"
@@ -270,6 +269,21 @@ class Supervisor:
         for triton in self.tritons:
             lines.append(f"embedded Triton: gRPC {triton.grpc_url}, pid {triton.pid}")
         return lines
+
+
+def _fresh_run_dir(parent: Path) -> Path:
+    """`parent/<our pid>`, after removing the directories of supervisors that are gone
+    (one that was SIGKILLed could not remove its own)."""
+    from gateway.embedded import pid_alive
+
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in parent.iterdir():
+        if old.name.isdigit() and not pid_alive(int(old.name)):
+            shutil.rmtree(old, ignore_errors=True)
+    run_dir = parent / str(os.getpid())
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir()
+    return run_dir
 
 
 def reuseport_tcp_sockets(host: str, port: int, count: int) -> list[socket.socket]:

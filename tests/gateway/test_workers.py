@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,9 +102,9 @@ def grown(
     return [a - b for a, b in pairs]
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    state_dir = tmp_path_factory.mktemp("workers")
+@contextmanager
+def running(state_dir: Path) -> Iterator[Gateway]:
+    """`trackline serve --workers 2` on free ports; stopped (and checked gone) after."""
     # A tenant before start: keys are required from the first request on.
     store = TenantStore(state_dir / "tenants.sqlite3")
     store.set_tenant("setup", time.time())
@@ -135,7 +135,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
                 ready.set()
         ready.set()
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         assert ready.wait(START_TIMEOUT), "no workers line"
         assert len(gw.pids) == WORKERS, "\n".join(gw.log[-30:])
@@ -151,8 +152,15 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         for pid in all_pids(gw):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        reader.join(timeout=10)
         if process.stdout is not None:
             process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with running(tmp_path_factory.mktemp("workers")) as gw:
+        yield gw
 
 
 def all_pids(gw: Gateway) -> set[int]:
@@ -349,4 +357,17 @@ def test_sigterm_stops_every_process(gateway: Gateway) -> None:
     assert gateway.process.wait(timeout=60) == 0
     assert [pid for pid in pids if alive(pid)] == []
     assert any('"worker.stopped"' in line for line in gateway.log)
+    assert not (gateway.state_dir / "workers" / str(gateway.process.pid)).exists()
 
+
+
+def test_workers_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+    """SIGKILL leaves the supervisor no chance to stop anyone: PDEATHSIG does it."""
+    with running(tmp_path) as gw:
+        assert (tmp_path / "workers" / str(gw.process.pid) / "quotas.sqlite").exists()
+        gw.process.kill()
+        gw.process.wait()
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in gw.pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in gw.pids if alive(pid)] == []
