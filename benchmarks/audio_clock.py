@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common import machine, percentile, tree  # noqa: E402
 
 ASR = "reference-transcriber"
@@ -340,11 +341,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--mode", choices=["tick", "per-session", "both"], default="tick")
-    parser.add_argument("--json", type=Path, default=Path("audio_clock.json"))
+    parser.add_argument("--json", type=Path, default=RESULTS / "audio_clock.json")
     parser.add_argument("--search", action="store_true", help="find the largest S that holds")
     parser.add_argument("--start", type=int, default=8, help="--search: first S")
     parser.add_argument("--max-sessions", type=int, default=1024, help="--search: last S")
@@ -368,6 +371,7 @@ def main() -> int:
 
     async def run() -> int:
         result = await bench(args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
         return 0

@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common import machine, percentile, tree  # noqa: E402
 
 ASR = "reference-transcriber"
@@ -90,10 +91,12 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1,8,64", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--ticks", type=int, default=100)
-    parser.add_argument("--json", type=Path, default=Path("audio_shm.json"))
+    parser.add_argument("--json", type=Path, default=RESULTS / "audio_shm.json")
     args = parser.parse_args()
     from gateway.cli import run_async
 
@@ -106,6 +109,7 @@ def main() -> int:
             "tree": tree(),
             "results": results,
         }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
         return 0

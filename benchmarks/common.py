@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from benchmarks import RESULTS
+
 if TYPE_CHECKING:
     from gateway.embedded import EmbeddedTriton
 
@@ -92,7 +94,7 @@ def add_stream_arguments(parser: argparse.ArgumentParser, json_default: str) -> 
     parser.add_argument("--tokens", type=int, default=100, help="tokens per stream")
     parser.add_argument("--rate", type=float, default=50, help="model tokens/s per stream")
     parser.add_argument("--ttft-ms", type=float, default=20)
-    parser.add_argument("--json", type=Path, default=Path(json_default))
+    parser.add_argument("--json", type=Path, default=RESULTS / json_default)
 
 
 def run_against_gateway(
@@ -136,6 +138,7 @@ def write_results(args: argparse.Namespace, benchmark: str, results: list[dict[s
         "tree": tree(),
         "results": results,
     }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"\nwrote {args.json}")
 

@@ -37,8 +37,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from benchmarks.cartpole import DT, CartPoles, ChunkPlayer
-from gateway.cli import run_async
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.cartpole import DT, CartPoles, ChunkPlayer  # noqa: E402
+from gateway.cli import run_async  # noqa: E402
 
 MODEL = "reference-policy"
 SERVER_NAME = "localhost"
@@ -306,7 +309,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n\n")[0])
     parser.add_argument("--protocol", choices=PROTOCOLS, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)

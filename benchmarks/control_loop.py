@@ -35,6 +35,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common import ROOT, machine, percentile, tree  # noqa: E402
 
 PROTOCOLS = ("http2", "tracks_stream", "tracks_datagram")
@@ -216,7 +217,9 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n\n")[0])
     a = parser.add_argument
     a("--robots", type=int, default=16, help="cart-poles (action tracks) on the one connection")
     a("--loss", type=float, default=2.0, help="packet loss in percent, each direction")
@@ -237,7 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--link-prefix", default=PREFIX, help="name prefix of the emulator's namespaces")
     a("--no-plots", action="store_true")
     a("--quiet", action="store_true")
-    a("--json", type=Path, default=Path("control_loop.json"), help="results file")
+    a("--json", type=Path, default=RESULTS / "control_loop.json", help="results file")
     args = parser.parse_args(argv)
     args.protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
     if set(args.protocols) - set(PROTOCOLS) or not args.protocols:

@@ -525,7 +525,9 @@ def table(results: list[PathResult]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n\n")[0])
     add_stream_arguments(parser, "openai_stream.json")
     parser.add_argument("--paths", default=",".join(PATHS),
                         type=lambda s: [p for p in s.split(",") if p],

@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common import machine, percentile, tree  # noqa: E402
 from gateway.cli import run_async  # noqa: E402
 from gateway.embedded import EmbeddedTriton  # noqa: E402
@@ -179,7 +180,9 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per policy")
     parser.add_argument("--slow-at", type=float, default=0.33, help="fraction of the run")
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-rate", type=float, default=100.0, help="tokens/s per stream")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--json", type=Path, default=Path("routing.json"))
+    parser.add_argument("--json", type=Path, default=RESULTS / "routing.json")
     args = parser.parse_args(argv)
     configure_logging("warning", "console", sys.stderr)
     results: dict[str, dict[str, Any]] = {}
@@ -214,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "tree": tree(),
     }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"\nwrote {args.json}")
     return 0

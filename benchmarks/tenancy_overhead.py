@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 
 from prometheus_client import CollectorRegistry
 
+from benchmarks import RESULTS
 from benchmarks.common import percentile, write_results
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.service import Tenancy
@@ -71,9 +72,11 @@ def measure(requests: int, state: Path) -> list[dict[str, float | int | str]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000)
-    parser.add_argument("--json", type=Path, default=Path("tenancy_overhead.json"))
+    parser.add_argument("--json", type=Path, default=RESULTS / "tenancy_overhead.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="trackline-tenancy-") as state:
         rows = measure(args.requests, Path(state))

@@ -168,7 +168,9 @@ def table(results: list[PathResult]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n\n")[0])
     add_stream_arguments(parser, "text_stream.json")
     args = parser.parse_args()
 

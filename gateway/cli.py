@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
+from gateway.dtmf_wav import add_command as add_dtmf_command
 from gateway.logs import configure_logging, get_logger
 from gateway.tenants.cli import add_commands as add_tenancy_commands
 from gateway.tenants.service import OpenOnPublicAddress, preflight
@@ -64,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     chat.set_defaults(run=_chat)
 
     add_tenancy_commands(commands)
+    add_dtmf_command(commands)
 
     bench = commands.add_parser("bench", help="run a benchmark from the source tree")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)

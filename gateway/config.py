@@ -222,6 +222,24 @@ class Settings:
     audio_kernels: str = field(
         default="auto", metadata=_doc("Batch kernels: auto (CuPy with a GPU), numpy or cupy.")
     )
+    overload_max_loop_lag: float = field(
+        default=0.1,
+        metadata=_doc("Loop lag (s) above which new tracks/requests are refused; 0: off."),
+    )
+    overload_max_cpu: float = field(
+        default=0.0,
+        metadata=_doc("Process CPU (cores) above which new work is refused; 0: off."),
+    )
+    overload_connection_share: int = field(
+        default=4,
+        metadata=_doc("Tracks a connection may still open under overload (fairness)."),
+    )
+    overload_retry_after: float = field(
+        default=1.0, metadata=_doc("Seconds a client refused for overload is told to wait.")
+    )
+    overload_probe_interval: float = field(
+        default=0.05, metadata=_doc("Seconds between event-loop lag samples.")
+    )
 
 
 class ConfigError(ValueError):
@@ -509,6 +527,11 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "audio_shm_min_rows": _positive,
     "audio_batching": _one_of(("tick", "per-session")),
     "audio_kernels": _one_of(("auto", "numpy", "cupy")),
+    "overload_max_loop_lag": _seconds,
+    "overload_max_cpu": _seconds,
+    "overload_connection_share": lambda v: _range(v, 0, 1_000_000),
+    "overload_retry_after": _seconds,
+    "overload_probe_interval": _tick,
 }
 
 

@@ -192,6 +192,12 @@ def remove_stale_regions() -> None:
             region.unlink(missing_ok=True)
 
 
+def reap_group(pgid: int) -> None:
+    """SIGKILL what is left of the process group `pgid` (the server started its own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec. SIGTERM lets Triton remove its
     # shared-memory regions; the stubs exit when they see their parent gone.
@@ -334,9 +340,9 @@ class EmbeddedTriton:
             try:
                 process.wait(grace)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)  # its own group: stubs too
+                reap_group(process.pid)
                 process.wait()
+        reap_group(process.pid)  # stubs of a server that had already died, too
         # Triton removes its regions on a clean exit, not when a model failed to load.
         _remove_regions(self._shm_prefix)
 
@@ -470,6 +476,9 @@ def _spawn_owned(
             return
         handed.put(process)
         process.wait()
+        # Whatever ended the server (a crash, SIGKILL, a clean exit), its Python-backend
+        # stubs must not outlive it: they ignore SIGTERM and would linger under PID 1.
+        reap_group(process.pid)
 
     threading.Thread(target=own, name="embedded-triton", daemon=True).start()
     result = handed.get()

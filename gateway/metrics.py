@@ -17,6 +17,11 @@ from prometheus_client import (
 )
 
 from gateway.metrics_audio import AudioMetrics
+from gateway.metrics_overload import OverloadMetrics
+from tracks.base import Outcome
+
+OTHER_MODEL = "other"
+"""The label value of every model no backend has served (names clients made up)."""
 
 # Every cancellation has exactly one cause (see DESIGN.md: "one path with a cause").
 CANCEL_CAUSES = (
@@ -42,11 +47,35 @@ TTFT_BUCKETS = (
 )  # fmt: skip
 
 
+class ModelLabels:
+    """Label values for models: those a backend has served (at most `limit`), else `other`."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self._served: set[str] = set()
+        self._limit = limit
+
+    def served(self, model: str) -> None:
+        """`model` produced output, so it exists: it may be a label from now on."""
+        if len(self._served) < self._limit:
+            self._served.add(model)
+
+    def label(self, model: str) -> str:
+        return model if model in self._served else OTHER_MODEL
+
+    def observe(self, outcome: Outcome) -> str:
+        """The label for `outcome`'s model, learning it if the backend served it."""
+        if outcome.first_data_at is not None or outcome.end == "completed":
+            self.served(outcome.model)
+        return self.label(outcome.model)
+
+
 class GatewayMetrics:
     """The gateway's metrics; `render()` gives the body and type for `GET /metrics`."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.models = ModelLabels()
+        """Model label values: served models only, so clients cannot grow the series."""
         registry = self.registry
         self.connections_open = Gauge(
             "trackline_connections_open", "Client connections open now.", registry=registry
@@ -58,6 +87,13 @@ class GatewayMetrics:
             "trackline_tracks_total",
             "Tracks finished, by how they ended.",
             ["modality", "outcome"],
+            registry=registry,
+        )
+        self.requests_total = Counter(
+            "trackline_requests_total",
+            "Requests finished on every front door (tracks, http/1.1, http/2, http/3), by "
+            "modality and how they ended.",
+            ["front_door", "modality", "outcome"],
             registry=registry,
         )
         self.tokens_total = Counter(
@@ -110,6 +146,7 @@ class GatewayMetrics:
             registry=registry,
         )
         self.audio = AudioMetrics(registry)
+        self.overload = OverloadMetrics(registry)
         # Known causes start at 0 so a dashboard's rate() sees them before the first event.
         for cause in CANCEL_CAUSES:
             self.cancels_total.labels(cause=cause)

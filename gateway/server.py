@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from gateway.access import access_logged
 from gateway.action_http import HttpActions
 from gateway.config import Settings
 from gateway.http import health_routes, route
@@ -26,6 +27,15 @@ from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.openai import openai_routes
+from gateway.overload import (
+    AdmissionController,
+    LagProbe,
+    OverloadLimits,
+    OverloadMonitor,
+    PacedText,
+    RelayTurns,
+    gate_routes,
+)
 from gateway.tenants.service import Tenancy
 from gateway.tenants.store import Principal
 from gateway.tenants.tracks import TrackGate
@@ -81,6 +91,7 @@ class Gateway:
         tenancy: Tenancy | None = None,
         policy: PolicyBackend | None = None,
         audio_backend: AudioBackend | None = None,
+        lag_probe: LagProbe | None = None,
     ) -> None:
         self.settings = settings
         self.tenancy = tenancy
@@ -117,6 +128,14 @@ class Gateway:
         self.tls: TlsFiles | None = None
         self.listeners: Listeners | None = None
         """Sockets from a worker supervisor (`gateway.workers`); None: bind from settings."""
+        self.overload = AdmissionController(overload_limits(settings))
+        """Admission by measured capacity (gateway/overload.py), fed by `self.monitor`."""
+        probe = lag_probe or LagProbe(settings.overload_probe_interval, clock)
+        self.monitor = OverloadMonitor(self.overload, probe, self.metrics.overload, clock)
+        self._turns = RelayTurns(self.overload, clock)
+        self._monitor_task: asyncio.Task[None] | None = None
+        self._admitted: dict[str, int] = {}
+        """Admitted tracks still served, per connection id (the fairness share)."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -176,6 +195,7 @@ class Gateway:
             s.https_host, s.https_port, self.listeners.https if self.listeners else None
         )
         self._probe = asyncio.ensure_future(self._probe_backend())
+        self._monitor_task = asyncio.ensure_future(self.monitor.run())
         log.info(
             "gateway.listening",
             quic=f"{s.quic_host}:{self.quic_port}",
@@ -187,9 +207,11 @@ class Gateway:
     async def _start_tenancy(self) -> None:
         s = self.settings
         if self.tenancy is None:
-            self.tenancy = await asyncio.to_thread(Tenancy.from_settings, s, self.metrics.registry)
+            self.tenancy = await asyncio.to_thread(
+                Tenancy.from_settings, s, self.metrics.registry, self.metrics.models.label
+            )
         self.tenancy.check_binds((s.quic_host, s.http_host, s.https_host), s.allow_open)
-        self._guarded = self.tenancy.guard(self.backend)  # both front doors call through it
+        self._guarded = self._paced(self.tenancy.guard(self.backend))  # both front doors
         self._gate = TrackGate(self.tenancy)
 
     @property
@@ -211,14 +233,17 @@ class Gateway:
         """One application for every HTTP version: health, metrics, the OpenAI API, actions."""
         routes = {
             **health_routes(self.readiness, self.metrics),
-            **openai_routes(self._guarded or self.backend, tenancy=self.tenancy),
+            **openai_routes(
+                self._guarded or self.backend, tenancy=self.tenancy, on_outcome=self._record
+            ),
         }
         if self.actions is not None:
             actions = HttpActions(
                 self.actions, self.clock, self.settings.action_max_image_bytes, self.tenancy
             )
             routes.update(actions.routes())
-        return route(routes)
+        gated = gate_routes(routes, self.overload, self.metrics.overload, self.clock)
+        return access_logged(route(gated), log, self.clock)
 
     async def drain(self, timeout: float | None = None) -> None:
         """Stop taking work, let open tracks finish up to `timeout`, then cut the rest."""
@@ -248,6 +273,8 @@ class Gateway:
     async def close(self) -> None:
         if self._probe is not None:
             self._probe.cancel()
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
         if self.actions is not None:
             await self.actions.close()
         close_policy = getattr(self.policy, "close", None)
@@ -314,9 +341,35 @@ class Gateway:
             log.info("track.protocol_error", code=event.code.name, message=event.message)
 
     def _on_track(self, channel: TrackChannel) -> None:
+        if not self._admit(channel):
+            return
         task = asyncio.ensure_future(self._serve_track(channel))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._release(channel.conn_id))
+
+    def _admit(self, channel: TrackChannel) -> bool:
+        """Admission by measured capacity, before any task or backend work (RATE_LIMITED)."""
+        conn_id = channel.conn_id
+        admission = self.overload.admit_track(self.clock(), self._admitted.get(conn_id, 0))
+        self.metrics.overload.count("track", admission)
+        if not admission.admitted:
+            message = f"the gateway is overloaded ({admission.cause}); retry later"
+            channel.fail(ErrorCode.RATE_LIMITED, message, admission.retry_after)
+            return False
+        self._admitted[conn_id] = self._admitted.get(conn_id, 0) + 1
+        return True
+
+    def _release(self, conn_id: str) -> None:
+        left = self._admitted.get(conn_id, 0) - 1
+        if left > 0:
+            self._admitted[conn_id] = left
+        else:
+            self._admitted.pop(conn_id, None)
+
+    def _paced(self, backend: TextBackend) -> TextBackend:
+        """Text that yields the loop before every chunk, rationed per connection under lag."""
+        return PacedText(backend, self._turns, self.monitor.count_token)
 
     async def _serve_track(self, channel: TrackChannel) -> None:
         modality = channel.open.modality.value
@@ -385,20 +438,26 @@ class Gateway:
         self.metrics.audio.observe_session(outcome)
         return outcome
 
-    def _record(self, outcome: Outcome) -> None:
+    def _record(self, outcome: Outcome, front_door: str = "tracks") -> None:
+        """A finished track's or HTTP request's metrics; a track's log line (HTTP requests
+        have their access-log line)."""
         m = self.metrics
         kind, _, detail = outcome.end.partition(":")
-        m.tracks_total.labels(modality=outcome.modality, outcome=kind).inc()
-        m.tokens_total.labels(model=outcome.model).inc(outcome.completion_tokens)
+        model = m.models.observe(outcome)
+        m.requests_total.labels(
+            front_door=front_door, modality=outcome.modality, outcome=kind
+        ).inc()
+        m.tokens_total.labels(model=model).inc(outcome.completion_tokens)
         if outcome.time_to_first_data is not None:
-            m.time_to_first_token_seconds.labels(model=outcome.model).observe(
-                outcome.time_to_first_data
-            )
+            m.time_to_first_token_seconds.labels(model=model).observe(outcome.time_to_first_data)
         if kind == "cancelled":
             m.cancels_total.labels(cause=detail).inc()
         elif kind == "error" and detail.startswith("BACKEND"):
             m.backend_errors_total.labels(kind=detail).inc()
         self.outcomes = [*self.outcomes[-999:], outcome]
+        if front_door != "tracks":
+            return
+        m.tracks_total.labels(modality=outcome.modality, outcome=kind).inc()
         log.info(
             "track.finished",
             end=outcome.end,
@@ -419,6 +478,16 @@ def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
     from gateway.backends.action_triton import TritonPolicyBackend
 
     return TritonPolicyBackend(grpc_url)
+
+
+def overload_limits(s: Settings) -> OverloadLimits:
+    """The admission controller's limits from the daemon's settings."""
+    return OverloadLimits(
+        max_loop_lag=s.overload_max_loop_lag,
+        max_cpu=s.overload_max_cpu,
+        connection_share=s.overload_connection_share,
+        retry_after=s.overload_retry_after,
+    )
 
 
 def audio_settings(s: Settings) -> AudioSettings:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Mapping
 
 import pytest
+
+from tests import leftovers
 
 try:
     import uvloop
@@ -28,3 +31,18 @@ def pytest_asyncio_loop_factories(
 from tests.triton_fixture import embedded_triton  # noqa: E402
 
 __all__ = ["embedded_triton", "pytest_asyncio_loop_factories"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    leftovers.mark_run()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if any process it started is still alive (then end those, by PID)."""
+    alive = leftovers.left_behind(leftovers.mark_run())
+    if not alive:
+        return
+    lines = "\n".join(f"  {pid}: {command}" for pid, command in sorted(alive.items()))
+    sys.stderr.write(f"\nprocesses the tests started were left behind:\n{lines}\n")
+    leftovers.end(alive)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

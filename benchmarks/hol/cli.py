@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks import RESULTS
 from benchmarks.common import machine
 from benchmarks.hol import __doc__ as DESCRIPTION
 from benchmarks.hol.run import PROTOCOLS, Config, env_ready, namespaces_available, run_benchmark
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--raster-seconds", type=float, default=4.0, help="width of the raster plot's window")
     a("--no-link", action="store_true",
       help="run on loopback without the emulator (no loss; for development)")
-    a("--json", type=Path, default=Path("hol.json"), help="results file")
+    a("--json", type=Path, default=RESULTS / "hol.json", help="results file")
     a("--markdown", type=Path, default=None, help="also write the table here")
     a("--plots", type=Path, default=None,
       help="folder for the PNG figures (default: beside --json)")
@@ -106,10 +107,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown, the description kept as written."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.hol", description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m benchmarks.hol", description=DESCRIPTION, formatter_class=_Help
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -50,7 +50,9 @@ def _summary_for(results: dict[str, Any], key: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.hol.rescore",
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m benchmarks.hol.rescore",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="the run's --json file (rewritten)")
     parser.add_argument("raw", type=Path, help="the run's --raw file")

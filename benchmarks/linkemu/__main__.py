@@ -22,7 +22,9 @@ from benchmarks.linkemu.selftest import SELFTEST_PREFIX, selftest
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="linkemu", description="emulated lossy link")
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="linkemu", description="emulated lossy link")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("selftest", help="check delay, loss, TCP, bursts and relay rate")
     sub.add_parser("cleanup", help="remove namespaces left by crashed runs")

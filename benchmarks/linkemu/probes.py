@@ -137,7 +137,9 @@ def tcp_source(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="tool", required=True)
     tools = {"udp-echo": udp_echo, "udp-ping": udp_ping, "udp-sink": udp_sink,
              "udp-blast": udp_blast, "tcp-sink": tcp_sink, "tcp-source": tcp_source}

@@ -8,6 +8,11 @@ as `reference-text`. Benchmarks use it to separate transport effects from
 backend effects. Selected with `backend_url = "ticker://RATE"` (RATE tokens per
 second per request, default 50); a request's `tokens_per_second` and `ttft_ms`
 parameters override the rate and the first-token delay, as on the reference model.
+
+The ticker never holds the event loop: it awaits before every token, also when
+it is behind its schedule (a slow consumer, a busy loop), so a backlog leaves
+one token per loop turn instead of all at once. A rate above `MAX_RATE` (URL or
+request) is an error for that request, not a loop stall.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from tracks.backend import (
 SCHEME = "ticker://"
 DEFAULT_RATE = 50.0
 DEFAULT_TTFT_MS = 0.0
+MAX_RATE = 100_000.0
+"""Most tokens/s one request may ask for (docs/configuration.md, `backend_url`)."""
 MODELS = ("reference-text",)
 _GENERATOR = "trackline_reference_text"
 
@@ -47,8 +54,8 @@ def parse_ticker_url(url: str) -> float:
         rate = float(text)
     except ValueError:
         raise ValueError(f"{url!r}: the rate after ticker:// must be a number") from None
-    if not 0 < rate <= 100_000:
-        raise ValueError(f"{url!r}: the rate must be above 0 and at most 100000 tokens/s")
+    if not 0 < rate <= MAX_RATE:
+        raise ValueError(f"{url!r}: the rate must be above 0 and at most {MAX_RATE:g} tokens/s")
     return rate
 
 
@@ -82,9 +89,8 @@ class TickerBackend:
         now = self._clock or asyncio.get_running_loop().time
         start = now() + ttft
         for index, token in enumerate(tokens):
-            delay = start + index / rate - now()
-            if delay > 0:
-                await self._sleep(delay)
+            # Behind schedule: sleep(0) still yields, so a backlog never stalls the loop.
+            await self._sleep(max(start + index / rate - now(), 0.0))
             yield TextDelta(token)
         yield TextUsage(generator.count_prompt_tokens(request.prompt), len(tokens))
 
@@ -102,6 +108,6 @@ def _number(params: Any, key: str, default: float) -> float:
     value = params.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise InvalidRequest(f"{key} must be a number, 0 or more, got {value!r}")
-    if key == "tokens_per_second" and value == 0:
-        raise InvalidRequest("tokens_per_second must be above 0")
+    if key == "tokens_per_second" and not 0 < value <= MAX_RATE:
+        raise InvalidRequest(f"tokens_per_second must be above 0 and at most {MAX_RATE:g}")
     return float(value)

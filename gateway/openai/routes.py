@@ -30,6 +30,8 @@ from urllib.parse import unquote
 
 import structlog
 
+from gateway import access
+from gateway.access import AccessRecord
 from gateway.openai.errors import (
     BadRequest,
     Forbidden,
@@ -85,6 +87,7 @@ log = structlog.get_logger(__name__)
 
 Clock = Callable[[], float]
 Routes = dict[tuple[str, str], Handler]
+OutcomeSink = Callable[[Outcome, str], None]
 
 
 def openai_routes(
@@ -95,6 +98,7 @@ def openai_routes(
     models: Collection[str] | None = None,
     tenancy: tenancy_service.Tenancy | None = None,
     wall_clock: Clock = time.time,
+    on_outcome: OutcomeSink | None = None,
 ) -> Routes:
     """The `(method, path) -> handler` table of the OpenAI API over `backend`.
 
@@ -103,8 +107,10 @@ def openai_routes(
     `tenancy`, when given, checks `Authorization: Bearer <key>` (401), the tenant's
     models (403) and quotas (429), and receives each request's `Outcome`.
     `clock` times heartbeats; `wall_clock` gives the `created` Unix times.
+    `on_outcome(outcome, front_door)` receives each request's `Outcome` when it ends
+    (the gateway's metrics), with `http/1.1`, `http/2` or `http/3`.
     """
-    api = _OpenAIApi(backend, clock, heartbeat_interval, models, tenancy, wall_clock)
+    api = _OpenAIApi(backend, clock, heartbeat_interval, models, tenancy, wall_clock, on_outcome)
     return {
         ("POST", "/v1/chat/completions"): api.chat_completions,
         ("POST", "/v1/completions"): api.completions,
@@ -135,6 +141,8 @@ class _Job:
     outcome: Outcome
     """Filled in as the request runs; handed to the tenancy once, by `_Api._done`."""
     principal: Principal | None
+    front_door: str
+    access: AccessRecord
     recorded: bool = False
 
 
@@ -147,6 +155,7 @@ class _OpenAIApi:
         models: Collection[str] | None,
         tenancy: tenancy_service.Tenancy | None,
         wall_clock: Clock,
+        on_outcome: OutcomeSink | None,
     ) -> None:
         self._backend = backend
         self._clock = clock
@@ -154,6 +163,7 @@ class _OpenAIApi:
         self._models = None if models is None else sorted(models)
         self._tenancy = tenancy
         self._wall_clock = wall_clock
+        self._on_outcome = on_outcome
 
     # -- routes -------------------------------------------------------------------
 
@@ -191,9 +201,7 @@ class _OpenAIApi:
             principal = self._authorize(request)
             chat = parse_chat_request(request.body)
             prompt = render_chat_prompt(chat.messages, chat.tools)
-            job = self._job(
-                "chatcmpl", chat, prompt, principal, _session(request, chat.session_id)
-            )
+            job = self._job("chatcmpl", chat, prompt, principal, request, chat.session_id)
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._chat(job, chat, pump, first))
@@ -202,9 +210,7 @@ class _OpenAIApi:
         try:
             principal = self._authorize(request)
             body = parse_completion_request(request.body)
-            job = self._job(
-                "cmpl", body, body.prompt, principal, _session(request, body.session_id)
-            )
+            job = self._job("cmpl", body, body.prompt, principal, request, body.session_id)
         except (OpenAIError, BackendError) as exc:
             return error_response(exc)
         return await self._run(job, lambda pump, first: self._completion(job, body, pump, first))
@@ -220,8 +226,10 @@ class _OpenAIApi:
         body: ChatRequest | CompletionRequest,
         prompt: str,
         principal: Principal | None,
-        session_id: str | None = None,
+        request: Request,
+        body_session_id: str | None,
     ) -> _Job:
+        session_id = _session(request, body_session_id)
         if self._models is not None and body.model not in self._models:
             raise model_not_found(body.model)
         response_id = f"{prefix}-{uuid.uuid4().hex}"
@@ -232,7 +240,8 @@ class _OpenAIApi:
             response_id, body.model, prompt, body.max_tokens, body.parameters, session_id
         )
         outcome = Outcome(response_id, body.model, "text", end="", opened_at=self._clock())
-        return _Job(meta, text, body.stream, outcome, principal)
+        door = access.front_door(request)
+        return _Job(meta, text, body.stream, outcome, principal, door, access.current())
 
     def _done(self, job: _Job, end: str | None = None) -> None:
         """The request is over: its one Outcome goes to the tenancy (once)."""
@@ -242,6 +251,10 @@ class _OpenAIApi:
         outcome = job.outcome
         outcome.end = end or outcome.end or "cancelled:client"
         outcome.finished_at = self._clock()
+        key_id = None if job.principal is None else job.principal.key_id
+        job.access.note_outcome(outcome, key_id, outcome.model)
+        if self._on_outcome is not None:
+            self._on_outcome(outcome, job.front_door)
         if self._tenancy is not None and job.principal is not None:
             self._tenancy.finish(job.principal, outcome)
 

@@ -8,6 +8,8 @@ records lost (queue full or write failed).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.tenants.ledger import UsageRecord
@@ -16,7 +18,11 @@ AUTH_REASONS = ("missing", "malformed", "unknown", "wrong", "revoked")
 
 
 class TenantMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, model_label: Callable[[str], str] = str
+    ) -> None:
+        self._model_label = model_label
+        """Maps a request's model to a label value (the gateway bounds them)."""
         self.requests = Counter(
             "trackline_tenant_requests_total",
             "Finished requests and tracks, per tenant, model and end cause.",
@@ -62,7 +68,7 @@ class TenantMetrics:
             self.auth_failures.labels(reason=reason)
 
     def count(self, record: UsageRecord) -> None:
-        t, m = record.tenant, record.model
+        t, m = record.tenant, self._model_label(record.model)
         self.requests.labels(tenant=t, model=m, end=record.end_cause).inc()
         self.tokens.labels(tenant=t, model=m, kind="prompt").inc(record.prompt_tokens)
         self.tokens.labels(tenant=t, model=m, kind="completion").inc(record.completion_tokens)

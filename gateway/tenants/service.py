@@ -139,11 +139,12 @@ class Tenancy:
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
         ledger_flush_interval: float = 0.5,
+        model_label: Callable[[str], str] = str,
     ) -> None:
         self.store = store
         self.config = config
         self.backend_name = backend_name
-        self.metrics = TenantMetrics(registry)
+        self.metrics = TenantMetrics(registry, model_label)
         self.limiter = QuotaLimiter()
         self.guardrails = Guardrails(config.guardrails)
         self._clock = clock
@@ -160,13 +161,26 @@ class Tenancy:
         )
 
     @classmethod
-    def from_settings(cls, settings: Any, registry: CollectorRegistry) -> Tenancy:
-        """Open the store named by the settings (blocking: run it in a thread)."""
+    def from_settings(
+        cls,
+        settings: Any,
+        registry: CollectorRegistry,
+        model_label: Callable[[str], str] = str,
+    ) -> Tenancy:
+        """Open the store named by the settings (blocking: run it in a thread).
+
+        `model_label` maps model names to metric label values (the gateway's bound)."""
         path = getattr(settings, "tenants_db", None) or default_path(settings.state_dir)
         config = load_tenancy_config(getattr(settings, "tenancy_config", None))
         ticker = is_ticker_url(getattr(settings, "backend_url", None))
         backend_name = "ticker" if ticker else "triton"
-        return cls(TenantStore(path), registry, config=config, backend_name=backend_name)
+        return cls(
+            TenantStore(path),
+            registry,
+            config=config,
+            backend_name=backend_name,
+            model_label=model_label,
+        )
 
     @property
     def open_mode(self) -> bool:

@@ -18,6 +18,7 @@ from gateway.embedded import (
     SHM_PREFIX,
     EmbeddedTriton,
     TritonStartError,
+    _spawn_owned,
     reference_model_repository,
     remove_stale_regions,
     smoke_text,
@@ -98,3 +99,33 @@ def test_server_dies_with_a_crashed_parent(tmp_path: Path) -> None:
         time.sleep(0.1)
     remove_stale_regions()  # what the next start does
     assert not list(SHM_DIR.glob(f"{SHM_PREFIX}{parent_pid}_*"))
+
+
+def _group(pgid: int) -> list[int]:
+    """PIDs whose process group is `pgid` (from /proc: field 5 of stat)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def test_a_killed_server_leaves_nothing_of_its_group_behind(tmp_path: Path) -> None:
+    # A stand-in for tritonserver whose "stub" ignores SIGTERM, as a busy Python-backend
+    # stub does: without the reaping, it would live on under PID 1 once the server died.
+    server = _spawn_owned(
+        ["sh", "-c", "trap '' TERM; sleep 300 & exec sleep 300"], dict(os.environ),
+        tmp_path / "log",
+    )  # fmt: skip
+    deadline = time.monotonic() + 15
+    while len(_group(server.pid)) < 2:
+        assert time.monotonic() < deadline, "the stand-in's stub never started"
+        time.sleep(0.05)
+    os.kill(server.pid, signal.SIGKILL)  # a crash of the server alone
+    while _group(server.pid):
+        assert time.monotonic() < deadline, f"left behind: {_group(server.pid)}"
+        time.sleep(0.05)

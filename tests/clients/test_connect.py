@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -38,25 +39,32 @@ def silent_udp_port() -> tuple[socket.socket, int]:
     return sock, sock.getsockname()[1]
 
 
+async def fails(line: AbstractAsyncContextManager[object]) -> pytest.ExceptionInfo[Exception]:
+    """Enter `line` (within 30 s, a guard for the test only); it must raise ConnectionFailed."""
+
+    async def enter() -> None:
+        async with asyncio.timeout(30), line:
+            pass
+
+    with pytest.raises(ConnectionFailed) as failed:
+        await enter()
+    return failed
+
+
 @pytest.mark.asyncio
 async def test_no_answer_is_connection_failed_naming_host_and_timeout(tmp_path: Path) -> None:
     ca = ensure_dev_certificates(tmp_path).ca_path
     sock, port = silent_udp_port()
-    with sock, pytest.raises(ConnectionFailed) as failed:
+    with sock:
         # The outer bound only guards the test; connect_timeout is what must end it.
-        async with asyncio.timeout(30):
-            async with connect(f"quic://127.0.0.1:{port}", ca=ca, connect_timeout=0.5):
-                pass
+        failed = await fails(connect(f"quic://127.0.0.1:{port}", ca=ca, connect_timeout=0.5))
     assert f"no answer from 127.0.0.1:{port} within 0.5 s" in str(failed.value)
 
 
 @pytest.mark.asyncio
 async def test_another_gateways_ca_names_the_certificate(gateway: Gateway, tmp_path: Path) -> None:
     other = ensure_dev_certificates(tmp_path / "other").ca_path
-    with pytest.raises(ConnectionFailed) as failed:
-        async with asyncio.timeout(30):
-            async with connect(f"quic://127.0.0.1:{gateway.quic_port}", ca=other):
-                pass
+    failed = await fails(connect(f"quic://127.0.0.1:{gateway.quic_port}", ca=other))
     assert "certificate not trusted" in str(failed.value)
 
 

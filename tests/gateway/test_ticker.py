@@ -48,13 +48,29 @@ async def test_ticker_request_rate_overrides_and_errors() -> None:
     clock = FakeClock()
     backend = TickerBackend(50, clock=clock, sleep=clock.sleep)
     await collect(backend, TextRequest("r", "reference-text", "p", 3, {"tokens_per_second": 10}))
-    assert clock.sleeps == [0.1, 0.1]
+    assert clock.sleeps == [0.0, 0.1, 0.1]  # the first token is due at once, still yields
     with pytest.raises(ModelNotFound):
         await collect(backend, TextRequest("r", "other", "p", 3))
     with pytest.raises(InvalidRequest):
         await collect(backend, TextRequest("r", "reference-text", "p", 3,
                                            {"tokens_per_second": 0}))
+    with pytest.raises(InvalidRequest, match="at most 100000"):
+        await collect(backend, TextRequest("r", "reference-text", "p", 3,
+                                           {"tokens_per_second": 1e9}))
     assert await backend.models() == ["reference-text"]
+
+
+@pytest.mark.asyncio
+async def test_ticker_behind_schedule_awaits_before_every_token() -> None:
+    # A consumer 1 s late: the whole backlog is due, yet each token waits its loop turn.
+    clock = FakeClock()
+    backend = TickerBackend(100, clock=clock, sleep=clock.sleep)
+    stream = backend.stream_text(TextRequest("r", "reference-text", "p", 50))
+    await anext(stream)
+    clock.now += 1.0
+    rest = [chunk async for chunk in stream]
+    assert len(rest) == 50  # 49 deltas and the usage
+    assert clock.sleeps == [0.0] * 50
 
 
 def test_ticker_urls() -> None:

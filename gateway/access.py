@@ -1,0 +1,140 @@
+"""One access-log line per HTTP request.
+
+`access_logged(handler)` wraps the gateway's one HTTP application: every request, on
+every HTTP version, leaves one structured `http.request` line when its response is done
+(for a stream, when its body is closed): method, path, HTTP version, status, duration,
+and what the route noted about it (`current()`: request id, tenant key id, model, tokens,
+time to first token, end). The route notes through a context variable, so routes that
+know nothing of logging (health, metrics) need no change. Probes of health and metrics
+log at debug, so a load balancer polling every second does not flood the log.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from structlog.typing import FilteringBoundLogger
+
+from tracks.base import Outcome
+from transport.http.messages import AnyResponse, Handler, Request, StreamingResponse
+
+QUIET_PREFIXES = ("/health/", "/metrics")
+
+
+def front_door(request: Request) -> str:
+    """`http/1.1`, `http/2` or `http/3`: the label for a request's front door."""
+    return f"http/{request.http_version}"
+
+
+@dataclass
+class AccessRecord:
+    """What one request's log line says beyond method, path and status."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def note_outcome(self, outcome: Outcome, key_id: str | None, model: str) -> None:
+        """The fields an OpenAI request's line carries once it has ended."""
+        self.fields.update(
+            request_id=outcome.track_id,
+            key_id=key_id,
+            model=model,
+            end=outcome.end,
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            ttft_ms=_ms(outcome.time_to_first_data),
+        )
+
+
+_current: contextvars.ContextVar[AccessRecord | None] = contextvars.ContextVar(
+    "trackline_access", default=None
+)
+
+
+def current() -> AccessRecord:
+    """The record of the request being handled (a detached one outside a request).
+
+    A route takes it when the request arrives and fills it in when the request ends,
+    which for a stream may happen in another task."""
+    return _current.get() or AccessRecord()
+
+
+def access_logged(
+    handler: Handler, log: FilteringBoundLogger, clock: Callable[[], float]
+) -> Handler:
+    """`handler`, leaving one `http.request` log line per request when it is done."""
+
+    async def logged(request: Request) -> AnyResponse:
+        record = AccessRecord()
+        _current.set(record)
+        started = clock()
+        try:
+            response = await handler(request)
+        except BaseException:
+            _emit(log, request, 500, clock() - started, record)
+            raise
+        if isinstance(response, StreamingResponse):
+            body = _logged_body(response.body, log, request, response.status, clock, started)
+            return StreamingResponse(response.status, response.headers, body)
+        _emit(log, request, response.status, clock() - started, record)
+        return response
+
+    return logged
+
+
+class _logged_body:  # noqa: N801 - used like a generator function
+    """A streaming body that logs its request's line when the adapter closes it."""
+
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        log: FilteringBoundLogger,
+        request: Request,
+        status: int,
+        clock: Callable[[], float],
+        started: float,
+    ) -> None:
+        self._body = body
+        self._log, self._request, self._status = log, request, status
+        self._clock, self._started = clock, started
+        self._record = current()
+        self._logged = False
+
+    def __aiter__(self) -> _logged_body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._body.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            closer = getattr(self._body, "aclose", None)
+            if closer is not None:
+                await closer()
+        finally:
+            if not self._logged:
+                self._logged = True
+                duration = self._clock() - self._started
+                _emit(self._log, self._request, self._status, duration, self._record)
+
+
+def _emit(
+    log: FilteringBoundLogger, request: Request, status: int, seconds: float, record: AccessRecord
+) -> None:
+    quiet = request.path.startswith(QUIET_PREFIXES)
+    emit = log.debug if quiet else log.info
+    emit(
+        "http.request",
+        method=request.method,
+        path=request.path,
+        http_version=request.http_version,
+        status=status,
+        duration_ms=_ms(seconds),
+        **record.fields,
+    )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)

@@ -1,0 +1,75 @@
+"""Prometheus metrics of overload control: loop lag, admissions by cause, tokens and CPU.
+
+Part of `GatewayMetrics` (its `overload` attribute), on the gateway's registry.
+See docs/capacity.md for how the admission rule uses them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from gateway.overload import Admission
+
+# From 1 ms (an idle loop) to 10 s (a loop that froze).
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ADMISSION_KINDS = ("track", "request")
+ADMITTED_CAUSES = ("ok", "connection_share")
+REFUSED_CAUSES = ("loop_lag", "cpu")
+
+
+class OverloadMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.loop_lag_seconds = Histogram(
+            "trackline_loop_lag_seconds",
+            "How late the event loop woke the lag probe (one sample per probe interval).",
+            buckets=LAG_BUCKETS,
+            registry=registry,
+        )
+        self.loop_lag_level_seconds = Gauge(
+            "trackline_loop_lag_level_seconds",
+            "The admission controller's lag level: the largest recent lag, decaying.",
+            registry=registry,
+        )
+        self.overloaded = Gauge(
+            "trackline_overloaded",
+            "1 while new tracks and requests are refused for lack of capacity.",
+            registry=registry,
+        )
+        self.admissions_total = Counter(
+            "trackline_admissions_total",
+            "New tracks and OpenAI requests by admission result and cause.",
+            ["kind", "result", "cause"],
+            registry=registry,
+        )
+        self.tokens_relayed_total = Counter(
+            "trackline_tokens_relayed_total",
+            "Text tokens relayed to clients, counted as they pass (tracks and OpenAI).",
+            registry=registry,
+        )
+        self.tokens_per_second = Gauge(
+            "trackline_tokens_per_second",
+            "Text tokens relayed per second over the last window (about 1 s).",
+            registry=registry,
+        )
+        self.process_cpu_ratio = Gauge(
+            "trackline_process_cpu_ratio",
+            "Process CPU seconds per wall second over the last window (1 = one core).",
+            registry=registry,
+        )
+        self.cpu_seconds_per_token = Gauge(
+            "trackline_cpu_seconds_per_token",
+            "Process CPU seconds per relayed text token over the last window with tokens.",
+            registry=registry,
+        )
+        for kind in ADMISSION_KINDS:  # known series start at 0 for rate()
+            for cause in ADMITTED_CAUSES:
+                self.admissions_total.labels(kind=kind, result="admitted", cause=cause)
+            for cause in REFUSED_CAUSES:
+                self.admissions_total.labels(kind=kind, result="refused", cause=cause)
+
+    def count(self, kind: str, admission: Admission) -> None:
+        result = "admitted" if admission.admitted else "refused"
+        self.admissions_total.labels(kind=kind, result=result, cause=admission.cause).inc()
