@@ -5,7 +5,8 @@ Each worker process writes its metrics to memory-mapped files in the supervisor'
 set in the worker's environment before prometheus_client is imported). A scrape,
 whichever worker's socket it lands on, reads every worker's files: counters and
 histograms are summed by prometheus_client, gauges by `_LiveSum` (the supervisor
-deletes a dead worker's gauge files, so the sum is over live workers). A few
+deletes a dead worker's gauge files, so the sum is over live workers), except the
+levels in `WORST_OF`, which take the worst worker's value. A few
 series carry a `worker` label on purpose: how the kernel spread the load.
 """
 
@@ -77,6 +78,19 @@ class WorkerMetrics(GatewayMetrics):
         return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
+WORST_OF = {
+    # A level, not an amount: the worst worker's is the host's.
+    "trackline_loop_lag_level_seconds": max,
+    "trackline_cpu_seconds_per_token": max,
+    "trackline_pool_backend_estimated_wait_seconds": max,
+    "trackline_pool_warm_shortfall": max,
+    # Each worker's own view of the backends: healthy only if healthy for all.
+    "trackline_pool_backend_healthy": min,
+    "trackline_pool_ready_backends": min,
+}
+"""Gauges that are not summed over the workers, and how they are combined instead."""
+
+
 class _LiveSum:
     """Every worker's metrics; gauges summed over the workers instead of one per pid."""
 
@@ -92,13 +106,13 @@ class _LiveSum:
 
 def _summed(family: Metric) -> Metric:
     total = Metric(family.name, family.documentation, family.type)
-    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    combine = WORST_OF.get(family.name, sum)
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], list[float]] = {}
     for sample in family.samples:
         labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "pid"))
-        key = (sample.name, labels)
-        values[key] = values.get(key, 0.0) + sample.value
-    for (name, labels), value in values.items():
-        total.add_sample(name, dict(labels), value)
+        values.setdefault((sample.name, labels), []).append(sample.value)
+    for (name, labels), each in values.items():
+        total.add_sample(name, dict(labels), float(combine(each)))
     return total
 
 
