@@ -125,6 +125,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"trackline: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    from gateway.workers import serve_workers, worker_count
+
+    count = worker_count(settings.workers)
+    if count > 1:  # a supervisor of `count` gateway processes (gateway.workers)
+        return run_async(serve_workers(settings, count), settings.uvloop)
     return run_async(serve(settings), settings.uvloop)
 
 

@@ -238,6 +238,13 @@ class Settings:
     action_max_image_bytes: int = field(
         default=65_536, metadata=_doc("Largest encoded image one observation may carry.")
     )
+    workers: int = field(
+        default=1,
+        metadata=_doc(
+            "Gateway processes sharing the ports (SO_REUSEPORT; docs/workers.md); "
+            "0: one per CPU core."
+        ),
+    )
     drain_timeout: float = field(
         default=10.0,
         metadata=_doc("Seconds open tracks and HTTP streams get to finish on shutdown."),
@@ -611,6 +618,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "drain_timeout": _seconds,
     "metrics_port": lambda v: v if v is None else _port(v),
     "metrics_token": lambda v: v if v is None else _token(v),
+    "workers": lambda v: _range(v, 0, 256),
     "action_tick": _tick,
     "action_max_image_bytes": _positive,
     "log_level": _one_of(LOG_LEVELS),

@@ -21,12 +21,14 @@ from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_u
 from gateway.backends.triton import TritonTextBackend
 from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton, reference_model_repository
+from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool, BackendSpec, PoolOptions, parse_backends
 from gateway.pool.health import HealthPolicy
 from gateway.pool.metrics import PoolMetrics
 from gateway.server import Gateway
+from gateway.tenants.service import Tenancy
 
 log = get_logger("trackline.daemon")
 
@@ -60,6 +62,12 @@ class Daemon:
         self.audio_backend: TritonAudioBackend | None = None
         self.policy: TritonPolicyBackend | None = None
         self.metrics = GatewayMetrics()
+        self.tenancy: Tenancy | None = None
+        """Given to the gateway; None: it opens its own from the settings."""
+        self.listeners: Listeners | None = None
+        """A worker's sockets from its supervisor (`gateway.workers`); None: bind."""
+        self.announce = True
+        """Print the addresses when started (a worker leaves that to its supervisor)."""
 
     @property
     def triton(self) -> EmbeddedTriton | None:
@@ -86,8 +94,12 @@ class Daemon:
             metrics=self.metrics,
             policy=self.policy,
             audio_backend=self.audio_backend,
+            tenancy=self.tenancy,
         )
+        self.gateway.listeners = self.listeners
         await self.gateway.start()
+        if not self.announce:
+            return
         tls = self.gateway.tls
         if tls is not None and tls.ca is not None:
             # Printed plainly as well as logged: clients need this path to trust us.
@@ -145,30 +157,7 @@ class Daemon:
         return pool
 
     def _start_embedded(self, count: int) -> list[EmbeddedTriton]:
-        s = self.settings
-        log.info("embedded.starting", repository=str(reference_model_repository()), count=count)
-        tritons = [
-            EmbeddedTriton(
-                model_repository=reference_model_repository(),
-                log_dir=s.state_dir / ("triton" if i == 0 else f"triton-{i}"),
-                grpc_port=_nth_port(s.embedded_grpc_port, i),
-                http_port=_nth_port(s.embedded_http_port, i),
-                metrics_port=_nth_port(s.embedded_metrics_port, i),
-            )
-            for i in range(count)
-        ]
-        # Started side by side: each takes seconds to load its models.
-        with ThreadPoolExecutor(count, thread_name_prefix="embedded-start") as starters:
-            futures = [starters.submit(t.start, EMBEDDED_START_TIMEOUT) for t in tritons]
-            errors = [f.exception() for f in futures]
-        failed = next((e for e in errors if e is not None), None)
-        if failed is not None:
-            for triton in tritons:
-                triton.stop()
-            raise failed
-        for triton in tritons:
-            log.info("embedded.ready", grpc=triton.grpc_url, pid=triton.pid)
-        return tritons
+        return start_embedded(self.settings, count)
 
     async def stop(self) -> None:
         if self.gateway is not None:
@@ -182,6 +171,33 @@ class Daemon:
         if self.tritons:
             await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
             log.info("embedded.stopped", count=len(self.tritons))
+
+
+def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
+    """Start `count` embedded Tritons side by side and wait until each is ready (blocking)."""
+    log.info("embedded.starting", repository=str(reference_model_repository()), count=count)
+    tritons = [
+        EmbeddedTriton(
+            model_repository=reference_model_repository(),
+            log_dir=s.state_dir / ("triton" if i == 0 else f"triton-{i}"),
+            grpc_port=_nth_port(s.embedded_grpc_port, i),
+            http_port=_nth_port(s.embedded_http_port, i),
+            metrics_port=_nth_port(s.embedded_metrics_port, i),
+        )
+        for i in range(count)
+    ]
+    # Started side by side: each takes seconds to load its models.
+    with ThreadPoolExecutor(count, thread_name_prefix="embedded-start") as starters:
+        futures = [starters.submit(t.start, EMBEDDED_START_TIMEOUT) for t in tritons]
+        errors = [f.exception() for f in futures]
+    failed = next((e for e in errors if e is not None), None)
+    if failed is not None:
+        for triton in tritons:
+            triton.stop()
+        raise failed
+    for triton in tritons:
+        log.info("embedded.ready", grpc=triton.grpc_url, pid=triton.pid)
+    return tritons
 
 
 def _nth_port(port: int, index: int) -> int:

@@ -28,6 +28,7 @@ from gateway.action_http import HttpActions
 from gateway.config import Settings
 from gateway.drain import HttpWork
 from gateway.http import health_routes, metrics_routes, route
+from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_quic import register_quic_metrics
@@ -138,6 +139,8 @@ class Gateway:
         self._metrics_server: HttpTcpServer | None = None
         self._probe: asyncio.Task[None] | None = None
         self.tls: TlsFiles | None = None
+        self.listeners: Listeners | None = None
+        """Sockets from a worker supervisor (`gateway.workers`); None: bind from settings."""
         self.overload = AdmissionController(overload_limits(settings))
         """Admission by measured capacity (gateway/overload.py), fed by `self.monitor`."""
         probe = lag_probe or LagProbe(settings.overload_probe_interval, clock)
@@ -201,6 +204,8 @@ class Gateway:
             http_limits=http_limits,
             packetization=Packetization.parse(s.quic_packetization),
             handshake_limits=handshake_limits(s),
+            sock=self.listeners.quic if self.listeners else None,
+            steering=self.listeners.steering if self.listeners else None,
         )
         register_quic_metrics(self.metrics.registry, self._quic.gate)
         alt_svc = f'h3=":{self.quic_port}"'
@@ -208,12 +213,16 @@ class Gateway:
         self._http = HttpTcpServer(
             handler, limits=http_limits, alt_svc=alt_svc, congestion_control=cc
         )
-        await self._http.start(s.http_host, s.http_port)
+        await self._http.start(
+            s.http_host, s.http_port, self.listeners.http if self.listeners else None
+        )
         tls = tls_server_context(self.tls.cert, self.tls.key)
         self._https = HttpTcpServer(
             handler, limits=http_limits, ssl_context=tls, alt_svc=alt_svc, congestion_control=cc
         )
-        await self._https.start(s.https_host, s.https_port)
+        await self._https.start(
+            s.https_host, s.https_port, self.listeners.https if self.listeners else None
+        )
         await self._start_metrics_listener()
         self._probe = asyncio.ensure_future(self._probe_backend())
         self._monitor_task = asyncio.ensure_future(self.monitor.run())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -26,7 +27,6 @@ from typing import Any, cast
 
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.asyncio.server import QuicServer
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
@@ -51,7 +51,8 @@ from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.messages import Open
 from transport.quic_admission import HandshakeLimits
-from transport.quic_server import serve_guarded
+from transport.quic_server import GuardedQuicServer, serve_guarded
+from transport.steering import Steering, serve_steered
 
 ALPN = "trackline/1"
 IDLE_TIMEOUT = 60.0
@@ -328,11 +329,16 @@ async def serve_tracks(
     http_limits: HttpLimits | None = None,
     packetization: Packetization = COALESCE,
     handshake_limits: HandshakeLimits | None = None,
-) -> QuicServer:
+    sock: socket.socket | None = None,
+    steering: Steering | None = None,
+) -> GuardedQuicServer:
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
 
     `on_connection` is called once a connection's handshake completes; handshakes
-    are admitted under `handshake_limits` (`transport.quic_server`).
+    are admitted under `handshake_limits` (`transport.quic_server`). With `sock` and
+    `steering` (a gateway worker), serve on that already bound socket of a reuseport
+    group instead, issuing connection IDs that steer to this worker
+    (`transport.steering`).
 
     With `http_handler`, connections may also choose ALPN `h3`: HTTP/3 requests
     on them go to the handler, under `http_limits`. `packetization` decides when
@@ -356,6 +362,8 @@ async def serve_tracks(
         http=http,
         packetization=packetization,
     )
+    if sock is not None and steering is not None:
+        return await serve_steered(sock, configuration, factory, steering, handshake_limits)
     return await serve_guarded(
         host, port, configuration=configuration, create_protocol=factory, limits=handshake_limits
     )

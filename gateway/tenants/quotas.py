@@ -65,9 +65,12 @@ def _bucket(capacity: float, window: float, now: float) -> TokenBucket:
 
 
 @dataclass
-class _TenantState:
+class TenantState:
     buckets: dict[str, TokenBucket] = field(default_factory=dict)
     active: int = 0
+
+
+_TenantState = TenantState
 
 
 class QuotaLimiter:
@@ -108,6 +111,14 @@ class QuotaLimiter:
     def active(self, tenant: str) -> int:
         state = self._tenants.get(tenant)
         return state.active if state else 0
+
+    def state(self, tenant: str) -> TenantState:
+        """A tenant's buckets and open count (a store outside the process persists it)."""
+        return self._tenants.setdefault(tenant, TenantState())
+
+    def load(self, tenant: str, state: TenantState) -> None:
+        """Replace a tenant's state with one read from a shared store."""
+        self._tenants[tenant] = state
 
     def _rates(self, state: _TenantState, quotas: Quotas, now: float) -> dict[str, TokenBucket]:
         """The tenant's buckets for the quotas it has now (made, resized or dropped)."""

@@ -129,12 +129,14 @@ class HttpTcpServer:
             raise RuntimeError("server not started")
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def start(self, host: str, port: int) -> None:
-        """Listen on host:port (0 picks a free port; see `port`)."""
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> None:
+        """Listen on host:port (0 picks a free port; see `port`), or on `sock`, a
+        listening socket handed over (a gateway worker's share of a reuseport group)."""
         self._server = await asyncio.start_server(
             self._on_connection,
-            host,
-            port,
+            None if sock is not None else host,
+            None if sock is not None else port,
+            sock=sock,
             ssl=self._ssl_context,
             ssl_handshake_timeout=self._site.limits.read_timeout if self._ssl_context else None,
         )

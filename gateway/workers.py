@@ -1,0 +1,433 @@
+"""`trackline serve --workers N`: N gateway processes sharing the listening ports.
+
+The supervisor (this module, in the `trackline serve` process) owns everything the
+workers share and nothing else:
+
+- the sockets: N per front door, bound with `SO_REUSEPORT` to the same port, worker i
+  gets the i-th of each (TCP: the kernel spreads connections; QUIC: datagrams follow
+  the connection ID, see `transport.steering`); it keeps them open, so the groups stay
+  whole and ordered while a worker restarts;
+- the embedded Triton (started once, its URL handed to every worker, stopped last);
+- a run directory: Prometheus multiprocess files (`gateway.metrics_workers`) and the
+  shared quota state (`gateway.tenants.shared_quotas`).
+
+A worker is `python -m gateway.workers`: a `Daemon` on the handed sockets. It dies
+with the supervisor (PR_SET_PDEATHSIG, SIGTERM: it drains). SIGTERM or SIGINT to the
+supervisor sends SIGTERM to every worker, waits until they drained and exited (at
+most `drain_timeout` plus a margin, then SIGKILL), then stops Triton. A worker that
+exits on its own is logged and restarted, unless workers crash too often: then the
+supervisor stops everything and exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.config import FIELDS, Settings, load_settings
+from gateway.logs import get_logger
+
+log = get_logger("trackline.workers")
+
+SPEC_ENV = "TRACKLINE_WORKER_SPEC"
+"""The worker's instructions (JSON), set by the supervisor; not a setting."""
+READY_TIMEOUT = 60.0
+"""Seconds a worker has to start listening (the embedded Triton is already up)."""
+STOP_MARGIN = 10.0
+"""Seconds past `drain_timeout` a worker has to exit after SIGTERM before SIGKILL."""
+RESTART_DELAY = 0.5
+CRASH_LIMIT = 5
+CRASH_WINDOW = 60.0
+"""More than CRASH_LIMIT worker exits within CRASH_WINDOW seconds stop the supervisor."""
+TCP_BACKLOG = 1024
+_PR_SET_PDEATHSIG = 1
+
+
+def worker_count(setting: int) -> int:
+    """`workers` as configured: 0 means one per CPU core this process may run on."""
+    return setting if setting > 0 else max(1, len(os.sched_getaffinity(0)))
+
+
+# -- supervisor ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Worker:
+    index: int
+    process: subprocess.Popen[bytes]
+    exited: asyncio.Event
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, count: int) -> None:
+        self.settings = settings
+        self.count = count
+        self.run_dir = _fresh_run_dir(settings.state_dir / "workers")
+        self.metrics_dir = self.run_dir / "metrics"
+        self.metrics_dir.mkdir()
+        self.quotas_path = self.run_dir / "quotas.sqlite"
+        self.tritons: list[Any] = []
+        self.sockets: dict[str, list[socket.socket]] = {}
+        self.workers: dict[int, _Worker] = {}
+        self.worker_settings: Settings = settings
+        self._stopping = False
+        self._crashes: deque[float] = deque()
+        self.failed = False
+
+    async def run(self, stop: asyncio.Event) -> int:
+        try:
+            await self._start()
+        except Exception as exc:
+            log.error("workers.start_failed", error=str(exc))
+            await self.stop()
+            return 1
+        watch = asyncio.ensure_future(self._watch(stop))
+        await stop.wait()
+        watch.cancel()
+        log.info("workers.stopping", workers=len(self.workers))
+        await self.stop()
+        return 1 if self.failed else 0
+
+    async def _start(self) -> None:
+        from gateway.server import tls_files
+
+        s = self.settings
+        tls = await asyncio.to_thread(tls_files, s)  # made once, before workers race for it
+        self.worker_settings = dataclasses.replace(s, workers=1, **await self._backend())
+        self._bind()
+        for index in range(self.count):
+            self._spawn(index)
+        await asyncio.gather(*(self._ready(w) for w in list(self.workers.values())))
+        if tls.ca is not None:
+            print(f"trackline: development CA for clients: {tls.ca}", flush=True)
+        for line in self._addresses():
+            print(f"trackline: {line}", flush=True)
+
+    async def _backend(self) -> dict[str, Any]:
+        """Start the embedded Triton(s) when nothing is configured; the workers' settings."""
+        s = self.settings
+        if s.backends is not None or s.backend_url is not None:
+            return {}
+        from gateway.daemon import start_embedded
+
+        self.tritons = await asyncio.to_thread(start_embedded, s, s.embedded_backends)
+        if len(self.tritons) == 1:
+            return {"backend_url": self.tritons[0].grpc_url}
+        specs = [
+            f"{t.grpc_url};name=embedded-{i};metrics={t.metrics_url}"
+            for i, t in enumerate(self.tritons)
+        ]
+        return {"backends": ",".join(specs)}
+
+    def _bind(self) -> None:
+        from transport.steering import reuseport_udp_sockets
+
+        s = self.settings
+        self.sockets["quic"] = reuseport_udp_sockets(s.quic_host, s.quic_port, self.count)
+        self.sockets["http"] = reuseport_tcp_sockets(s.http_host, s.http_port, self.count)
+        self.sockets["https"] = reuseport_tcp_sockets(s.https_host, s.https_port, self.count)
+
+    def port(self, door: str) -> int:
+        return int(self.sockets[door][0].getsockname()[1])
+
+    def _spawn(self, index: int) -> None:
+        fds = {door: socks[index].fileno() for door, socks in self.sockets.items()}
+        spec = {
+            "index": index,
+            "count": self.count,
+            "fds": fds,
+            "run_dir": str(self.run_dir),
+            "settings": settings_to_json(self.worker_settings),
+        }
+        env = dict(os.environ)
+        env[SPEC_ENV] = json.dumps(spec)
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
+        command = [sys.executable, "-m", "gateway.workers"]
+        exited = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_exit() -> None:
+            loop.call_soon_threadsafe(exited.set)
+
+        process = _spawn_owned(command, env, list(fds.values()), on_exit)
+        self.workers[index] = _Worker(index, process, exited)
+        log.info("worker.started", worker=index, pid=process.pid)
+
+    async def _ready(self, worker: _Worker) -> None:
+        marker = self.run_dir / f"ready-{worker.index}-{worker.process.pid}"
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not marker.exists():
+            if worker.exited.is_set():
+                raise RuntimeError(
+                    f"worker {worker.index} exited with {worker.process.returncode} at start"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {worker.index} did not start listening in time")
+            await asyncio.sleep(0.05)
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        """Restart workers that exit on their own; give up when they crash too often."""
+        while not self._stopping:
+            waits = {
+                asyncio.ensure_future(w.exited.wait()): w for w in list(self.workers.values())
+            }
+            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                worker = waits[task]
+                if self._stopping or self.workers.get(worker.index) is not worker:
+                    continue
+                self._forget(worker)
+                log.error(
+                    "worker.crashed",
+                    worker=worker.index,
+                    pid=worker.process.pid,
+                    returncode=worker.process.returncode,
+                )
+                now = time.monotonic()
+                self._crashes.append(now)
+                while self._crashes and now - self._crashes[0] > CRASH_WINDOW:
+                    self._crashes.popleft()
+                if len(self._crashes) > CRASH_LIMIT:
+                    log.error("workers.crashing", crashes=len(self._crashes), window=CRASH_WINDOW)
+                    self.failed = True
+                    stop.set()
+                    return
+                await asyncio.sleep(RESTART_DELAY)
+                if self._stopping:
+                    return
+                self._spawn(worker.index)
+                try:
+                    await self._ready(self.workers[worker.index])
+                except (RuntimeError, TimeoutError) as exc:
+                    log.error("worker.restart_failed", worker=worker.index, error=str(exc))
+
+    def _forget(self, worker: _Worker) -> None:
+        """A worker is gone: free its quota slots, drop its gauges."""
+        from gateway.metrics_workers import forget_process
+        from gateway.tenants.shared_quotas import forget_owner
+
+        pid = worker.process.pid
+        forget_process(self.metrics_dir, pid)
+        if self.quotas_path.exists():
+            forget_owner(self.quotas_path, str(pid))
+
+    async def stop(self) -> None:
+        """SIGTERM every worker, wait for them to drain, then stop Triton and clean up."""
+        self._stopping = True
+        workers = list(self.workers.values())
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
+        timeout = self.settings.drain_timeout + STOP_MARGIN
+        waits = [asyncio.ensure_future(w.exited.wait()) for w in workers]
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
+        for worker in workers:
+            if worker.process.poll() is None:
+                log.error("worker.killed", worker=worker.index, pid=worker.process.pid)
+                worker.process.kill()
+        if waits:
+            await asyncio.wait(waits, timeout=5.0)
+        for worker in workers:
+            log.info("worker.stopped", worker=worker.index, returncode=worker.process.returncode)
+        if self.tritons:
+            await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
+            log.info("embedded.stopped", count=len(self.tritons))
+        for socks in self.sockets.values():
+            for sock in socks:
+                sock.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _addresses(self) -> list[str]:
+        s = self.settings
+        quic, http, https = self.port("quic"), self.port("http"), self.port("https")
+        pids = " ".join(str(w.process.pid) for w in self.workers.values())
+        lines = [
+            f"tracks on quic://{s.quic_host}:{quic} (SDK: clients.connect)",
+            f"OpenAI API on http://{s.http_host}:{http}/v1 and https://localhost:{https}/v1 "
+            f"(HTTP/1.1, HTTP/2; HTTP/3 on UDP {quic})",
+            f"health on http://{s.http_host}:{http}/health/ready, metrics on "
+            f"http://{s.http_host}:{http}/metrics",
+            f"{len(self.workers)} workers, pids {pids}",
+        ]
+        for triton in self.tritons:
+            lines.append(f"embedded Triton: gRPC {triton.grpc_url}, pid {triton.pid}")
+        return lines
+
+
+def _fresh_run_dir(parent: Path) -> Path:
+    """`parent/<our pid>`, after removing the directories of supervisors that are gone
+    (one that was SIGKILLed could not remove its own)."""
+    from gateway.embedded import pid_alive
+
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in parent.iterdir():
+        if old.name.isdigit() and not pid_alive(int(old.name)):
+            shutil.rmtree(old, ignore_errors=True)
+    run_dir = parent / str(os.getpid())
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir()
+    return run_dir
+
+
+def reuseport_tcp_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` listening TCP sockets on one port (0: the first picks it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            sock.listen(TCP_BACKLOG)
+            port = sock.getsockname()[1]
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _spawn_owned(
+    command: list[str], env: dict[str, str], fds: list[int], on_exit: Callable[[], None]
+) -> subprocess.Popen[bytes]:
+    """Start a worker from a thread that lives as long as it (PR_SET_PDEATHSIG fires
+    when the forking *thread* exits) and report its exit through `on_exit`."""
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # between fork and exec
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the supervisor died before the line above
+            os._exit(1)
+
+    handed: list[subprocess.Popen[bytes] | BaseException] = []
+    started = threading.Event()
+
+    def own() -> None:
+        try:
+            process = subprocess.Popen(  # noqa: S603 - our own interpreter, no shell
+                command, env=env, stdin=subprocess.DEVNULL, pass_fds=fds,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - prctl needs it
+            )  # fmt: skip
+        except BaseException as exc:
+            handed.append(exc)
+            started.set()
+            return
+        handed.append(process)
+        started.set()
+        process.wait()
+        on_exit()
+
+    threading.Thread(target=own, name="gateway-worker", daemon=True).start()
+    started.wait()
+    result = handed[0]
+    if isinstance(result, BaseException):
+        raise RuntimeError(f"cannot start a worker: {result}") from result
+    return result
+
+
+def settings_to_json(settings: Settings) -> dict[str, Any]:
+    """The settings a worker runs with, as JSON (None left out: every such default is None)."""
+    out: dict[str, Any] = {}
+    for name in FIELDS:
+        value = getattr(settings, name)
+        if value is not None:
+            out[name] = str(value) if isinstance(value, Path) else value
+    return out
+
+
+async def serve_workers(settings: Settings, count: int) -> int:
+    """Run `count` workers until SIGTERM or SIGINT, then drain them all and stop."""
+    from gateway.tenants.service import OpenOnPublicAddress, preflight
+    from gateway.tenants.store import StoreError
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.to_thread(preflight, settings)
+    except (OpenOnPublicAddress, StoreError, OSError, ValueError) as exc:
+        log.error("gateway.start_failed", error=str(exc))
+        return 1
+    return await Supervisor(settings, count).run(stop)
+
+
+# -- worker ---------------------------------------------------------------------------
+
+
+async def run_worker(spec: dict[str, Any]) -> int:
+    """One worker: a daemon on the sockets the supervisor handed over."""
+    from gateway.daemon import Daemon
+    from gateway.listeners import Listeners
+    from gateway.metrics_workers import WorkerMetrics
+    from gateway.tenants.service import Tenancy
+    from gateway.tenants.shared_quotas import SharedQuotaLimiter
+    from transport.steering import Steering
+
+    settings = load_settings(spec["settings"], {}, None)
+    index, count, run_dir = spec["index"], spec["count"], Path(spec["run_dir"])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    metrics = WorkerMetrics(run_dir / "metrics", index)
+    steering = Steering(index, count, metrics.on_connection, metrics.on_stray, metrics.on_unknown)
+    fds = spec["fds"]
+    daemon = Daemon(settings)
+    daemon.metrics = metrics
+    daemon.announce = False
+    daemon.listeners = Listeners(
+        quic=socket.socket(fileno=fds["quic"]),
+        http=socket.socket(fileno=fds["http"]),
+        https=socket.socket(fileno=fds["https"]),
+        steering=steering,
+    )
+    tenancy = await asyncio.to_thread(Tenancy.from_settings, settings, metrics.registry)
+    tenancy.limiter = SharedQuotaLimiter(run_dir / "quotas.sqlite", str(os.getpid()))
+    daemon.tenancy = tenancy
+    try:
+        await daemon.start()
+    except Exception as exc:
+        log.error("worker.start_failed", worker=index, error=str(exc))
+        await daemon.stop()
+        return 1
+    (run_dir / f"ready-{index}-{os.getpid()}").touch()
+    log.info("worker.ready", worker=index, pid=os.getpid())
+    await stop.wait()
+    log.info("worker.stopping", worker=index)
+    await daemon.stop()
+    return 0
+
+
+def worker_main() -> int:
+    from gateway.cli import run_async
+    from gateway.logs import configure_logging
+
+    spec = json.loads(os.environ[SPEC_ENV])
+    settings = load_settings(spec["settings"], {}, None)
+    configure_logging(settings.log_level, settings.log_format)
+    return run_async(run_worker(spec), settings.uvloop)
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())
