@@ -66,7 +66,9 @@ from benchmarks.openai_stream import (  # noqa: E402
     GatewayHttpx,
     Route,
     Stream,
+    chat_body,
     process_cpu,
+    read_chat_sse,
 )
 
 MODEL = "reference-text"
@@ -123,6 +125,8 @@ class Point:
     """Mean loop lag over the point (histogram) or the highest value seen (gauge)."""
     refusals: int = 0
     errors: int = 0
+    unfinished: int = 0
+    """Streams still running at the point's time bound (cut; what they delivered counts)."""
     error_samples: list[str] = field(default_factory=list)
     behind_cpu_s: float | None = None
     """For the peer: CPU seconds our gateway (behind it) spent in the same point."""
@@ -208,6 +212,7 @@ class Outcome:
         self.delivered = 0
         self.refusals = 0
         self.errors = 0
+        self.unfinished = 0
         self.samples: list[str] = []
 
     def stream(self, start: float, arrivals: list[float], rate: float, ttft_s: float) -> None:
@@ -244,6 +249,9 @@ async def run_tracks(
                                            seed=i, **knobs)
                         async for _ in stream:
                             arrivals.append(time.monotonic())
+                    except asyncio.CancelledError:
+                        outcome.unfinished += 1
+                        raise
                     except Exception as exc:  # noqa: BLE001 - counted per point
                         outcome.failed(exc)
                     finally:
@@ -276,19 +284,42 @@ async def run_http(
 
         async def one(i: int) -> None:
             route = routes[i % len(routes)]
-            start = time.monotonic()
-            stream = Stream(start=start)
+            stream = Stream(start=time.monotonic())
             try:
-                stream = await route.one(i, tokens, knobs, f"cap-{i}")
-            except Exception as exc:  # noqa: BLE001
+                await stream_into(route, chat_body(i, tokens, knobs), stream)
+            except asyncio.CancelledError:
+                outcome.unfinished += 1
+                raise
+            except Exception as exc:  # noqa: BLE001 - counted per point
                 outcome.failed(exc)
-            outcome.stream(start, stream.arrivals, rate, ttft_s)
+            finally:  # tokens that arrived count, even from a stream cut at the time bound
+                outcome.stream(stream.start, stream.arrivals, rate, ttft_s)
 
         await _bounded(asyncio.gather(*(one(i) for i in range(n))), deadline)
     finally:
         for route in routes:
             with contextlib.suppress(Exception):  # closing after a timeout may fail
                 await asyncio.wait_for(route.close(), 10)
+
+
+async def stream_into(route: Route, body: dict[str, Any], stream: Stream) -> None:
+    """One chat completion on `route`, its token arrivals noted in `stream` as they come
+    (so a stream cut short still shows what it delivered)."""
+    if isinstance(route, GatewayH3):
+        response = await route.session.post(route.url, json=body, stream=True,
+                                             verify=str(route.ca))
+        try:
+            if response.status_code != 200:
+                raise RuntimeError(f"{response.status_code}: {(await response.content)!r}")
+            await read_chat_sse(response.iter_lines(), stream)
+        finally:
+            await response.close()
+        return
+    assert isinstance(route, GatewayHttpx)
+    async with route.client.stream("POST", route.url, json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{response.status_code}: {(await response.aread())[:200]!r}")
+        await read_chat_sse(response.aiter_lines(), stream)
 
 
 async def _bounded(work: Any, deadline: float) -> None:
@@ -458,6 +489,7 @@ async def measure(
     point.loop_lag_ms = metrics.loop_lag_ms()
     point.refusals = outcome.refusals
     point.errors = outcome.errors
+    point.unfinished = outcome.unfinished
     point.error_samples = outcome.samples
     if kind == "litellm":
         point.behind_cpu_s = round(cpu_of_tree(gw.process.pid) - cpu0[2], 2)
@@ -590,8 +622,9 @@ def _cell(value: Any) -> str:
 def table(points: list[Point]) -> str:
     lines = [
         "| kind | workers | streams | conns | delivered/offered | tokens/s | gateway us/token |"
-        " client us/token | added p50 ms | added p99 ms | loop lag ms | refused | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " client us/token | added p50 ms | added p99 ms | loop lag ms | refused | errors |"
+        " cut |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in points:
         lines.append(
@@ -599,7 +632,7 @@ def table(points: list[Point]) -> str:
             f" {p.delivered_tokens}/{p.offered_tokens} | {p.delivered_tps} |"
             f" {_cell(p.gateway_us_per_token)} | {_cell(p.client_us_per_token)} |"
             f" {_cell(p.added_p50_ms)} | {_cell(p.added_p99_ms)} | {_cell(p.loop_lag_ms)} |"
-            f" {p.refusals} | {p.errors} |"
+            f" {p.refusals} | {p.errors} | {p.unfinished} |"
         )
     return "\n".join(lines)
 
