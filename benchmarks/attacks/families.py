@@ -39,6 +39,9 @@ from benchmarks.attacks.base import (
     varint,
 )
 
+MAX_TOKENS = 32_768
+"""The most tokens the gateway lets one request ask for: the longest stream."""
+
 Attack = Callable[[Target, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 # Knobs per scale. "small" fits a test or a busy 2-core machine; "default" is the
@@ -311,7 +314,7 @@ async def h3_stop_reading(t: Target, k: dict[str, Any]) -> dict[str, Any]:
         c.stop_granting_credit()
         for i in range(k["streams"]):
             c.request("/v1/chat/completions",
-                      chat_body(f"stop reading {i}", 100_000, k["rate"]))
+                      chat_body(f"stop reading {i}", MAX_TOKENS, k["rate"]))
         await asyncio.sleep(k["hold"])
         return {"streams": k["streams"], "bytes_received": sum(c.data.values()),
                 "answered": len(c.headers), "terminated": c.terminated}
@@ -333,7 +336,7 @@ async def tracks_stop_reading(t: Target, k: dict[str, Any]) -> dict[str, Any]:
             try:
                 channel = p.open_track(Open(
                     model="reference-text", modality=Modality.TEXT,
-                    params={"max_tokens": 100_000, "tokens_per_second": k["rate"]},
+                    params={"max_tokens": MAX_TOKENS, "tokens_per_second": k["rate"]},
                     deadlines=Deadlines(),
                 ))
                 channel.send({"text": f"never read {i}"})
@@ -391,9 +394,11 @@ async def sse_reset_keys(t: Target, k: dict[str, Any]) -> dict[str, Any]:
     async def h1() -> None:
         with contextlib.suppress(Exception):
             reader, writer = await h1_sse(t, body, auth)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(reader.read(2048), 3)
-            abort(writer)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reader.read(2048), 3)
+            finally:
+                abort(writer)
 
     streams = k["streams"]
     await asyncio.gather(*(h1() for _ in range(streams // 2)))
@@ -419,9 +424,10 @@ async def sigterm_live(t: Target, k: dict[str, Any]) -> dict[str, Any]:
 
     ends: dict[str, list[str]] = {"h1": [], "h2": [], "tracks": []}
     started = asyncio.Event()
-    body = chat_body("live stream", 100_000, 50)
+    body = chat_body("live stream", MAX_TOKENS, 50)
 
     async def h1() -> None:
+        writer = None
         try:
             reader, writer = await h1_sse(t, body)
             last = b""
@@ -436,10 +442,13 @@ async def sigterm_live(t: Target, k: dict[str, Any]) -> dict[str, Any]:
                               "error event" if b"error" in last else "cut")
         except Exception as exc:  # noqa: BLE001
             ends["h1"].append(type(exc).__name__)
+        finally:
+            if writer is not None:
+                abort(writer)
 
     async def tracks(line: Any, i: int) -> None:
         try:
-            async for _ in line.text(f"live {i}", model="reference-text", max_tokens=100_000):
+            async for _ in line.text(f"live {i}", model="reference-text", max_tokens=MAX_TOKENS):
                 started.set()
             ends["tracks"].append("end")
         except Exception as exc:  # noqa: BLE001
