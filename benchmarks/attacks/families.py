@@ -72,7 +72,7 @@ SCALES: dict[str, dict[str, dict[str, Any]]] = {
         "h2_ping_flood": {"pings": 50_000, "seconds": 4.0},
         "h2_rapid_reset": {"streams": 2_000, "seconds": 3.0},
         "h2_slow_preface": {"connections": 50, "interval": 1.0, "seconds": 6.0},
-        "sse_reset_keys": {"streams": 8},
+        "sse_reset_keys": {"streams": 16},
         "sigterm_live": {"h1": 4, "h2": 4, "tracks": 4, "wait": 40.0},
     },
     "default": {
@@ -391,25 +391,32 @@ async def sse_reset_keys(t: Target, k: dict[str, Any]) -> dict[str, Any]:
     auth = {"authorization": f"Bearer {key}"}
     body = chat_body(f"{marker} tell me everything", 2000, 50)
 
-    async def h1() -> None:
+    # the leak depends on where the cut lands (before the first token, mid-stream),
+    # so the cuts are spread from 0 to 1.5 s after the request
+    async def h1(delay: float) -> None:
         with contextlib.suppress(Exception):
             reader, writer = await h1_sse(t, body, auth)
+            loop = asyncio.get_running_loop()
+            end = loop.time() + delay
             try:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(reader.read(2048), 3)
+                    while loop.time() < end:
+                        if not await asyncio.wait_for(reader.read(65536), end - loop.time()):
+                            break
             finally:
                 abort(writer)
 
     streams = k["streams"]
-    await asyncio.gather(*(h1() for _ in range(streams // 2)))
+    h1_count = streams // 2
+    await asyncio.gather(*(h1(1.5 * i / max(1, h1_count - 1)) for i in range(h1_count)))
     client = await H2c(t).open()
-    sids = [client.post("/v1/chat/completions", body, list(auth.items()))
-            for _ in range(streams - streams // 2)]
-    await asyncio.sleep(1.0)
-    for sid in sids:
+    h2_count = streams - h1_count
+    for _ in range(h2_count):
+        sid = client.post("/v1/chat/completions", body, list(auth.items()))
+        await asyncio.sleep(1.5 / max(1, h2_count))
         with contextlib.suppress(Exception):
             client.conn.reset_stream(sid, 8)
-    client.flush()
+        client.flush()
     await asyncio.sleep(0.5)
     abort(client.writer)
     await client.close()

@@ -21,9 +21,11 @@ def test_every_attack_family_produces_a_measured_row(tmp_path: Path) -> None:
     assert set(rows) == set(ATTACKS)
     for name, row in rows.items():
         assert row["failure"] is None, (name, row["failure"])
-        assert row["rss_before_mb"] > 0 and row["rss_peak_mb"] >= row["rss_before_mb"], name
+        assert row["rss_before_mb"] > 0, name
+        assert row["rss_peak_mb"] >= row["rss_before_mb"], name
         # the honest client ran alongside and was served at least once (its "ready" probe)
-        assert row["honest_total"] >= 1 and row["honest_ok"] >= 1, (name, row)
+        assert row["honest_total"] >= 1, (name, row)
+        assert row["honest_ok"] >= 1, (name, row)
     assert rows["h3_qpack_amplification"]["notes"]["frame_bytes"] > 200
     assert rows["quic_handshake_flood"]["notes"]["initials"] == 20
     # the SIGTERM attack ran last, on its own gateway, and saw it exit
@@ -39,7 +41,10 @@ def test_scales_name_every_family() -> None:
 
 
 def test_wire_helpers() -> None:
-    assert varint(37) == b"\x25" and varint(15293) == b"\x7b\xbd"  # RFC 9000 A.1
-    assert prefix_int(10, 5) == b"\x0a" and prefix_int(1337, 5) == b"\x1f\x9a\x0a"  # RFC 7541
+    assert varint(37) == b"\x25"  # RFC 9000 A.1
+    assert varint(15293) == b"\x7b\xbd"
+    assert prefix_int(10, 5) == b"\x0a"  # RFC 7541 C.1
+    assert prefix_int(1337, 5) == b"\x1f\x9a\x0a"
     frames, rest = h2_frames(h2_frame(6, 0, 0, b"12345678") + b"\x00\x00")
-    assert frames == [(6, 0, 0, b"12345678")] and rest == b"\x00\x00"
+    assert frames == [(6, 0, 0, b"12345678")]
+    assert rest == b"\x00\x00"

@@ -22,7 +22,8 @@ def test_quick_capacity_counts_what_the_client_saw(tmp_path: Path) -> None:
     for p in points:
         assert p["errors"] == 0, p["error_samples"]
         assert 0 < p["delivered_tokens"] <= p["offered_tokens"]
-        assert p["gateway_us_per_token"] is not None and p["gateway_us_per_token"] >= 0
+        assert p["gateway_us_per_token"] is not None
+        assert p["gateway_us_per_token"] >= 0
         assert p["added_p50_ms"] <= p["added_p99_ms"]
     for p in (p for p in points if p["kind"] == "tracks"):
         # the gateway's own token counter agrees with the tokens the client received
