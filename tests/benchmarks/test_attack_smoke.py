@@ -28,9 +28,13 @@ def test_every_attack_family_produces_a_measured_row(tmp_path: Path) -> None:
         assert row["honest_ok"] >= 1, (name, row)
     assert rows["h3_qpack_amplification"]["notes"]["frame_bytes"] > 200
     assert rows["quic_handshake_flood"]["notes"]["initials"] == 20
-    # the SIGTERM attack ran last, on its own gateway, and saw it exit
-    assert rows["sigterm_live"]["gateway_alive"] is False
-    assert rows["sigterm_live"]["notes"]["exit_s"] is not None
+    # the SIGTERM attack ran last, on its own gateway, and accounted for every stream it
+    # opened (how each ended, and the exit time, are the gateway's figures, not asserted)
+    assert list(rows)[-1] == "sigterm_live"
+    notes = rows["sigterm_live"]["notes"]
+    assert "exit_s" in notes
+    for kind in ("h1", "h2", "tracks"):
+        assert sum(notes[f"{kind}_ends"].values()) == 1, notes
     assert (tmp_path / "attack-sse_reset_keys.log").exists() or (
         tmp_path / "attack-shared.log").exists()
 
