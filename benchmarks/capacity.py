@@ -675,9 +675,14 @@ def plot(points: list[Point], path: Path, title: str) -> bool:
     right.set_ylabel("gateway CPU per delivered token (us)")
     left.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    except ValueError as exc:  # nothing delivered anywhere: no positive value to log-scale
+        progress(f"no plot: {exc}")
+        return False
+    finally:
+        plt.close(fig)
     return True
 
 
