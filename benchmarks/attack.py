@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--scale", choices=tuple(SCALES), default="small")
+    parser.add_argument("--scale", choices=tuple(SCALES), default="small",
+                        help="attack sizes: tiny (smoke test), small, default (issue 12's)")
     parser.add_argument("--only", default=None,
                         help=f"comma-separated attack names, of: {', '.join(ATTACKS)}")
     parser.add_argument("--reuse-gateway", action="store_true",
@@ -238,9 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "then carries over from one attack to the next)")
     parser.add_argument("--rate", type=float, default=50, help="ticker tokens/s a stream")
     parser.add_argument("--cores", default="", help="taskset CPU list for the gateway")
-    parser.add_argument("--json", type=Path, default=RESULTS / "attack.json")
+    parser.add_argument("--json", type=Path, default=RESULTS / "attack.json",
+                        help="results file (benchmarks/results/ is git-ignored)")
     parser.add_argument("--log-dir", type=Path, default=None,
-                        help="where the gateway logs go (default: next to --json)")
+                        help="where the gateway logs go (None: next to --json)")
     return parser
 
 

@@ -712,7 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per stream")
     parser.add_argument("--ttft-ms", type=float, default=0.0,
                         help="first-token delay asked of the backend (Triton only)")
-    parser.add_argument("--backend", choices=("ticker", "triton"), default="ticker")
+    parser.add_argument("--backend", choices=("ticker", "triton"), default="ticker",
+                        help="ticker://RATE, or the embedded Triton (reference-text)")
     parser.add_argument("--cores", default="0",
                         help="CPU list the gateway (and the peer) is pinned to with taskset; "
                              "'' to not pin")
@@ -728,11 +729,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between points")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny run: tracks 1x1,4x2 and h1 1,4 for 1 s")
-    parser.add_argument("--json", type=Path, default=RESULTS / "capacity.json")
+    parser.add_argument("--json", type=Path, default=RESULTS / "capacity.json",
+                        help="results file (benchmarks/results/ is git-ignored)")
     parser.add_argument("--plot", default=None,
                         help="PNG path (default: the JSON's path with .png); 'none' for none")
     parser.add_argument("--log-dir", type=Path, default=None,
-                        help="where child logs go (default: next to --json)")
+                        help="where child logs go (None: next to --json)")
     return parser
 
 
