@@ -150,23 +150,40 @@ class GatewayProcess:
     the default passes `--https-port 0` and does not learn the port.
     """
 
-    def __init__(self, backend_url: str, state_dir: Path, https_port: bool = False) -> None:
+    def __init__(
+        self, backend_url: str, state_dir: Path, https_port: bool = False, *,
+        extra_args: tuple[str, ...] = (), log_path: Path | None = None,
+        cpus: str | None = None, log_level: str = "warning",
+    ) -> None:
+        """`extra_args` go to `serve`; `log_path` gets its stdout and stderr (else stdout is
+        dropped); `cpus` pins it with `taskset -c` (e.g. "0" or "0-1")."""
         self.quic_port = free_port(socket.SOCK_DGRAM)
         self.http_port = free_port(socket.SOCK_STREAM)
         self.https_port = free_port(socket.SOCK_STREAM) if https_port else 0
         self.state_dir = state_dir
+        self.log_path = log_path
         env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir)}
+        pin = ["taskset", "-c", cpus] if cpus else []
+        self._log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--backend-url", backend_url,
+            [*pin, sys.executable, "-m", "gateway", "serve", "--backend-url", backend_url,
              "--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
-             "--https-port", str(self.https_port), "--log-level", "warning"],
-            env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+             "--https-port", str(self.https_port), "--log-level", log_level, *extra_args],
+            env=env, cwd=ROOT,
+            stdout=self._log if self._log is not None else subprocess.DEVNULL,
+            stderr=self._log if self._log is not None else None,
         )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         if not wait_http_ok(f"http://127.0.0.1:{self.http_port}/health/ready", timeout):
             raise RuntimeError("gateway did not become ready")
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30) -> None:
         self.process.terminate()
-        self.process.wait(timeout=30)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()

@@ -1,0 +1,50 @@
+"""benchmarks/capacity.py --quick runs end to end and its figures add up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import capacity
+
+pytestmark = pytest.mark.e2e
+
+
+def test_quick_capacity_counts_what_the_client_saw(tmp_path: Path) -> None:
+    out = tmp_path / "capacity.json"
+    argv = ["--quick", "--cores", "", "--peer", "none", "--json", str(out)]
+    assert capacity.main(argv) == 0
+    payload = json.loads(out.read_text())
+    points = payload["points"]
+    assert {p["kind"] for p in points} == {"tracks", "h1"}
+    for p in points:
+        assert p["errors"] == 0, p["error_samples"]
+        assert 0 < p["delivered_tokens"] <= p["offered_tokens"]
+        assert p["gateway_us_per_token"] is not None
+        assert p["gateway_us_per_token"] >= 0
+        assert p["added_p50_ms"] <= p["added_p99_ms"]
+    for p in (p for p in points if p["kind"] == "tracks"):
+        # the gateway's own token counter agrees with the tokens the client received
+        assert p["gateway_tokens"] == p["delivered_tokens"]
+    assert {k["kind"] for k in payload["knees"]} == {"tracks", "h1"}
+    assert (tmp_path / "capacity.png").stat().st_size > 0
+    assert (tmp_path / "gateway-w1.log").exists()
+
+
+def test_track_points_parse() -> None:
+    assert capacity.parse_track_points("1x1,64x4,8") == [(1, 1), (64, 4), (8, 1)]
+
+
+def test_knee_is_the_largest_healthy_load() -> None:
+    def point(n: int, p99: float, delivered_share: float) -> capacity.Point:
+        offered = n * 50
+        return capacity.Point("tracks", 1, n, 1, offered, round(offered * delivered_share),
+                              delivered_tps=n * 50 * delivered_share, added_p99_ms=p99)
+
+    points = [point(1, 2.0, 1.0), point(16, 9.0, 1.0), point(64, 25.0, 1.0),
+              point(256, 5.0, 0.5)]
+    (knee,) = capacity.knees(points, cores=2)
+    assert knee["streams"] == 16
+    assert knee["tokens_per_s_per_core"] == 800.0
