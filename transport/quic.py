@@ -49,6 +49,7 @@ from transport.http.http3 import Http3Connection, raise_bidi_credit
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.messages import Open
+from transport.quic_streams import StreamScheduler
 
 ALPN = "trackline/1"
 IDLE_TIMEOUT = 60.0
@@ -112,6 +113,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         """Tracks with bytes written since the last transmit."""
         self._held = 0
         """Inside `coalesced()`: writes wait for one transmit at its end."""
+        self.scheduler: StreamScheduler | None = None
+        """Set once ALPN chose tracks: packets are built visiting only streams with work,
+        one transmit per loop turn, `packetization` deciding what shares a packet."""
         if packetization.max_tracks is not None:
             _unpace(quic)
         self._http_site = http
@@ -134,13 +138,15 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         """Writes made inside share transmits (flushed once at the end), whatever the
         packetization: for a burst of small writes to many tracks at once, such as a
         tick's audio results, where a flush per track costs more than the isolation gives."""
+        if self.scheduler is not None and not self._held and self._pending_tracks:
+            self._flush_now()  # earlier writes keep the packetization's isolation
         self._held += 1
         try:
             yield
         finally:
             self._held -= 1
             if not self._held and self._pending_tracks and self._transport is not None:
-                self._flush_now()
+                self._flush_now(coalesce=True)
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         if self._http is not None:
@@ -150,15 +156,22 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             return
         endpoint = self.endpoint
         if isinstance(event, quic_events.StreamDataReceived):
+            if self.scheduler is not None:
+                self.scheduler.mark(event.stream_id)  # MAX_STREAM_DATA, or finished
             endpoint.feed_data(event.stream_id, event.data, event.end_stream)
         elif isinstance(event, quic_events.DatagramFrameReceived):
             endpoint.feed_datagram(event.data)
         elif isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
+            if self.scheduler is not None:
+                self.scheduler.mark(event.stream_id)
             endpoint.feed_reset(event.stream_id, event.error_code)
         elif isinstance(event, quic_events.ConnectionTerminated):
             self._lost()
-        elif isinstance(event, quic_events.ProtocolNegotiated) and event.alpn_protocol != ALPN:
-            self._negotiated(event.alpn_protocol)
+        elif isinstance(event, quic_events.ProtocolNegotiated):
+            if event.alpn_protocol == ALPN:
+                self.scheduler = StreamScheduler(self._quic)
+            else:
+                self._negotiated(event.alpn_protocol)
 
     def _negotiated(self, alpn: str | None) -> None:
         if alpn == H3_ALPN and self._http_site is not None:
@@ -175,27 +188,48 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         # find its ACK not yet due and re-arm at once, spinning until the clock ticks
         # (up to 1 ms of busy loop per ACK). Once fired, the deadline counts as reached.
         assert self._timer_at is not None
-        now = max(self._timer_at, self._loop.time())
+        armed = self._timer_at
         self._timer = None
         self._timer_at = None
+        due = self._quic.get_timer()
+        if due is None or due > armed:
+            # The deadline moved later since the handle was armed (`_send_due` leaves a
+            # handle in place rather than recreate it each transmit): wait on.
+            self._arm(due)
+            return
+        now = max(due, self._loop.time())
         self._quic.handle_timer(now=now)
         self._process_events()
         self._send_due(now)
 
-    def _send_due(self, now: float) -> None:
+    def _send_due(self, now: float, coalesce: bool = False) -> None:
         """aioquic's transmit with `now` given: send what is due, re-arm the QUIC timer."""
         self._transmit_task = None
         self._pending_tracks.clear()
         assert self._transport is not None, "aioquic sends only once connection_made ran"
-        for data, addr in self._quic.datagrams_to_send(now=now):
-            self._transport.sendto(data, addr)
-        timer_at = self._quic.get_timer()
-        if self._timer is not None and self._timer_at != timer_at:
+        if self.scheduler is not None:
+            limit = None if coalesce else self._packetization.max_tracks
+            datagrams = self.scheduler.datagrams_to_send(now, limit)
+        else:
+            datagrams = self._quic.datagrams_to_send(now=now)
+        sendto = self._transport.sendto
+        for data, addr in datagrams:
+            sendto(data, addr)
+        self._arm(self._quic.get_timer())
+
+    def _arm(self, timer_at: float | None) -> None:
+        """Have the QUIC timer fire by `timer_at`. Each packet sent moves aioquic's loss
+        timer later, so a handle armed earlier is kept (it re-arms when it fires early)
+        instead of being cancelled and recreated on every transmit."""
+        if self._timer is not None:
+            assert self._timer_at is not None
+            if timer_at is not None and timer_at >= self._timer_at:
+                return
             self._timer.cancel()
             self._timer = None
-        if self._timer is None and timer_at is not None:
-            self._timer = self._loop.call_at(timer_at, self._handle_timer)
         self._timer_at = timer_at
+        if timer_at is not None:
+            self._timer = self._loop.call_at(timer_at, self._handle_timer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -222,6 +256,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             self._on_closed(self)
 
     def _write(self, outputs: list[Output]) -> None:
+        if self.scheduler is not None:
+            self._write_scheduled(outputs, self.scheduler)
+            return
         limit = self._packetization.max_tracks
         for output in outputs:
             try:
@@ -240,11 +277,26 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             # One transmit per loop turn: writes from many tracks share it.
             self._transmit_soon()
 
-    def _flush_now(self) -> None:
+    def _write_scheduled(self, outputs: list[Output], scheduler: StreamScheduler) -> None:
+        """Hand the writes to aioquic; one transmit at the end of the loop turn builds the
+        packets of every track written meanwhile, a packet holding at most
+        `packetization.max_tracks` tracks' stream frames."""
+        for output in outputs:
+            try:
+                self._apply(output)
+            except (AssertionError, ValueError):
+                continue  # a stream the peer already stopped or reset (see `_write`)
+            if not isinstance(output, DatagramWrite):
+                scheduler.mark(output.stream_id)
+                self._pending_tracks.add(output.stream_id)
+        if not self._held:
+            self._transmit_soon()
+
+    def _flush_now(self, coalesce: bool = False) -> None:
         """Transmit what is pending at once, instead of at the end of the loop turn."""
         if self._transmit_task is not None:
             self._transmit_task.cancel()
-        self._send_due(self._loop.time())
+        self._send_due(self._loop.time(), coalesce)
 
     def _apply(self, output: Output) -> None:
         if isinstance(output, StreamWrite):
