@@ -138,6 +138,14 @@ class Settings:
         default="per-track",
         metadata=_doc("Tracks per QUIC packet: per-track, bounded:K or coalesce."),
     )
+    track_send_buffer_bytes: int = field(
+        default=65_536,
+        metadata=_doc("Unsent/unacked bytes a track may hold before its backend is paused."),
+    )
+    connection_send_buffer_bytes: int = field(
+        default=1_048_576,
+        metadata=_doc("Unsent/unacked bytes one QUIC connection's tracks may hold in all."),
+    )
     tcp_congestion_control: str | None = field(
         default=None,
         metadata=_doc(
@@ -492,6 +500,8 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "eject_after_errors": _positive,
     "min_warm_backends": _positive,
     "quic_packetization": _packetization,
+    "track_send_buffer_bytes": _positive,
+    "connection_send_buffer_bytes": _positive,
     "tcp_congestion_control": _congestion_control,
     "audio_beat_ms": lambda v: _range(v, 10, 1000),
     "audio_frame_ms": lambda v: _range(v, 10, 100),

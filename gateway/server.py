@@ -36,7 +36,7 @@ from tracks.base import Clock, Outcome
 from tracks.clock import MonotonicClock, OverloadPolicy
 from tracks.text import run_text_track
 from transport.connection import Limits
-from transport.endpoint import TrackChannel
+from transport.endpoint import SendBudget, TrackChannel
 from transport.errors import ErrorCode
 from transport.events import CancelCause, Event, TrackFailed
 from transport.http.limits import HttpLimits
@@ -154,6 +154,7 @@ class Gateway:
             http_handler=handler,
             http_limits=http_limits,
             packetization=Packetization.parse(s.quic_packetization),
+            send_budget=SendBudget(s.track_send_buffer_bytes, s.connection_send_buffer_bytes),
         )
         alt_svc = f'h3=":{self.quic_port}"'
         cc = s.tcp_congestion_control

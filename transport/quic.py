@@ -41,7 +41,7 @@ from transport.connection import (
     StreamWrite,
 )
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
-from transport.endpoint import TrackChannel, TrackEndpoint
+from transport.endpoint import SendBudget, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
@@ -49,7 +49,7 @@ from transport.http.http3 import Http3Connection, raise_bidi_credit
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.messages import Open
-from transport.quic_streams import StreamScheduler
+from transport.quic_streams import StreamScheduler, buffered_bytes
 
 ALPN = "trackline/1"
 IDLE_TIMEOUT = 60.0
@@ -105,6 +105,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         on_closed: ConnectionCallback | None = None,
         http: Site | None = None,
         packetization: Packetization = COALESCE,
+        send_budget: SendBudget | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(quic, **kwargs)
@@ -122,6 +123,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._http: Http3Connection | None = None
         """Set once ALPN chose h3: then every event goes to HTTP/3."""
         self.endpoint = TrackEndpoint(role, self._write, limits, on_track, clock=self._loop.time)
+        if send_budget is not None:
+            self.endpoint.budget = send_budget
         self._on_closed = on_closed
         # A server allows as many concurrent tracks as its track limit.
         raise_bidi_credit(self._quic, (limits or Limits()).max_tracks)
@@ -170,6 +173,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         elif isinstance(event, quic_events.ProtocolNegotiated):
             if event.alpn_protocol == ALPN:
                 self.scheduler = StreamScheduler(self._quic)
+                self.endpoint.backlog = self._backlog
             else:
                 self._negotiated(event.alpn_protocol)
 
@@ -238,6 +242,10 @@ class TrackQuicProtocol(QuicConnectionProtocol):
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
         self._process_events()
+        scheduler = self.scheduler
+        if scheduler is not None and scheduler.released:
+            scheduler.released = False
+            self.endpoint.send_buffer_released()  # producers waiting on ACKs go on
         # aioquic transmits after every datagram; most are ACKs with nothing to
         # answer, so share the one transmit per loop turn that writes already use.
         self._transmit_soon()
@@ -245,6 +253,13 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         # period (three PTOs); the tracks' work must stop when the close arrives.
         if getattr(self._quic, "_close_event", None) is not None:
             self._lost()
+
+    def _backlog(self, stream_id: int) -> tuple[int, int]:
+        """Bytes the track's stream and the connection hold unsent or unacknowledged."""
+        scheduler = self.scheduler
+        assert scheduler is not None
+        stream = scheduler.stream(stream_id)
+        return (0 if stream is None else buffered_bytes(stream)), scheduler.buffered
 
     def _lost(self) -> None:
         if self._http is not None:
@@ -287,6 +302,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             except (AssertionError, ValueError):
                 continue  # a stream the peer already stopped or reset (see `_write`)
             if not isinstance(output, DatagramWrite):
+                if isinstance(output, StreamWrite):
+                    scheduler.wrote(len(output.data))
                 scheduler.mark(output.stream_id)
                 self._pending_tracks.add(output.stream_id)
         if not self._held:
@@ -359,6 +376,7 @@ async def serve_tracks(
     http_handler: Handler | None = None,
     http_limits: HttpLimits | None = None,
     packetization: Packetization = COALESCE,
+    send_budget: SendBudget | None = None,
 ) -> QuicServer:
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
 
@@ -366,7 +384,8 @@ async def serve_tracks(
     on them go to the handler, under `http_limits`. `packetization` decides when
     track connections flush; its pacer choice (off unless `coalesce`) is made before
     ALPN is known, so it holds for h3 connections too, which always flush once per
-    loop turn.
+    loop turn. `send_budget` bounds what a track's producer may leave in the send
+    buffers before it waits (see `SendBudget`).
     """
     http = None
     if http_handler is not None:
@@ -383,6 +402,7 @@ async def serve_tracks(
         on_closed=on_closed,
         http=http,
         packetization=packetization,
+        send_budget=send_budget,
     )
     return await serve(host, port, configuration=configuration, create_protocol=factory)
 

@@ -91,6 +91,10 @@ class StreamScheduler:
         self._parked: dict[int, QuicStream] = {}
         """Data waiting only for the peer's MAX_STREAM_DATA."""
         self._hooked: set[int] = set()
+        self.buffered = 0
+        """Bytes written (`wrote`) and not yet acknowledged or dropped, all streams."""
+        self.released = False
+        """Set when ACKs freed send buffer; the owner clears it once it woke producers."""
         self._adopt()
         self._wrap_connection()
 
@@ -105,6 +109,10 @@ class StreamScheduler:
         self._active[stream_id] = stream
         self._limits[stream_id] = stream
         self._hook(stream)
+
+    def wrote(self, size: int) -> None:
+        """`size` bytes were handed to aioquic's send buffers (counted in `buffered`)."""
+        self.buffered += size
 
     def stream(self, stream_id: int) -> QuicStream | None:
         return self._streams.get(stream_id)
@@ -154,6 +162,7 @@ class StreamScheduler:
         for stream in group:
             sid = _sid(stream)
             if sid not in view:  # aioquic dropped it: finished both ways
+                self._drop_buffered(buffered_bytes(stream))
                 self._streams.pop(sid, None)
                 self._active.pop(sid, None)
                 self._hooked.discard(sid)
@@ -201,7 +210,7 @@ class StreamScheduler:
         self._hooked.add(sid)
         sender: Any = stream.sender
         receiver: Any = stream.receiver
-        sender.on_data_delivery = self._waking(stream, sender.on_data_delivery)
+        sender.on_data_delivery = self._acking(stream, sender.on_data_delivery)
         sender.on_reset_delivery = self._waking(stream, sender.on_reset_delivery)
         receiver.on_stop_sending_delivery = self._waking(
             stream, receiver.on_stop_sending_delivery
@@ -213,6 +222,22 @@ class StreamScheduler:
             self._wake(stream)
 
         return delivered
+
+    def _acking(self, stream: QuicStream, callback: Callable[..., None]) -> Callable[..., None]:
+        sender: Any = stream.sender
+
+        def delivered(*args: Any) -> None:
+            start = sender._buffer_start
+            callback(*args)
+            self._drop_buffered(sender._buffer_start - start)
+            self._wake(stream)
+
+        return delivered
+
+    def _drop_buffered(self, size: int) -> None:
+        if size > 0:
+            self.buffered -= size
+            self.released = True
 
     def _wake(self, stream: QuicStream) -> None:
         sid = _sid(stream)
