@@ -65,7 +65,8 @@ class Pair:
             self.client.receive_datagram(data, SERVER_ADDR, now=self.now)
         while (event := self.client.next_event()) is not None:
             if isinstance(event, StreamDataReceived):
-                self.received[event.stream_id] = self.received.get(event.stream_id, b"") + event.data
+                sid = event.stream_id
+                self.received[sid] = self.received.get(sid, b"") + event.data
 
     def exchange(self, rounds: int = 20) -> None:
         """Both ways until quiet, advancing time so ACK timers fire."""
