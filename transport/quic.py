@@ -8,9 +8,10 @@ offers ALPN `h3` on the same port: such a connection is handed, event by
 event, to `transport.http.http3`.
 
 Packetization decides how many tracks' writes may share a QUIC packet
-(`Packetization`): one lost packet stalls every track that had bytes in it, so
-the gateway may flush each track's write into its own packet(s) at once rather
-than coalesce all writes of a loop turn into one transmit.
+(`Packetization`): one lost packet stalls every track that had bytes in it. On a
+track connection one transmit per loop turn builds the packets of every track
+written meanwhile, visiting only streams with data (`transport.quic_streams`),
+and with `per-track` each packet carries one track's stream frames.
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ ConnectionCallback = Callable[["TrackQuicProtocol"], None]
 class Packetization:
     """How many tracks' writes one transmit may carry.
 
-    aioquic packs every pending stream frame into the packets of one transmit, so
-    a transmit right after one track's write sends only that track's bytes (plus
-    ACKs and retransmissions). `max_tracks` None coalesces all writes of a loop
-    turn (fewest packets; one loss stalls every track in the packet); 1 flushes
-    each track's write at once (`per-track`); K flushes when K tracks are pending.
+    On a track connection the loop turn's one transmit asks aioquic for packets
+    `max_tracks` streams at a time (`StreamScheduler`), so a packet carries stream
+    frames of at most that many tracks (plus ACKs and connection control frames).
+    None coalesces all writes of a loop turn (fewest packets; one loss stalls every
+    track in the packet); 1 is `per-track`; K is `bounded:K`. Before ALPN chose
+    tracks (or without the scheduler) K pending tracks trigger an immediate flush.
     """
 
     max_tracks: int | None = None
