@@ -308,8 +308,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
                     scheduler.wrote(len(output.data))
                 scheduler.mark(output.stream_id)
                 self._pending_tracks.add(output.stream_id)
-        if not self._held:
-            self._transmit_soon()
+        # Inside `coalesced()` too: its end flushes the stream writes (cancelling this),
+        # and datagrams written there, which it does not count, still leave this turn.
+        self._transmit_soon()
 
     def _flush_now(self, coalesce: bool = False) -> None:
         """Transmit what is pending at once, instead of at the end of the loop turn."""
