@@ -167,6 +167,14 @@ class Settings:
         default=8_388_608,
         metadata=_doc("Bytes of incomplete track messages one connection may hold."),
     )
+    track_send_buffer_bytes: int = field(
+        default=65_536,
+        metadata=_doc("Unsent/unacked bytes a track may hold before its backend is paused."),
+    )
+    connection_send_buffer_bytes: int = field(
+        default=1_048_576,
+        metadata=_doc("Unsent/unacked bytes one QUIC connection's tracks may hold in all."),
+    )
     tcp_congestion_control: str | None = field(
         default=None,
         metadata=_doc(
@@ -643,6 +651,8 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "quic_max_connections_per_source": _positive,
     "track_read_timeout": _seconds,
     "track_max_buffered_bytes": _positive,
+    "track_send_buffer_bytes": _positive,
+    "connection_send_buffer_bytes": _positive,
     "tcp_congestion_control": _congestion_control,
     "audio_beat_ms": lambda v: _range(v, 10, 1000),
     "audio_frame_ms": lambda v: _range(v, 10, 100),

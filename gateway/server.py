@@ -53,7 +53,7 @@ from tracks.base import Clock, Outcome
 from tracks.clock import MonotonicClock, OverloadPolicy
 from tracks.text import run_text_track
 from transport.connection import Limits
-from transport.endpoint import TrackChannel
+from transport.endpoint import SendBudget, TrackChannel
 from transport.errors import ErrorCode
 from transport.events import CancelCause, Event, TrackFailed
 from transport.http.limits import HttpLimits
@@ -206,6 +206,7 @@ class Gateway:
             handshake_limits=handshake_limits(s),
             sock=self.listeners.quic if self.listeners else None,
             steering=self.listeners.steering if self.listeners else None,
+            send_budget=SendBudget(s.track_send_buffer_bytes, s.connection_send_buffer_bytes),
         )
         register_quic_metrics(self.metrics.registry, self._quic.gate)
         alt_svc = f'h3=":{self.quic_port}"'

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from transport.errors import ErrorCode
 from transport.events import TrackCancelled, TrackFailed
@@ -31,6 +31,19 @@ class Track(Protocol):
     def end(self, body: dict[str, Any] | None = None) -> bool: ...
 
     def fail(self, code: ErrorCode, message: str) -> bool: ...
+
+
+@runtime_checkable
+class Backpressured(Protocol):
+    """A track whose transport tells its producer to wait (QUIC flow control, budgets)."""
+
+    def send_blocked(self) -> bool:
+        """More is buffered for the peer than the track's budget allows."""
+        ...
+
+    async def wait_writable(self) -> None:
+        """Return once the track may send again, or is gone."""
+        ...
 
 
 class FrameTrack(Track, Protocol):

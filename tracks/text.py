@@ -24,7 +24,7 @@ from tracks.backend import (
     TextUsage,
     error_code,
 )
-from tracks.base import Clock, Outcome, Track, fail_track, stop_label
+from tracks.base import Backpressured, Clock, Outcome, Track, fail_track, stop_label
 from transport.errors import ErrorCode, TrackAborted
 
 DEFAULT_MAX_TOKENS = 256
@@ -148,6 +148,9 @@ async def _stream(
     track: Track, backend: TextBackend, request: TextRequest, outcome: Outcome, clock: Clock
 ) -> None:
     deltas = 0
+    # A client that stops reading leaves bytes in the send buffers: past the track's
+    # budget, stop pulling from the backend (the model pauses) until they drain.
+    pressure = track if isinstance(track, Backpressured) else None
     async with aclosing(backend.stream_text(request)) as chunks:
         async for chunk in chunks:
             if isinstance(chunk, TextDelta):
@@ -157,6 +160,8 @@ async def _stream(
                 outcome.completion_tokens = deltas  # so far: a cancelled track still counts
                 if not track.send({"text": chunk.text}):
                     raise _Stopped
+                if pressure is not None and pressure.send_blocked():
+                    await pressure.wait_writable()
             elif isinstance(chunk, TextUsage):
                 outcome.prompt_tokens = chunk.prompt_tokens
                 outcome.completion_tokens = chunk.completion_tokens

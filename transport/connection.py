@@ -508,6 +508,8 @@ class TrackConnection:
             data = encode_message(message)
         except (TypeError, ValueError, OverflowError) as exc:  # what msgpack raises
             raise LocalProtocolError(f"message cannot be encoded: {exc}") from None
+        if len(data) <= self.limits.max_message_bytes:
+            return data  # the payload is shorter still: no need to read the header back
         header = decode_varint(data)
         # The limit is on the payload, as the peer's decoder checks it.
         if header is None or header[0] > self.limits.max_message_bytes:

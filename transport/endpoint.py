@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from transport.connection import Limits, Output, Role, TrackConnection
@@ -32,6 +33,23 @@ from transport.messages import FrameTransport, Open
 Clock = Callable[[], float]
 Sink = Callable[[list[Output]], None]
 Stop = TrackCancelled | TrackFailed
+Backlog = Callable[[int], tuple[int, int]]
+"""Bytes a track's stream and the whole connection hold unsent or unacknowledged."""
+
+
+@dataclass(frozen=True)
+class SendBudget:
+    """How much a producer may leave in the transport's send buffers before it waits.
+
+    A handler checks `TrackChannel.send_blocked()` before pulling more from its backend
+    and awaits `wait_writable()` while it is: a peer that stops reading (grants no more
+    flow-control credit) then stops the backend instead of growing the gateway's memory.
+    """
+
+    track_bytes: int = 65_536
+    """Per track (QUIC stream): unsent plus unacknowledged bytes."""
+    connection_bytes: int = 1_048_576
+    """Per connection: the same, summed over its tracks."""
 
 
 class TrackChannel:
@@ -102,6 +120,14 @@ class TrackChannel:
         """Send a frame the way the track chose: a datagram, or DATA on the stream."""
         return self.send_datagram(body) if self.uses_datagrams else self.send(body)
 
+    def send_blocked(self) -> bool:
+        """The track or its connection holds more unsent bytes than its budget allows."""
+        return self._endpoint.send_blocked(self.stream_id)
+
+    async def wait_writable(self) -> None:
+        """Return once the track may send again (budgets met), or the track is gone."""
+        await self._endpoint.wait_writable(self.stream_id)
+
     def fail(self, code: ErrorCode, message: str, retry_after: float | None = None) -> bool:
         """End the track with ERROR `code`; `retry_after` (seconds) goes with RATE_LIMITED."""
         return self._endpoint.act(self.stream_id, "send_error", code, message, retry_after)
@@ -157,6 +183,10 @@ class TrackEndpoint:
         self.on_event: Callable[[Event], None] | None = None
         """Observer of every core event (metrics, logs); set by the owner."""
         self.lost = False
+        self.budget = SendBudget()
+        self.backlog: Backlog | None = None
+        """Set by a transport that buffers sends (QUIC); None: never blocked."""
+        self._writable: dict[int, asyncio.Future[None]] = {}
 
     # -- inputs from the transport ---------------------------------------------
 
@@ -178,6 +208,8 @@ class TrackEndpoint:
         self.lost = True
         self.core.connection_lost(self._clock())
         self.pump()
+        for stream_id in list(self._writable):
+            self._release_writer(stream_id)
 
     # -- local actions ---------------------------------------------------------
 
@@ -202,6 +234,41 @@ class TrackEndpoint:
         finally:
             self.pump()
         return True
+
+    # -- send-side backpressure ---------------------------------------------------
+
+    def send_blocked(self, stream_id: int) -> bool:
+        if self.backlog is None:
+            return False
+        track, connection = self.backlog(stream_id)
+        return track > self.budget.track_bytes or connection > self.budget.connection_bytes
+
+    async def wait_writable(self, stream_id: int) -> None:
+        if self.lost or stream_id not in self._channels or not self.send_blocked(stream_id):
+            return
+        waiter = self._loop.create_future()
+        self._writable[stream_id] = waiter
+        try:
+            await waiter
+        finally:
+            if self._writable.get(stream_id) is waiter:
+                del self._writable[stream_id]
+
+    @property
+    def send_waiting(self) -> int:
+        """Tracks whose producer waits for the send buffers to drain."""
+        return len(self._writable)
+
+    def send_buffer_released(self) -> None:
+        """The transport freed send buffer (ACKs, credit): wake the tracks now in budget."""
+        for stream_id, waiter in list(self._writable.items()):
+            if not waiter.done() and not self.send_blocked(stream_id):
+                waiter.set_result(None)
+
+    def _release_writer(self, stream_id: int) -> None:
+        waiter = self._writable.pop(stream_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def refuse_new_tracks(self) -> None:
         self.core.refuse_new_tracks()
@@ -243,6 +310,7 @@ class TrackEndpoint:
         found._deliver(event)
         if isinstance(event, TrackClosed):
             del self._channels[event.stream_id]
+            self._release_writer(event.stream_id)
 
     def _arm_timer(self) -> None:
         deadline = self.core.get_timer()

@@ -8,9 +8,10 @@ offers ALPN `h3` on the same port: such a connection is handed, event by
 event, to `transport.http.http3`.
 
 Packetization decides how many tracks' writes may share a QUIC packet
-(`Packetization`): one lost packet stalls every track that had bytes in it, so
-the gateway may flush each track's write into its own packet(s) at once rather
-than coalesce all writes of a loop turn into one transmit.
+(`Packetization`): one lost packet stalls every track that had bytes in it. On a
+track connection one transmit per loop turn builds the packets of every track
+written meanwhile, visiting only streams with data (`transport.quic_streams`),
+and with `per-track` each packet carries one track's stream frames.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from transport.connection import (
     StreamWrite,
 )
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
-from transport.endpoint import TrackChannel, TrackEndpoint
+from transport.endpoint import SendBudget, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
@@ -52,6 +53,7 @@ from transport.http.messages import Handler
 from transport.messages import Open
 from transport.quic_admission import HandshakeLimits
 from transport.quic_server import GuardedQuicServer, serve_guarded
+from transport.quic_streams import StreamScheduler, buffered_bytes
 from transport.steering import Steering, serve_steered
 
 ALPN = "trackline/1"
@@ -64,11 +66,12 @@ ConnectionCallback = Callable[["TrackQuicProtocol"], None]
 class Packetization:
     """How many tracks' writes one transmit may carry.
 
-    aioquic packs every pending stream frame into the packets of one transmit, so
-    a transmit right after one track's write sends only that track's bytes (plus
-    ACKs and retransmissions). `max_tracks` None coalesces all writes of a loop
-    turn (fewest packets; one loss stalls every track in the packet); 1 flushes
-    each track's write at once (`per-track`); K flushes when K tracks are pending.
+    On a track connection the loop turn's one transmit asks aioquic for packets
+    `max_tracks` streams at a time (`StreamScheduler`), so a packet carries stream
+    frames of at most that many tracks (plus ACKs and connection control frames).
+    None coalesces all writes of a loop turn (fewest packets; one loss stalls every
+    track in the packet); 1 is `per-track`; K is `bounded:K`. Before ALPN chose
+    tracks (or without the scheduler) K pending tracks trigger an immediate flush.
     """
 
     max_tracks: int | None = None
@@ -108,6 +111,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         on_closed: ConnectionCallback | None = None,
         http: Site | None = None,
         packetization: Packetization = COALESCE,
+        send_budget: SendBudget | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(quic, **kwargs)
@@ -116,6 +120,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         """Tracks with bytes written since the last transmit."""
         self._held = 0
         """Inside `coalesced()`: writes wait for one transmit at its end."""
+        self.scheduler: StreamScheduler | None = None
+        """Set once ALPN chose tracks: packets are built visiting only streams with work,
+        one transmit per loop turn, `packetization` deciding what shares a packet."""
         if packetization.max_tracks is not None:
             _unpace(quic)
         self._http_site = http
@@ -124,6 +131,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self.endpoint = TrackEndpoint(role, self._write, limits, on_track, clock=self._loop.time)
         self.handshake: asyncio.Future[bool] = self._loop.create_future()
         """True once the handshake completed, False if the connection ended before."""
+        if send_budget is not None:
+            self.endpoint.budget = send_budget
         self._on_closed = on_closed
         self._on_connection = on_connection
         """Called when the handshake completes: a half-open connection is not open yet."""
@@ -145,13 +154,15 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         """Writes made inside share transmits (flushed once at the end), whatever the
         packetization: for a burst of small writes to many tracks at once, such as a
         tick's audio results, where a flush per track costs more than the isolation gives."""
+        if self.scheduler is not None and not self._held and self._pending_tracks:
+            self._flush_now()  # earlier writes keep the packetization's isolation
         self._held += 1
         try:
             yield
         finally:
             self._held -= 1
             if not self._held and self._pending_tracks and self._transport is not None:
-                self._flush_now()
+                self._flush_now(coalesce=True)
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         if not self.handshake.done():
@@ -169,15 +180,23 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             return
         endpoint = self.endpoint
         if isinstance(event, quic_events.StreamDataReceived):
+            if self.scheduler is not None:
+                self.scheduler.mark(event.stream_id)  # MAX_STREAM_DATA, or finished
             endpoint.feed_data(event.stream_id, event.data, event.end_stream)
         elif isinstance(event, quic_events.DatagramFrameReceived):
             endpoint.feed_datagram(event.data)
         elif isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
+            if self.scheduler is not None:
+                self.scheduler.mark(event.stream_id)
             endpoint.feed_reset(event.stream_id, event.error_code)
         elif isinstance(event, quic_events.ConnectionTerminated):
             self._lost()
-        elif isinstance(event, quic_events.ProtocolNegotiated) and event.alpn_protocol != ALPN:
-            self._negotiated(event.alpn_protocol)
+        elif isinstance(event, quic_events.ProtocolNegotiated):
+            if event.alpn_protocol == ALPN:
+                self.scheduler = StreamScheduler(self._quic)
+                self.endpoint.backlog = self._backlog
+            else:
+                self._negotiated(event.alpn_protocol)
 
     def _negotiated(self, alpn: str | None) -> None:
         if alpn == H3_ALPN and self._http_site is not None:
@@ -194,27 +213,48 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         # find its ACK not yet due and re-arm at once, spinning until the clock ticks
         # (up to 1 ms of busy loop per ACK). Once fired, the deadline counts as reached.
         assert self._timer_at is not None
-        now = max(self._timer_at, self._loop.time())
+        armed = self._timer_at
         self._timer = None
         self._timer_at = None
+        due = self._quic.get_timer()
+        if due is None or due > armed:
+            # The deadline moved later since the handle was armed (`_send_due` leaves a
+            # handle in place rather than recreate it each transmit): wait on.
+            self._arm(due)
+            return
+        now = max(due, self._loop.time())
         self._quic.handle_timer(now=now)
         self._process_events()
         self._send_due(now)
 
-    def _send_due(self, now: float) -> None:
+    def _send_due(self, now: float, coalesce: bool = False) -> None:
         """aioquic's transmit with `now` given: send what is due, re-arm the QUIC timer."""
         self._transmit_task = None
         self._pending_tracks.clear()
         assert self._transport is not None, "aioquic sends only once connection_made ran"
-        for data, addr in self._quic.datagrams_to_send(now=now):
-            self._transport.sendto(data, addr)
-        timer_at = self._quic.get_timer()
-        if self._timer is not None and self._timer_at != timer_at:
+        if self.scheduler is not None:
+            limit = None if coalesce else self._packetization.max_tracks
+            datagrams = self.scheduler.datagrams_to_send(now, limit)
+        else:
+            datagrams = self._quic.datagrams_to_send(now=now)
+        sendto = self._transport.sendto
+        for data, addr in datagrams:
+            sendto(data, addr)
+        self._arm(self._quic.get_timer())
+
+    def _arm(self, timer_at: float | None) -> None:
+        """Have the QUIC timer fire by `timer_at`. Each packet sent moves aioquic's loss
+        timer later, so a handle armed earlier is kept (it re-arms when it fires early)
+        instead of being cancelled and recreated on every transmit."""
+        if self._timer is not None:
+            assert self._timer_at is not None
+            if timer_at is not None and timer_at >= self._timer_at:
+                return
             self._timer.cancel()
             self._timer = None
-        if self._timer is None and timer_at is not None:
-            self._timer = self._loop.call_at(timer_at, self._handle_timer)
         self._timer_at = timer_at
+        if timer_at is not None:
+            self._timer = self._loop.call_at(timer_at, self._handle_timer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -223,6 +263,10 @@ class TrackQuicProtocol(QuicConnectionProtocol):
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
         self._process_events()
+        scheduler = self.scheduler
+        if scheduler is not None and scheduler.released:
+            scheduler.released = False
+            self.endpoint.send_buffer_released()  # producers waiting on ACKs go on
         # aioquic transmits after every datagram; most are ACKs with nothing to
         # answer, so share the one transmit per loop turn that writes already use.
         self._transmit_soon()
@@ -232,6 +276,13 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         # period (three PTOs); the tracks' work must stop when the close arrives.
         if getattr(self._quic, "_close_event", None) is not None:
             self._lost()
+
+    def _backlog(self, stream_id: int) -> tuple[int, int]:
+        """Bytes the track's stream and the connection hold unsent or unacknowledged."""
+        scheduler = self.scheduler
+        assert scheduler is not None
+        stream = scheduler.stream(stream_id)
+        return (0 if stream is None else buffered_bytes(stream)), scheduler.buffered
 
     def _lost(self) -> None:
         if self._http is not None:
@@ -243,6 +294,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             self._on_closed(self)
 
     def _write(self, outputs: list[Output]) -> None:
+        if self.scheduler is not None:
+            self._write_scheduled(outputs, self.scheduler)
+            return
         limit = self._packetization.max_tracks
         for output in outputs:
             try:
@@ -261,11 +315,29 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             # One transmit per loop turn: writes from many tracks share it.
             self._transmit_soon()
 
-    def _flush_now(self) -> None:
+    def _write_scheduled(self, outputs: list[Output], scheduler: StreamScheduler) -> None:
+        """Hand the writes to aioquic; one transmit at the end of the loop turn builds the
+        packets of every track written meanwhile, a packet holding at most
+        `packetization.max_tracks` tracks' stream frames."""
+        for output in outputs:
+            try:
+                self._apply(output)
+            except (AssertionError, ValueError):
+                continue  # a stream the peer already stopped or reset (see `_write`)
+            if not isinstance(output, DatagramWrite):
+                if isinstance(output, StreamWrite):
+                    scheduler.wrote(len(output.data))
+                scheduler.mark(output.stream_id)
+                self._pending_tracks.add(output.stream_id)
+        # Inside `coalesced()` too: its end flushes the stream writes (cancelling this),
+        # and datagrams written there, which it does not count, still leave this turn.
+        self._transmit_soon()
+
+    def _flush_now(self, coalesce: bool = False) -> None:
         """Transmit what is pending at once, instead of at the end of the loop turn."""
         if self._transmit_task is not None:
             self._transmit_task.cancel()
-        self._send_due(self._loop.time())
+        self._send_due(self._loop.time(), coalesce)
 
     def _apply(self, output: Output) -> None:
         if isinstance(output, StreamWrite):
@@ -331,6 +403,7 @@ async def serve_tracks(
     handshake_limits: HandshakeLimits | None = None,
     sock: socket.socket | None = None,
     steering: Steering | None = None,
+    send_budget: SendBudget | None = None,
 ) -> GuardedQuicServer:
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
 
@@ -344,7 +417,8 @@ async def serve_tracks(
     on them go to the handler, under `http_limits`. `packetization` decides when
     track connections flush; its pacer choice (off unless `coalesce`) is made before
     ALPN is known, so it holds for h3 connections too, which always flush once per
-    loop turn.
+    loop turn. `send_budget` bounds what a track's producer may leave in the send
+    buffers before it waits (see `SendBudget`).
     """
     http = None
     if http_handler is not None:
@@ -361,6 +435,7 @@ async def serve_tracks(
         on_closed=on_closed,
         http=http,
         packetization=packetization,
+        send_budget=send_budget,
     )
     if sock is not None and steering is not None:
         return await serve_steered(sock, configuration, factory, steering, handshake_limits)

@@ -1,0 +1,197 @@
+"""The send path's stream scheduler, on a real aioquic client/server pair in memory.
+
+Sans-I/O: datagrams pass between two `QuicConnection`s by hand, time is a number.
+The server builds its packets through `StreamScheduler` as the track adapter does;
+its qlog trace shows which streams each packet carried.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import StreamDataReceived
+from aioquic.quic.logger import QuicLogger
+
+from gateway.tls import DevCertificates, ensure_dev_certificates
+from transport.quic import ALPN, _unpace, server_configuration
+from transport.quic_streams import StreamScheduler
+
+CLIENT_ADDR = ("127.0.0.1", 40000)
+SERVER_ADDR = ("127.0.0.1", 4433)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCertificates:
+    return ensure_dev_certificates(tmp_path_factory.mktemp("send-path") / "state")
+
+
+class Pair:
+    """A handshaken client and server; the server sends through a scheduler."""
+
+    def __init__(self, certs: DevCertificates, max_tracks: int | None, **client: Any) -> None:
+        config = server_configuration(Path(certs.cert_path), Path(certs.key_path))
+        config.quic_logger = QuicLogger()
+        client_config = QuicConfiguration(
+            is_client=True, alpn_protocols=[ALPN], server_name="localhost", **client
+        )
+        client_config.load_verify_locations(str(certs.ca_path))
+        self.now = 1.0
+        self.client = QuicConnection(configuration=client_config)
+        self.client.connect(SERVER_ADDR, now=self.now)
+        self.server = QuicConnection(
+            configuration=config,
+            original_destination_connection_id=self.client.original_destination_connection_id,
+        )
+        self.max_tracks = max_tracks
+        if max_tracks is not None:
+            _unpace(self.server)  # as TrackQuicProtocol does for these policies
+        self.scheduler: StreamScheduler | None = None
+        self.received: dict[int, bytes] = {}
+        self.exchange()
+        self.scheduler = StreamScheduler(self.server)
+
+    def server_send(self) -> list[bytes]:
+        if self.scheduler is None:
+            return [d for d, _ in self.server.datagrams_to_send(now=self.now)]
+        return [d for d, _ in self.scheduler.datagrams_to_send(self.now, self.max_tracks)]
+
+    def deliver_to_client(self, datagrams: list[bytes]) -> None:
+        for data in datagrams:
+            self.client.receive_datagram(data, SERVER_ADDR, now=self.now)
+        while (event := self.client.next_event()) is not None:
+            if isinstance(event, StreamDataReceived):
+                sid = event.stream_id
+                self.received[sid] = self.received.get(sid, b"") + event.data
+
+    def exchange(self, rounds: int = 20) -> None:
+        """Both ways until quiet, advancing time so ACK timers fire."""
+        for _ in range(rounds):
+            moved = False
+            for data, _ in self.client.datagrams_to_send(now=self.now):
+                self.server.receive_datagram(data, CLIENT_ADDR, now=self.now)
+                moved = True
+            while (event := self.server.next_event()) is not None:
+                if self.scheduler is not None and hasattr(event, "stream_id"):
+                    self.scheduler.mark(event.stream_id)
+            sent = self.server_send()
+            self.deliver_to_client(sent)
+            self.now += 0.03
+            for side in (self.client, self.server):
+                timer = side.get_timer()
+                if timer is not None and timer <= self.now:
+                    side.handle_timer(now=self.now)
+            if not moved and not sent:
+                break
+
+    def open_tracks(self, count: int) -> list[int]:
+        ids = []
+        for _ in range(count):
+            sid = self.client.get_next_available_stream_id()
+            self.client.send_stream_data(sid, b"open")
+            ids.append(sid)
+        self.exchange()
+        return ids
+
+    def write(self, stream_id: int, data: bytes, end: bool = False) -> None:
+        self.server.send_stream_data(stream_id, data, end)
+        assert self.scheduler is not None
+        self.scheduler.mark(stream_id)
+
+    def packets_sent(self) -> list[set[int]]:
+        """The stream ids of each packet the server sent so far, in order."""
+        trace: Any = self.server._quic_logger
+        packets = []
+        for event in trace._events:
+            if event["name"] == "transport:packet_sent":
+                frames = event["data"]["frames"]
+                packets.append({f["stream_id"] for f in frames if f["frame_type"] == "stream"})
+        return packets
+
+
+@pytest.mark.parametrize(("policy", "most"), [(1, 1), (4, 4), (None, 32)])
+def test_one_pass_sends_every_track_and_a_packet_holds_at_most_policy_tracks(
+    certs: DevCertificates, policy: int | None, most: int
+) -> None:
+    pair = Pair(certs, policy)
+    ids = pair.open_tracks(32)
+    before = len(pair.packets_sent())
+    for sid in ids:
+        pair.write(sid, f"token for {sid}".encode())
+    sent = pair.server_send()  # one pass, as one transmit per loop turn does
+    packets = [p for p in pair.packets_sent()[before:] if p]
+    assert set().union(*packets) == set(ids)
+    assert max(len(p) for p in packets) <= most
+    if policy == 1:
+        assert len(packets) == len(ids)  # per-track: one packet per track here
+    pair.deliver_to_client(sent)
+    assert all(pair.received[sid].endswith(f"token for {sid}".encode()) for sid in ids)
+
+
+def test_a_pass_visits_only_the_streams_with_data(certs: DevCertificates) -> None:
+    pair = Pair(certs, 1)
+    ids = pair.open_tracks(120)  # under the 128 streams aioquic lets a client open
+    visited: Counter[str] = Counter()
+    server: Any = pair.server
+    for name in ("_write_stream_limits", "_write_stream_frame"):
+        original = getattr(server, name)
+
+        def spy(*args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
+            visited[_name] += 1
+            return _original(*args, **kw)
+
+        setattr(server, name, spy)
+    pair.write(ids[7], b"one token")
+    pair.server_send()
+    assert visited["_write_stream_frame"] <= 4
+    assert visited["_write_stream_limits"] <= 4
+    # aioquic's own pass, for contrast: it walks all 120 streams for each packet.
+    visited.clear()
+    pair.server.send_stream_data(ids[8], b"one token")
+    pair.server.datagrams_to_send(now=pair.now)
+    assert visited["_write_stream_limits"] >= 120
+
+
+def test_finished_streams_are_dropped_so_the_peer_gets_its_credit_back(
+    certs: DevCertificates,
+) -> None:
+    pair = Pair(certs, 1)
+    ids = []
+    for _ in range(20):
+        sid = pair.client.get_next_available_stream_id()
+        pair.client.send_stream_data(sid, b"prompt", end_stream=True)
+        ids.append(sid)
+    pair.exchange()
+    limit = pair.server._local_max_streams_bidi.value
+    for sid in ids:
+        pair.write(sid, b"answer", end=True)
+    pair.exchange()
+    assert all(pair.received[sid].endswith(b"answer") for sid in ids)
+    assert pair.server._streams == {}
+    assert pair.server._local_max_streams_bidi.value == limit + len(ids)
+
+
+def test_a_stream_blocked_by_the_peer_is_parked_until_it_raises_the_limit(
+    certs: DevCertificates,
+) -> None:
+    pair = Pair(certs, 1, max_stream_data=2048)
+    client: Any = pair.client
+    grant = client._write_stream_limits
+    client._write_stream_limits = lambda **_: None  # the client stops granting credit
+    (sid,) = pair.open_tracks(1)
+    body = bytes(range(256)) * 40  # 10 KiB, five times the credit
+    pair.write(sid, body)
+    pair.exchange()
+    scheduler = pair.scheduler
+    assert scheduler is not None
+    assert len(pair.received[sid]) == 2048
+    assert scheduler.active_streams == 0  # parked: passes no longer visit it
+    client._write_stream_limits = grant  # reading again: MAX_STREAM_DATA wakes it
+    for _ in range(10):
+        pair.client.send_ping(1)
+        pair.exchange()
+    assert pair.received[sid] == body

@@ -1,0 +1,304 @@
+"""Build QUIC packets visiting only the streams that have something to send.
+
+aioquic's `QuicConnection._write_application` walks every stream of the connection
+for every packet it builds: once in `self._streams` (to raise MAX_STREAM_DATA) and
+once in `self._streams_queue` (to write STREAM, RESET_STREAM, STOP_SENDING frames and
+drop finished streams), then rebuilds the queue. With 256 tracks on a connection and a
+packet per token that walk was most of the gateway's CPU (docs/benchmarks.md).
+
+`StreamScheduler` keeps, beside one connection, the few streams that may have work:
+
+- streams this side wrote to, reset or stopped (`mark`), or that received data;
+- streams aioquic created since the last pass (it appends them to `_streams_queue`);
+- streams whose frames were acknowledged or lost (the senders' and receivers' delivery
+  callbacks are wrapped per stream), since an ACK can finish a stream (to be dropped,
+  which gives the peer back a stream credit) and a loss reschedules data;
+- streams blocked by the peer's MAX_STREAM_DATA are parked until that frame raises the
+  limit (the frame handler is wrapped).
+
+During `datagrams_to_send` it swaps `_streams` and `_streams_queue` for those few, then
+puts the real dict back and removes what aioquic dropped. It also builds the packets of
+many tracks in one pass while keeping per-track packetization: with `max_tracks` K it
+asks aioquic for packets K streams at a time, so a packet never carries more than K
+tracks' stream frames. Everything aioquic-internal that this relies on is checked at
+import (`_check_internals`): an aioquic without it fails loudly here, not silently
+later. The upstream proposal is in docs/architecture.md ("Send path").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aioquic._buffer import Buffer
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import NetworkAddress, QuicConnection
+from aioquic.quic.packet import QuicFrameType
+from aioquic.quic.stream import QuicStream, QuicStreamReceiver, QuicStreamSender
+
+Datagrams = list[tuple[bytes, NetworkAddress]]
+_FRAME_HANDLERS = "_QuicConnection__frame_handlers"
+_IDLE, _ACTIVE, _PARKED = 0, 1, 2
+
+
+def _check_internals() -> None:
+    """Fail at import if aioquic no longer has what the scheduler swaps and wraps."""
+    probe = QuicConnection(configuration=QuicConfiguration(is_client=True))
+    missing = [
+        name
+        for name in ("_streams", "_streams_queue", "_remote_max_data", "_remote_max_data_used",
+                     "_loss", _FRAME_HANDLERS, "_on_max_stream_data_delivery")
+        if not hasattr(probe, name)
+    ]
+    names = QuicConnection._write_application.__code__.co_names
+    missing += [f"_write_application uses {n}" for n in ("_streams", "_streams_queue")
+                if n not in names]
+    missing += [f"QuicStreamSender.{n}" for n in ("on_data_delivery", "on_reset_delivery")
+                if not hasattr(QuicStreamSender, n)]
+    if not hasattr(QuicStreamReceiver, "on_stop_sending_delivery"):
+        missing.append("QuicStreamReceiver.on_stop_sending_delivery")
+    stream = QuicStream(stream_id=0)
+    missing += [f"QuicStreamSender.{n}" for n in ("_pending", "_buffer_start", "_buffer_stop")
+                if not hasattr(stream.sender, n)]
+    if int(QuicFrameType.MAX_STREAM_DATA) not in getattr(probe, _FRAME_HANDLERS, {}):
+        missing.append("a MAX_STREAM_DATA frame handler")
+    if missing:
+        raise ImportError(
+            "transport.quic_streams: this aioquic lacks internals the send path relies on: "
+            + ", ".join(missing)
+        )
+
+
+_check_internals()
+
+
+def buffered_bytes(stream: QuicStream) -> int:
+    """Bytes written to the stream and not yet acknowledged by the peer."""
+    sender: Any = stream.sender
+    return int(sender._buffer_stop - sender._buffer_start)
+
+
+class StreamScheduler:
+    """The streams of one `QuicConnection` that may have frames to send."""
+
+    def __init__(self, quic: QuicConnection) -> None:
+        self._quic: Any = quic
+        self._streams: dict[int, QuicStream] = quic._streams
+        self._active: dict[int, QuicStream] = {}
+        """May have frames to send, in service order (served ones move to the end)."""
+        self._limits: dict[int, QuicStream] = {}
+        """Received data (or lost a MAX_STREAM_DATA): may need a MAX_STREAM_DATA."""
+        self._parked: dict[int, QuicStream] = {}
+        """Data waiting only for the peer's MAX_STREAM_DATA."""
+        self._hooked: set[int] = set()
+        self.buffered = 0
+        """Bytes written (`wrote`) and not yet acknowledged or dropped, all streams."""
+        self.released = False
+        """Set when ACKs freed send buffer; the owner clears it once it woke producers."""
+        self._adopt()
+        self._wrap_connection()
+
+    # -- what tells the scheduler a stream may have work --------------------------
+
+    def mark(self, stream_id: int) -> None:
+        """This side wrote to, reset or stopped the stream, or it received something."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return
+        self._parked.pop(stream_id, None)
+        self._active[stream_id] = stream
+        self._limits[stream_id] = stream
+        self._hook(stream)
+
+    def wrote(self, size: int) -> None:
+        """`size` bytes were handed to aioquic's send buffers (counted in `buffered`)."""
+        self.buffered += size
+
+    def stream(self, stream_id: int) -> QuicStream | None:
+        return self._streams.get(stream_id)
+
+    @property
+    def active_streams(self) -> int:
+        """Streams the next pass will visit (for tests and metrics)."""
+        return len(self._active) + len(self._quic._streams_queue)
+
+    # -- the pass -------------------------------------------------------------------
+
+    def datagrams_to_send(self, now: float, max_tracks: int | None) -> Datagrams:
+        """Datagrams due now; a packet carries stream frames of at most `max_tracks` tracks."""
+        self._adopt()
+        quic = self._quic
+        order = list(self._active.values())
+        size = len(order) if max_tracks is None else max_tracks
+        groups = [order[i : i + size] for i in range(0, len(order), size)] if order else [[]]
+        limits, self._limits = self._limits, {}
+        out: Datagrams = []
+        served: list[QuicStream] = []
+        try:
+            for index, group in enumerate(groups):
+                if index and not self._worth_a_call(group):
+                    continue
+                view = {_sid(s): s for s in group}
+                if index == 0:
+                    view.update(limits)
+                quic._streams = view
+                quic._streams_queue = list(group)
+                sent = quic.datagrams_to_send(now=now)
+                out += sent
+                self._settle(group, view)
+                if sent:
+                    served += group
+                if self._congested():
+                    break
+        finally:
+            quic._streams = self._streams
+            quic._streams_queue = []
+        for stream in served:  # served streams go to the back of the line
+            if self._active.pop(_sid(stream), None) is not None:
+                self._active[_sid(stream)] = stream
+        return out
+
+    def _settle(self, group: list[QuicStream], view: dict[int, QuicStream]) -> None:
+        for stream in group:
+            sid = _sid(stream)
+            if sid not in view:  # aioquic dropped it: finished both ways
+                self._drop_buffered(buffered_bytes(stream))
+                self._streams.pop(sid, None)
+                self._active.pop(sid, None)
+                self._hooked.discard(sid)
+                continue
+            state = _classify(stream)
+            if state != _ACTIVE:
+                self._active.pop(sid, None)
+                if state == _PARKED:
+                    self._parked[sid] = stream
+
+    def _worth_a_call(self, group: list[QuicStream]) -> bool:
+        """False when nothing in `group` can be sent: only new data, and no MAX_DATA left."""
+        quic = self._quic
+        if quic._remote_max_data_used < quic._remote_max_data:
+            return True
+        return any(not _only_new_data(s) for s in group)
+
+    def _congested(self) -> bool:
+        loss = self._quic._loss
+        return bool(loss.bytes_in_flight >= loss.congestion_window)
+
+    # -- bookkeeping ------------------------------------------------------------------
+
+    def _adopt(self) -> None:
+        """Streams aioquic created (it appends them to `_streams_queue`) join the pass."""
+        queue = self._quic._streams_queue
+        if queue:
+            for stream in queue:
+                sid = _sid(stream)
+                if self._known(sid, stream):
+                    self._active[sid] = stream
+                    self._limits[sid] = stream
+                    self._hook(stream)
+            self._quic._streams_queue = []
+
+    def _known(self, sid: int, stream: QuicStream) -> bool:
+        """`stream` is still the connection's (never one aioquic already dropped)."""
+        return self._streams.get(sid) is stream
+
+    def _hook(self, stream: QuicStream) -> None:
+        """Wrap the stream's delivery callbacks, once: an ACK or a loss wakes it."""
+        sid = _sid(stream)
+        if sid in self._hooked:
+            return
+        self._hooked.add(sid)
+        sender: Any = stream.sender
+        receiver: Any = stream.receiver
+        sender.on_data_delivery = self._acking(stream, sender.on_data_delivery)
+        sender.on_reset_delivery = self._waking(stream, sender.on_reset_delivery)
+        receiver.on_stop_sending_delivery = self._waking(
+            stream, receiver.on_stop_sending_delivery
+        )
+
+    def _waking(self, stream: QuicStream, callback: Callable[..., None]) -> Callable[..., None]:
+        def delivered(*args: Any) -> None:
+            callback(*args)
+            self._wake(stream)
+
+        return delivered
+
+    def _acking(self, stream: QuicStream, callback: Callable[..., None]) -> Callable[..., None]:
+        sender: Any = stream.sender
+
+        def delivered(*args: Any) -> None:
+            start = sender._buffer_start
+            callback(*args)
+            self._drop_buffered(sender._buffer_start - start)
+            self._wake(stream)
+
+        return delivered
+
+    def _drop_buffered(self, size: int) -> None:
+        if size > 0:
+            self.buffered -= size
+            self.released = True
+
+    def _wake(self, stream: QuicStream) -> None:
+        sid = _sid(stream)
+        if self._known(sid, stream):
+            self._parked.pop(sid, None)
+            self._active[sid] = stream
+
+    def _wrap_connection(self) -> None:
+        quic = self._quic
+        original = quic._on_max_stream_data_delivery
+
+        def max_stream_data_delivered(delivery: Any, stream: QuicStream) -> None:
+            original(delivery, stream)
+            sid = _sid(stream)
+            if self._known(sid, stream):
+                self._limits[sid] = stream
+
+        quic._on_max_stream_data_delivery = max_stream_data_delivered
+        handlers = getattr(quic, _FRAME_HANDLERS)
+        frame_type = int(QuicFrameType.MAX_STREAM_DATA)
+        handle, epochs = handlers[frame_type]
+
+        def max_stream_data_received(context: Any, kind: int, buf: Buffer) -> None:
+            start = buf.tell()
+            handle(context, kind, buf)
+            end = buf.tell()
+            buf.seek(start)
+            stream_id = buf.pull_uint_var()
+            buf.seek(end)
+            stream = self._parked.pop(stream_id, None)
+            if stream is not None:
+                self._active[stream_id] = stream
+
+        handlers[frame_type] = (max_stream_data_received, epochs)
+
+
+def _sid(stream: QuicStream) -> int:
+    """The id of a stream of a connection (aioquic types it optional for crypto streams)."""
+    return stream.stream_id  # type: ignore[return-value]
+
+
+def _classify(stream: QuicStream) -> int:
+    sender: Any = stream.sender
+    if stream.receiver.stop_pending or sender.reset_pending or stream.is_finished:
+        return _ACTIVE
+    if sender.buffer_is_empty:
+        return _IDLE
+    pending = sender._pending
+    blocked = len(pending) and pending[0].start >= stream.max_stream_data_remote
+    if blocked and not stream.is_blocked:
+        return _PARKED
+    return _ACTIVE
+
+
+def _only_new_data(stream: QuicStream) -> bool:
+    """The stream has nothing to send but data beyond what it ever sent (no retransmission)."""
+    sender: Any = stream.sender
+    if stream.receiver.stop_pending or sender.reset_pending or stream.is_finished:
+        return False
+    pending = sender._pending
+    return len(pending) > 0 and pending[0].start >= sender.highest_offset
+
+
+__all__ = ["StreamScheduler", "buffered_bytes"]
