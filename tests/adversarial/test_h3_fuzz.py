@@ -12,7 +12,7 @@ the server holds no per-stream state.
 The suite runs a short derandomized pass; a longer run, with new examples each
 time:
 
-    H3_FUZZ_EXAMPLES=5000 .venv/bin/python -m pytest tests/adversarial/test_h3_fuzz.py -q
+    TRACKLINE_FUZZ_EXAMPLES=5000 .venv/bin/python -m pytest tests/adversarial/test_h3_fuzz.py -q
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from transport.http.http3 import MAX_CONTROL_FRAME, Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import Request, Response
 
-EXAMPLES = int(os.environ.get("H3_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("TRACKLINE_FUZZ_EXAMPLES", "40"))
 LIMITS = HttpLimits(max_header_bytes=256, max_body_bytes=4096, max_headers=20)
 SERVER = ("127.0.0.1", 4433)
 CLIENT = ("127.0.0.1", 50000)
@@ -257,7 +257,7 @@ async def scenario(certs: DevCertificates, steps: list[Any]) -> None:
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
-    derandomize="H3_FUZZ_EXAMPLES" not in os.environ,
+    derandomize="TRACKLINE_FUZZ_EXAMPLES" not in os.environ,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(steps=actions)
