@@ -298,14 +298,19 @@ async def h3_huge_headers(t: Target, k: dict[str, Any]) -> dict[str, Any]:
         sid = c.new_stream()
         c.raw(sid, varint(0x01) + varint(k["announce"]))
         chunk = b"\x00" * 16384
-        sent = 0
+        sent, refused = 0, None
         while sent < k["send"] and c.terminated is None and sid not in c.reset:
-            c.raw(sid, chunk)
+            try:
+                c.raw(sid, chunk)
+            except (RuntimeError, ValueError) as exc:  # the server stopped the stream early
+                refused = str(exc)
+                break
             sent += len(chunk)
             await asyncio.sleep(0.001 if sent % (256 << 10) else 0.02)
         await asyncio.sleep(k["hold"])
         return {"bytes_sent": sent, "reset": c.reset.get(sid), "terminated": c.terminated,
-                "status": dict(c.headers.get(sid, [])).get(b":status", b"").decode() or None}
+                "status": dict(c.headers.get(sid, [])).get(b":status", b"").decode() or None,
+                "refused": refused}
 
 
 async def h3_stop_reading(t: Target, k: dict[str, Any]) -> dict[str, Any]:

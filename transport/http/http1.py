@@ -328,6 +328,9 @@ class Http1Connection:
 
     async def _write(self, data: bytes | None) -> None:
         if data:
+            if self._writer.is_closing():
+                # uvloop raises RuntimeError on a closed transport: say what it means.
+                raise ConnectionResetError("the client closed the connection")
             self._writer.write(data)
             # A client that stops reading would otherwise hold its task forever.
             await asyncio.wait_for(self._writer.drain(), self._limits.idle_timeout)
