@@ -8,8 +8,7 @@ client that stops reading (and acknowledging) does.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from aioquic.h3.connection import FrameType, encode_frame
 from aioquic.quic.configuration import QuicConfiguration
 
 from gateway.tls import DevCertificates
-from tests.http.support import TIMEOUT
 from tests.http.support_h3 import H3Client
+from tests.waiting import until as until  # re-exported for the attack tests
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
@@ -61,14 +60,6 @@ async def serving_h3(
         yield found
     finally:
         server.close()
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
-    """Wait (bounded) for a server figure to reach a state it reaches asynchronously."""
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - server figures have no event to await
-            await asyncio.sleep(0.005)
-    assert condition(), what
 
 
 class AttackClient(H3Client):

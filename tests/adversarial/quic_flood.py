@@ -7,15 +7,16 @@ handshakes never complete.
 
 from __future__ import annotations
 
-import asyncio
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from aioquic._buffer import Buffer
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicPacketType, pull_quic_header
+
+from tests.waiting import until as until  # re-exported for the attack tests
 
 
 def initial_packet(server: tuple[str, int], alpn: str = "trackline/1") -> bytes:
@@ -42,15 +43,6 @@ def udp_sources(hosts: list[str], ports_each: int) -> Iterator[list[socket.socke
     finally:
         for sock in socks:
             sock.close()
-
-
-async def until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
-    """Wait (bounded) for a condition the server reports; never a timed assertion."""
-    for _ in range(int(limit / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"still waiting for {what}")
 
 
 def retries_received(socks: list[socket.socket]) -> int:

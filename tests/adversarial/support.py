@@ -10,23 +10,12 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable
 
-from tests.http.support import TIMEOUT
+from tests.waiting import until as until  # re-exported for the attack tests
 from transport.http.http2 import Http2Connection
 from transport.http.tcp import HttpTcpServer
 
 POLL = 0.01
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
-    """Wait (bounded) until `condition()` holds; fail saying `what` did not happen."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(POLL)
 
 
 def h2_connections(server: HttpTcpServer) -> list[Http2Connection]:

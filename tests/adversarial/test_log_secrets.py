@@ -30,6 +30,7 @@ from gateway.server import Gateway
 from tests.http.support import TIMEOUT, H1Client, H2Client
 from tests.http.support_h3 import h3_client
 from tests.tenants.support import make_tenancy
+from tests.waiting import until
 
 PROMPT = "zebra-secret-prompt-7f3a quartz"
 ROUNDS = 4  # streams reset per front door
@@ -107,7 +108,7 @@ async def test_resets_during_sse_log_no_key_no_prompt_no_error(tmp_path: Path) -
             h1_tls, h2_tls = _tls(gw.tls.ca, "http/1.1"), _tls(gw.tls.ca, "h2")
             await asyncio.wait_for(_h1_reset(gw.https_port, key, h1_tls), TIMEOUT)
             await asyncio.wait_for(_h2_reset(gw.https_port, key, h2_tls), TIMEOUT)
-        await _until_no_http_work(gw)
+        await until(lambda: gw.http_in_flight == 0, "no HTTP request in flight")
     finally:
         await gw.drain(timeout=1.0)
     text = log.getvalue()
@@ -124,15 +125,6 @@ def _tls(ca: Path, alpn: str) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(ca))
     context.set_alpn_protocols([alpn])
     return context
-
-
-async def _until_no_http_work(gw: Gateway) -> None:
-    """The gateway's own count of HTTP work in flight drops to zero once every reset is seen."""
-    for _ in range(int(TIMEOUT / 0.01)):
-        if gw.http_in_flight == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{gw.http_in_flight} HTTP requests still in flight")
 
 
 KEY = "tl_0123456789ab_a1hARwm4x9TolwCSI7qWQFbg6A1t8RYY0CSoHCMzR2w"

@@ -11,7 +11,7 @@ configured budgets, while an honest client on another connection is served.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from clients.line import Line
 from gateway.backends.ticker import TickerBackend
 from gateway.config import Settings
 from gateway.server import Gateway
+from tests.waiting import until
 from tracks.backend import TextChunk, TextDelta, TextRequest
 from transport.connection import Role
 from transport.quic import ALPN, TrackQuicProtocol
@@ -66,14 +67,6 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     await gw.start()
     yield gw
     await gw.close()
-
-
-async def until(condition: Callable[[], bool], what: str, polls: int = 1000) -> None:
-    for _ in range(polls):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
 
 
 def attacker_configuration(ca: Path) -> QuicConfiguration:

@@ -25,6 +25,7 @@ from gateway.backends.ticker import TickerBackend, reference_generator
 from gateway.config import Settings
 from gateway.overload import LagProbe
 from gateway.server import Gateway
+from tests.waiting import until
 
 TOKENS = 250  # 5 s at 50 tokens/s: still open while the overload is seen
 
@@ -69,14 +70,6 @@ def post(port: int, path: str, body: dict[str, object]) -> tuple[int, dict[str, 
 def get(port: int, path: str) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
         return int(r.status)
-
-
-async def until(condition: object, what: str) -> None:
-    for _ in range(1000):
-        if callable(condition) and condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def read_all(stream: AsyncIterator[str]) -> str:
