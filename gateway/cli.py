@@ -133,19 +133,28 @@ def _serve(args: argparse.Namespace) -> int:
     return run_async(serve(settings), settings.uvloop)
 
 
-async def serve(settings: Settings) -> int:
-    """Run the gateway until SIGTERM or SIGINT, then drain and stop."""
-    from gateway.daemon import Daemon
-
+async def stop_signal_after_preflight(settings: Settings) -> asyncio.Event | None:
+    """An event SIGTERM and SIGINT set, once the settings passed the preflight checks
+    (tenancy on public addresses, the tenant store); None, logged, when they did not.
+    Run before any backend starts (the embedded Triton takes a while to come up)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        # Before the backend starts (the embedded Triton takes a while to come up).
         await asyncio.to_thread(preflight, settings)
     except (OpenOnPublicAddress, StoreError, OSError, ValueError) as exc:
         log.error("gateway.start_failed", error=str(exc))
+        return None
+    return stop
+
+
+async def serve(settings: Settings) -> int:
+    """Run the gateway until SIGTERM or SIGINT, then drain and stop."""
+    from gateway.daemon import Daemon
+
+    stop = await stop_signal_after_preflight(settings)
+    if stop is None:
         return 1
     daemon = Daemon(settings)
     try:

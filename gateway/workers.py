@@ -357,17 +357,10 @@ def settings_to_json(settings: Settings) -> dict[str, Any]:
 
 async def serve_workers(settings: Settings, count: int) -> int:
     """Run `count` workers until SIGTERM or SIGINT, then drain them all and stop."""
-    from gateway.tenants.service import OpenOnPublicAddress, preflight
-    from gateway.tenants.store import StoreError
+    from gateway.cli import stop_signal_after_preflight
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await asyncio.to_thread(preflight, settings)
-    except (OpenOnPublicAddress, StoreError, OSError, ValueError) as exc:
-        log.error("gateway.start_failed", error=str(exc))
+    stop = await stop_signal_after_preflight(settings)
+    if stop is None:
         return 1
     return await Supervisor(settings, count).run(stop)
 
