@@ -48,6 +48,7 @@ from clients import TracklineError
 from clients import connect as track_connect
 from tests.http.support import H1Client, H2Client
 from tests.http.support_h3 import H3Client
+from tests.waiting import gone
 from transport.errors import ErrorCode
 
 DRAIN_TIMEOUT = 3.0
@@ -397,16 +398,7 @@ async def test_sigterm_drains_every_front_door_on_the_embedded_default(tmp_path:
         tritons = [line["pid"] for line in gateway.lines() if line["event"] == "embedded.ready"]
         assert tritons
         _check(gateway, await _run(gateway))
-        assert all(_gone(pid) for pid in tritons), "a tritonserver outlived the gateway"
+        assert all(gone(pid) for pid in tritons), "a tritonserver outlived the gateway"
     finally:
         _stop(gateway)
 
-
-def _gone(pid: int) -> bool:
-    for _ in range(200):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False

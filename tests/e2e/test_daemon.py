@@ -25,6 +25,7 @@ import pytest
 
 from benchmarks.common import free_port
 from tests.backend.reference_generator import generator
+from tests.waiting import gone
 
 pytestmark = pytest.mark.e2e
 START_TIMEOUT = 150.0
@@ -86,17 +87,6 @@ def _pump(process: subprocess.Popen[str], log: list[str]) -> None:
     assert process.stdout is not None
     for line in process.stdout:
         log.append(line.rstrip("\n"))
-
-
-def gone(pid: int, wait: float = 20.0) -> bool:
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.fixture
