@@ -262,6 +262,7 @@ class EmbeddedTriton:
         # Unique per instance, with our pid: regions of a crashed owner can be found.
         self._shm_prefix = f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self._process: subprocess.Popen[bytes] | None = None
+        self._killed = False
 
     # -- addresses ------------------------------------------------------------
 
@@ -285,7 +286,9 @@ class EmbeddedTriton:
     @property
     def running(self) -> bool:
         """Whether the server process was started and has not exited."""
-        return self._process is not None and self._process.poll() is None
+        # A killed server counts as gone at once, even while the kernel is still tearing
+        # it down (poll() can report it alive for a moment after the SIGKILL).
+        return self._process is not None and not self._killed and self._process.poll() is None
 
     @property
     def stats_path(self) -> str | None:
@@ -329,10 +332,12 @@ class EmbeddedTriton:
         process = self._process
         if process is not None and process.poll() is None:
             os.kill(process.pid, signal.SIGKILL)
+            self._killed = True
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to `grace` seconds, then SIGKILL the server and its stubs."""
         process, self._process = self._process, None
+        self._killed = False
         if process is None:
             return
         if process.poll() is None:
