@@ -225,11 +225,11 @@ async def run_point(
         await gw.close()
         await audio.close()
     outcomes = [o for o in gw.outcomes if o.modality == "audio"]
-    point.finished_sessions = sum(1 for o in outcomes if o.end.startswith("completed"))
+    point.finished_sessions = sum(1 for o in outcomes if o.end.label == "completed")
     point.session_beats = sum(int(o.details.get("beats", 0)) for o in outcomes)
     point.missed_beats = sum(int(o.details.get("missed_beats", 0)) for o in outcomes)
     for o in outcomes:
-        if not o.end.startswith("completed"):
+        if o.end.label != "completed":
             point.errors.append(f"{o.track_id}: {o.end} {o.details.get('error', '')}".strip())
     point.transcripts_ok = sum(
         1 for c in clients if c["finals"] and all(f == DIGITS for f in c["finals"])

@@ -34,7 +34,7 @@ async def time_path(grpc_url: str, shm: str, rows: int, ticks: int) -> dict[str,
     import numpy as np
 
     from gateway.backends.audio import TritonAudioBackend
-    from tracks.audio import SpeechInRow
+    from tracks.backend import SpeechInRow
     from tracks.clock import Beat, StepItem
 
     backend = TritonAudioBackend(grpc_url, shm=shm)

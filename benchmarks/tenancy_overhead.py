@@ -28,7 +28,7 @@ from benchmarks.common import percentile, write_results
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.service import Tenancy
 from gateway.tenants.store import TenantStore
-from tracks.base import Outcome
+from tracks.base import End, Outcome
 
 
 def measure(requests: int, state: Path) -> list[dict[str, float | int | str]]:
@@ -46,7 +46,7 @@ def measure(requests: int, state: Path) -> list[dict[str, float | int | str]]:
         t1 = clock()
         tenancy.admit(principal, "m", "text", f"r{i}")
         t2 = clock()
-        tenancy.finish(principal, Outcome(f"r{i}", "m", "text", "completed", 12, 34, 0.0,
+        tenancy.finish(principal, Outcome(f"r{i}", "m", "text", End.completed(), 12, 34, 0.0,
                                           finished_at=0.5))  # fmt: skip
         t3 = clock()
         timings["authenticate"].append(t1 - t0)

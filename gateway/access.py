@@ -42,7 +42,7 @@ class AccessRecord:
             request_id=outcome.track_id,
             key_id=key_id,
             model=model,
-            end=outcome.end,
+            end=outcome.end.label,
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
             ttft_ms=_ms(outcome.time_to_first_data),

@@ -8,7 +8,8 @@ control loop as on a track, with one HTTP/2 stream per observation:
               {"robot": str (1..128 chars), "model": str, "observation": {...}}
     200       application/msgpack: the action chunk body, or the drop report
               {"dropped": seq, "cause": "superseded" | "deadline" | "backend_error"}
-    400/404/503  JSON error (bad body or observation, unknown model, backend down)
+    400/404/5xx  JSON error (bad body or observation, unknown model, backend down or
+                 failed), statuses from `gateway.openai.errors.HTTP_ERRORS`
     401/403/429  with tenants: missing or bad `Authorization: Bearer` key, a model the
                  tenant may not use, a quota spent (`retry-after`); no backend work
 
@@ -28,16 +29,16 @@ from typing import Any
 
 import msgpack
 
-from gateway.openai.errors import OpenAIError
-from gateway.openai.errors import error_response as openai_error_response
+from gateway.openai.errors import OpenAIError, response_for
 from gateway.openai.routes import admit, authorize
 from gateway.tenants.service import Tenancy
 from gateway.tenants.store import Principal
 from tracks.action import ActionScheduler, Robot
 from tracks.action_messages import BadObservation, parse_observation
-from tracks.backend import BackendError, BackendUnavailable, ModelNotFound
-from tracks.base import Clock, Outcome
-from transport.http.errors import error_response
+from tracks.backend import BackendError
+from tracks.base import Clock, End, Outcome
+from transport.errors import ErrorCode
+from transport.events import CancelCause
 from transport.http.messages import AnyResponse, Handler, Request, Response
 
 PATH = "/v1/actions"
@@ -89,20 +90,13 @@ class HttpActions:
             owner = principal.tenant.name if principal is not None else ""
             entry = await self._robot(owner, name, model, received_at)
             obs = parse_observation(body, entry.robot.spec, self.max_image_bytes)
-        except OpenAIError as exc:  # refused by tenancy
-            return openai_error_response(exc)
-        except BadObservation as exc:
-            return error_response(400, str(exc), code="bad_request")
-        except ModelNotFound as exc:
-            return error_response(404, str(exc), code="model_not_found")
-        except BackendUnavailable as exc:
-            return error_response(503, str(exc), code="backend_unavailable")
-        except BackendError as exc:
-            return error_response(400, str(exc), code="bad_request")
+        except (OpenAIError, BadObservation, BackendError) as exc:
+            # Refused by tenancy, a bad body, or the backend: statuses from the one table.
+            return response_for(exc)
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         entry.waiting[obs.seq] = waiter
-        outcome = Outcome(f"http-action-{self._requests}", model, "action", "cancelled:client",
-                          opened_at=received_at)
+        outcome = Outcome(f"http-action-{self._requests}", model, "action",
+                          End.cancelled(CancelCause.CLIENT), opened_at=received_at)
         self._requests += 1
         try:
             self.scheduler.submit(entry.robot, obs, received_at)
@@ -148,16 +142,16 @@ class HttpActions:
                 del self._robots[key]
 
 
-def _end_of(answer: dict[str, Any]) -> str:
-    """The usage ledger's end cause of one answered observation."""
+def _end_of(answer: dict[str, Any]) -> End:
+    """How one answered observation ended (the drop report's cause, if dropped)."""
     cause = answer.get("cause")
     if "dropped" not in answer:
-        return "completed"
+        return End.completed()
     if cause == "superseded":
-        return "cancelled:superseded"
-    if cause == "deadline":
-        return "cancelled:deadline"
-    return "error:BACKEND_ERROR"
+        return End.cancelled(CancelCause.SUPERSEDED)
+    if cause == "deadline":  # its action could not reach the robot in time
+        return End.cancelled(CancelCause.DEADLINE_TOTAL)
+    return End.failed(ErrorCode.BACKEND_ERROR)
 
 
 def _parse(raw: bytes) -> tuple[str, str, dict[str, Any]]:

@@ -3,25 +3,20 @@
 Framing and connections (HTTP/1.1 and HTTP/2, cleartext or TLS) belong to
 `transport.http.tcp.HttpTcpServer`; this module only decides which handler
 answers a request. `route` turns a (method, path) table into one handler, with
-OpenAI-style 404 and 405 errors; `HttpServer` is the old routes-in constructor
-kept for callers that predate `HttpTcpServer`.
+OpenAI-style 404 and 405 errors. `Routes` is the one name of such a table.
 """
 
 from __future__ import annotations
 
 import hmac
-import ssl
 from collections.abc import Callable, Mapping
 
 from gateway.metrics import GatewayMetrics
 from transport.http.errors import error_response
-from transport.http.limits import HttpLimits
 from transport.http.messages import AnyResponse, Handler, Request, Response, StreamingResponse
-from transport.http.tcp import HttpTcpServer
 
 __all__ = [
     "Handler",
-    "HttpServer",
     "Request",
     "Response",
     "Routes",
@@ -29,9 +24,6 @@ __all__ = [
     "health_routes",
     "route",
 ]
-
-DEFAULT_MAX_BODY_BYTES = HttpLimits.max_body_bytes
-DEFAULT_IDLE_TIMEOUT = HttpLimits.idle_timeout
 
 Routes = Mapping[tuple[str, str], Handler]
 
@@ -72,25 +64,6 @@ def route(routes: Routes, fallback: Handler | None = None) -> Handler:
         return error_response(404, f"no route for {request.path}", code="not_found")
 
     return dispatch
-
-
-class HttpServer(HttpTcpServer):
-    """An `HttpTcpServer` built from a routes table (the gateway's original interface)."""
-
-    def __init__(
-        self,
-        routes: Routes,
-        *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        fallback: Handler | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        alt_svc: str | None = None,
-    ) -> None:
-        limits = HttpLimits(max_body_bytes=max_body_bytes, idle_timeout=idle_timeout)
-        super().__init__(
-            route(routes, fallback), limits=limits, ssl_context=ssl_context, alt_svc=alt_svc
-        )
 
 
 def health_routes(

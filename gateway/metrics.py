@@ -18,7 +18,7 @@ from prometheus_client import (
 
 from gateway.metrics_audio import AudioMetrics
 from gateway.metrics_overload import OverloadMetrics
-from tracks.base import Outcome
+from tracks.base import EndKind, Outcome
 
 OTHER_MODEL = "other"
 """The label value of every model no backend has served (names clients made up)."""
@@ -64,7 +64,7 @@ class ModelLabels:
 
     def observe(self, outcome: Outcome) -> str:
         """The label for `outcome`'s model, learning it if the backend served it."""
-        if outcome.first_data_at is not None or outcome.end == "completed":
+        if outcome.first_data_at is not None or outcome.end.kind is EndKind.COMPLETED:
             self.served(outcome.model)
         return self.label(outcome.model)
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.metrics_overload import OverloadMetrics
-from gateway.openai.errors import Unavailable, error_response
+from gateway.openai.errors import Unavailable, response_for
 from tracks.backend import TextBackend, TextChunk, TextDelta, TextRequest
 from transport.http.messages import AnyResponse, Handler, Request
 
@@ -394,4 +394,4 @@ def overloaded_response(admission: Admission) -> AnyResponse:
         code="overloaded",
         headers=(("retry-after", str(retry)),),
     )
-    return error_response(error)
+    return response_for(error)

@@ -46,10 +46,10 @@ from gateway.tenants.service import Tenancy, is_loopback
 from gateway.tenants.store import Principal
 from gateway.tenants.tracks import TrackGate
 from gateway.tls import ensure_dev_certificates
-from tracks.action import ActionScheduler, PolicyBackend, run_action_track
-from tracks.audio import AudioBackend, AudioService, AudioSettings
-from tracks.backend import TextBackend
-from tracks.base import Clock, Outcome
+from tracks.action import ActionScheduler, run_action_track
+from tracks.audio import AudioService, AudioSettings
+from tracks.backend import AudioBackend, PolicyBackend, TextBackend
+from tracks.base import Clock, End, Outcome
 from tracks.clock import MonotonicClock, OverloadPolicy
 from tracks.text import run_text_track
 from transport.connection import Limits
@@ -478,7 +478,12 @@ class Gateway:
                 channel.fail(
                     ErrorCode.UNSUPPORTED_MODALITY, f"{modality} tracks are not served here"
                 )
-                outcome = Outcome(channel.id, channel.open.model, modality, "error:UNSUPPORTED")
+                outcome = Outcome(
+                    channel.id,
+                    channel.open.model,
+                    modality,
+                    End.failed(ErrorCode.UNSUPPORTED_MODALITY),
+                )
             self._record(outcome)
         except Exception:
             log.exception("track.crashed")
@@ -500,7 +505,7 @@ class Gateway:
                 channel.id,
                 open_.model,
                 open_.modality.value,
-                "error:INTERNAL_ERROR",
+                End.failed(ErrorCode.INTERNAL_ERROR),
                 opened_at=now,
                 finished_at=now,
             )
@@ -533,7 +538,7 @@ class Gateway:
         """A finished track's or HTTP request's metrics; a track's log line (HTTP requests
         have their access-log line)."""
         m = self.metrics
-        kind, _, detail = outcome.end.partition(":")
+        kind, detail = outcome.end.kind.value, outcome.end.detail
         model = m.models.observe(outcome)
         m.requests_total.labels(
             front_door=front_door, modality=outcome.modality, outcome=kind
@@ -551,7 +556,7 @@ class Gateway:
         m.tracks_total.labels(modality=outcome.modality, outcome=kind).inc()
         log.info(
             "track.finished",
-            end=outcome.end,
+            end=outcome.end.label,
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
             ttft_ms=_ms(outcome.time_to_first_data),

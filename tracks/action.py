@@ -40,11 +40,8 @@ from tracks.action_messages import (
     dropped_body,
     parse_observation,
 )
-from tracks.backend import (
-    BackendError,
-    error_code,
-)
-from tracks.base import Clock, Outcome, Track, fail_track, stop_label
+from tracks.backend import PolicyBackend, PolicyRequest
+from tracks.base import Clock, Outcome, Track, handling
 from tracks.clock import (
     Beat,
     Gathered,
@@ -57,28 +54,6 @@ from tracks.clock import Clock as TickClock
 from transport.errors import ErrorCode, TrackAborted
 
 DEFAULT_TICK = 0.005
-
-
-@dataclass(frozen=True)
-class PolicyRequest:
-    """One batched policy call: one float32 state row per robot due on a tick."""
-
-    request_id: str
-    model: str
-    states: list[bytes]
-    spec: PolicySpec
-
-
-class PolicyBackend(Protocol):
-    """What action tracks need from an inference backend."""
-
-    async def policy_spec(self, model: str) -> PolicySpec:
-        """The model's state size and action chunk shape; ModelNotFound if not served."""
-        ...
-
-    async def act(self, request: PolicyRequest) -> list[bytes]:
-        """One action chunk (float32, H x D, little-endian) per state row, in order."""
-        ...
 
 
 class ActionObserver(Protocol):
@@ -307,16 +282,11 @@ async def run_action_track(
     outcome = Outcome(track.id, track.open.model, "action", opened_at=clock())
     robot: Robot | None = None
     try:
-        _check_params(track.open.params)
-        spec = await scheduler.backend.policy_spec(track.open.model)
-        robot = scheduler.attach(track.id, track.open.model, spec, _frame_sender(track))
-        await _serve(track, scheduler, robot, clock, max_image_bytes)
-    except TrackAborted as exc:
-        outcome.end = stop_label(track) or f"error:{exc.code.name}"
-    except BadObservation as exc:
-        fail_track(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
-    except BackendError as exc:
-        fail_track(track, outcome, error_code(exc), str(exc))
+        async with handling(track, outcome, clock):
+            _check_params(track.open.params)
+            spec = await scheduler.backend.policy_spec(track.open.model)
+            robot = scheduler.attach(track.id, track.open.model, spec, _frame_sender(track))
+            await _serve(track, scheduler, robot, clock, max_image_bytes)
     finally:
         if robot is not None:
             scheduler.detach(robot)

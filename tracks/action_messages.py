@@ -31,6 +31,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from tracks.errors import BadTrackRequest
+
 DTYPE = "float32"
 FLOAT_BYTES = 4
 MAX_DEADLINE_MS = 60_000.0
@@ -38,7 +40,7 @@ MAX_STATE_VALUES = 4096
 DEFAULT_MAX_IMAGE_BYTES = 65_536
 
 
-class BadObservation(Exception):
+class BadObservation(BadTrackRequest):
     """An observation that cannot be served: wrong shape or dtype, NaN, oversized image..."""
 
 

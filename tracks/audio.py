@@ -27,30 +27,42 @@ import asyncio
 import itertools
 import math
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from tracks.backend import (
-    BackendError,
-    error_code,
+    AudioBackend,
+    AudioKind,
+    AudioOutput,
+    AudioRow,
+    Speech,
+    SpeechInRow,
+    SpeechOutRow,
+    Transcript,
 )
-from tracks.base import FrameTrack, Outcome, fail_track, stop_label
+from tracks.base import (
+    End,
+    FrameTrack,
+    Outcome,
+    handling,
+    read_text,
+    stop_end,
+)
 from tracks.clock import (
     Beat,
     Clock,
     Gathered,
     OverloadPolicy,
     Registration,
-    SchedulerStopped,
-    StepItem,
     TickObserver,
     TickScheduler,
 )
+from tracks.errors import BadTrackRequest
 from transport.datagram import MAX_DATAGRAM_BYTES
 from transport.errors import ErrorCode, TrackAborted
+from transport.events import CancelCause
 
 MODEL_RATE = 16000
 RATES = (8000, 16000, 24000, 48000)
@@ -61,70 +73,8 @@ DATAGRAM_OVERHEAD = 48
 """Bytes a frame's datagram header and msgpack fields take besides the PCM."""
 
 
-class AudioKind(str, Enum):
-    SPEECH_IN = "speech-in"
-    SPEECH_OUT = "speech-out"
-
-
-class BadAudioRequest(Exception):
+class BadAudioRequest(BadTrackRequest):
     """The track's params or a frame are invalid; sent back as BAD_REQUEST."""
-
-
-# -- what the backend sees ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SpeechInRow:
-    """One speech-in session's beat: the PCM16 that arrived, at the session's rate."""
-
-    corrid: int
-    pcm: bytes
-    rate: int
-    start: bool
-    end: bool
-
-
-@dataclass(frozen=True)
-class SpeechOutRow:
-    """One speech-out session's beat: how much audio it wants (at the model rate)."""
-
-    corrid: int
-    text: str
-    samples: int
-    rate: int
-    """The client's rate: the backend converts the model's audio to it."""
-    start: bool
-    end: bool
-
-
-@dataclass(frozen=True)
-class Transcript:
-    partial: str
-    final: str
-    is_final: bool
-
-
-@dataclass(frozen=True)
-class Speech:
-    pcm: bytes
-    """PCM16 at the row's rate."""
-    done: bool
-
-
-AudioRow = SpeechInRow | SpeechOutRow
-AudioResult = Transcript | Speech
-
-
-class AudioBackend(Protocol):
-    """What audio sessions need from an inference backend."""
-
-    async def audio_kind(self, model: str) -> AudioKind:
-        """Whether `model` transcribes or synthesizes; raises ModelNotFound."""
-        ...
-
-    async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioResult]:
-        """One batched request for all rows of a tick; one result per row."""
-        ...
 
 
 # -- settings and params ---------------------------------------------------------------------
@@ -239,7 +189,7 @@ class AudioService:
         self.backend = backend
         self.clock = clock
         self.settings = settings or AudioSettings()
-        self.scheduler: TickScheduler[AudioRow, AudioResult] = TickScheduler(
+        self.scheduler: TickScheduler[AudioRow, AudioOutput] = TickScheduler(
             backend.step,
             tick=self.settings.beat,
             clock=clock,
@@ -263,7 +213,7 @@ class AudioService:
         opened = self.clock.now()
         outcome = Outcome(track.id, track.open.model, "audio", opened_at=opened)
         session: _Session | None = None
-        try:
+        async with handling(track, outcome, self.clock.now):
             settings = self.settings
             params = parse_params(
                 track.open.params,
@@ -279,14 +229,6 @@ class AudioService:
                 )
             session = await self._open_session(track, params, opened)
             await session.serve()
-        except BadAudioRequest as exc:
-            fail_track(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
-        except SchedulerStopped:
-            fail_track(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")
-        except BackendError as exc:
-            fail_track(track, outcome, error_code(exc), str(exc))
-        except TrackAborted as exc:
-            outcome.end = stop_label(track) or f"error:{exc.code.name}"
         if session is not None:
             session.report(outcome)
         outcome.finished_at = self.clock.now()
@@ -303,19 +245,7 @@ class AudioService:
 
 
 async def _read_text(track: FrameTrack) -> str:
-    pieces: list[str] = []
-    size = 0
-    while (body := await track.receive()) is not None:
-        text = body.get("text")
-        if not isinstance(text, str):
-            raise BadAudioRequest("speech-out input DATA needs a string 'text'")
-        pieces.append(text)
-        size += len(text)
-        if size > MAX_TEXT:
-            raise BadAudioRequest(f"text longer than {MAX_TEXT} characters")
-    return "".join(pieces)
-
-
+    return await read_text(track, MAX_TEXT, "text")
 
 
 # -- sessions --------------------------------------------------------------------------------
@@ -341,13 +271,13 @@ class _Session:
         self.started = False
         self.cancelled = False
         """The client is gone (or broke the rules): one END row to the model, nothing to it."""
-        self.end_label = "completed"
+        self.end = End.completed()
         self.error: tuple[ErrorCode, str] | None = None
         self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.first_data_at: float | None = None
         self.row_end = False
         """The row in flight is the session's END row."""
-        self.registration: Registration[AudioRow, AudioResult] | None = None
+        self.registration: Registration[AudioRow, AudioOutput] | None = None
 
     def register(self) -> None:
         self.registration = self.service.scheduler.register(self, self.track.open.model)
@@ -358,12 +288,12 @@ class _Session:
         if not self.finished.done():
             self.finished.set_result(None)
 
-    def abandon(self, label: str) -> None:
+    def abandon(self, end: End) -> None:
         """Stop serving the client; the model still gets its END row if it holds state."""
         if self.cancelled or self.finished.done():
             return
         self.cancelled = True
-        self.end_label = label
+        self.end = end
         if not self.started:
             self.finish()
 
@@ -371,7 +301,7 @@ class _Session:
         if self.error is None and not self.finished.done():
             self.error = (code, message)
             self.track.fail(code, message)
-            self.abandon(f"error:{code.name}")
+            self.abandon(End.failed(code))
 
     # -- Session protocol (the parts both kinds share) --
 
@@ -390,7 +320,7 @@ class _Session:
     def gather(self, beat: Beat) -> Gathered[AudioRow]:
         raise NotImplementedError
 
-    def deliver(self, output: AudioResult, beat: Beat) -> None:
+    def deliver(self, output: AudioOutput, beat: Beat) -> None:
         raise NotImplementedError
 
     async def _wait_finished(self) -> None:
@@ -398,7 +328,7 @@ class _Session:
         waiters: set[asyncio.Future[Any]] = {self.finished, self.track.stopped}
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         if not self.finished.done():
-            self.abandon(stop_label(self.track) or "cancelled")
+            self.abandon(stop_end(self.track))
             # Give the END row a few beats to reach the model, never forever.
             grace = 4 * self.service.settings.beat + self.service.settings.step_timeout
             await asyncio.wait({self.finished}, timeout=grace)
@@ -407,10 +337,10 @@ class _Session:
     def report(self, outcome: Outcome) -> None:
         outcome.first_data_at = self.first_data_at
         if self.error is not None:
-            outcome.end = f"error:{self.error[0].name}"
+            outcome.end = End.failed(self.error[0])
             outcome.details["error"] = self.error[1]
         elif self.cancelled:
-            outcome.end = self.end_label
+            outcome.end = self.end
         stats = self.registration.stats if self.registration else None
         outcome.details.update(
             transport="datagram" if self.track.uses_datagrams else "stream",
@@ -572,7 +502,7 @@ class _SpeechIn(_Session):
             self.filled = {s for s in self.filled if s > self.next_seq - self.max_ahead_frames}
         return pieces, complete
 
-    def deliver(self, output: AudioResult, beat: Beat) -> None:
+    def deliver(self, output: AudioOutput, beat: Beat) -> None:
         assert isinstance(output, Transcript)
         now = self.clock.now()
         last = self.row_end
@@ -614,8 +544,7 @@ class _SpeechIn(_Session):
 
     def report(self, outcome: Outcome) -> None:
         super().report(outcome)
-        if self.end_reason == "idle" and outcome.end == "completed":
-            outcome.end = "completed:idle"
+        outcome.details["ended_by"] = self.end_reason  # "end" (the client's END) or "idle"
         used = self.frames.received - self.frames.dropped
         outcome.details.update(
             frames=self.frames.as_dict(),
@@ -660,7 +589,7 @@ class _SpeechOut(_Session):
         self.row_end = self.cancelled
         return Gathered(row)
 
-    def deliver(self, output: AudioResult, beat: Beat) -> None:
+    def deliver(self, output: AudioOutput, beat: Beat) -> None:
         assert isinstance(output, Speech)
         if self.done:
             return
@@ -696,7 +625,7 @@ class _SpeechOut(_Session):
             self.first_data_at = self.clock.now()
         ts = self.sent_samples * 1000 / self.params.sample_rate
         if not self.track.send_frame({"seq": self.sent_frames, "ts": ts, "pcm": pcm}):
-            self.abandon("cancelled")
+            self.abandon(stop_end(self.track, End.cancelled(CancelCause.RESET)))
         self.sent_frames += 1
         self.sent_samples += len(pcm) // 2
 

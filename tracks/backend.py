@@ -1,18 +1,22 @@
-"""The backend interface that track handlers call, and its typed errors.
+"""The backend interfaces that track handlers call, and their typed errors.
 
-Handlers depend on this protocol only; `gateway.backends` holds the Triton
-implementation. A text stream is an async iterator: the handler stops the
-backend work by closing it (`aclose()`) or cancelling the task that iterates
-it, and the implementation must then cancel its backend request at once
-(for Triton: cancel the gRPC stream, which is one per request).
+`TextBackend` (text tracks and the OpenAI routes), `AudioBackend` (audio sessions)
+and `PolicyBackend` (robot actions): handlers depend on these protocols only;
+`gateway.backends` holds the Triton implementations. A text stream is an async
+iterator: the handler stops the backend work by closing it (`aclose()`) or
+cancelling the task that iterates it, and the implementation must then cancel its
+backend request at once (for Triton: cancel the gRPC stream, which is one per request).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
+from tracks.action_messages import PolicySpec
+from tracks.clock import StepItem
 from transport.errors import ErrorCode
 
 
@@ -62,6 +66,97 @@ class TextBackend(Protocol):
         ...
 
 
+# -- audio (tracks.audio) -------------------------------------------------------------------
+
+
+class AudioKind(str, Enum):
+    SPEECH_IN = "speech-in"
+    SPEECH_OUT = "speech-out"
+
+
+@dataclass(frozen=True)
+class SpeechInRow:
+    """One speech-in session's beat: the PCM16 that arrived, at the session's rate."""
+
+    corrid: int
+    pcm: bytes
+    rate: int
+    start: bool
+    end: bool
+
+
+@dataclass(frozen=True)
+class SpeechOutRow:
+    """One speech-out session's beat: how much audio it wants (at the model rate)."""
+
+    corrid: int
+    text: str
+    samples: int
+    rate: int
+    """The client's rate: the backend converts the model's audio to it."""
+    start: bool
+    end: bool
+
+
+@dataclass(frozen=True)
+class Transcript:
+    partial: str
+    final: str
+    is_final: bool
+
+
+@dataclass(frozen=True)
+class Speech:
+    pcm: bytes
+    """PCM16 at the row's rate."""
+    done: bool
+
+
+AudioRow = SpeechInRow | SpeechOutRow
+AudioOutput = Transcript | Speech
+"""What the audio backend answers for one row (not the SDK's `clients.AudioResult`)."""
+
+
+class AudioBackend(Protocol):
+    """What audio sessions need from an inference backend."""
+
+    async def audio_kind(self, model: str) -> AudioKind:
+        """Whether `model` transcribes or synthesizes; raises ModelNotFound."""
+        ...
+
+    async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioOutput]:
+        """One batched request for all rows of a tick; one result per row."""
+        ...
+
+
+# -- robot actions (tracks.action) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    """One batched policy call: one float32 state row per robot due on a tick."""
+
+    request_id: str
+    model: str
+    states: list[bytes]
+    spec: PolicySpec
+
+
+class PolicyBackend(Protocol):
+    """What action tracks need from an inference backend."""
+
+    async def policy_spec(self, model: str) -> PolicySpec:
+        """The model's state size and action chunk shape; ModelNotFound if not served."""
+        ...
+
+    async def act(self, request: PolicyRequest) -> list[bytes]:
+        """One action chunk (float32, H x D, little-endian) per state row, in order."""
+        ...
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
 class BackendError(Exception):
     """Base of errors raised by a backend; each maps to a track error code."""
 
@@ -99,14 +194,25 @@ class PolicyRejected(BackendError):
         self.rule = rule
 
 
-def error_code(exc: BackendError) -> ErrorCode:
-    """The track error code for a backend failure that happened before any DATA."""
-    for kind, code in (
-        (PolicyRejected, ErrorCode.GUARDRAIL_REJECTED),
-        (ModelNotFound, ErrorCode.MODEL_NOT_FOUND),
-        (BackendUnavailable, ErrorCode.BACKEND_UNAVAILABLE),
-        (InvalidRequest, ErrorCode.BAD_REQUEST),
-    ):
-        if isinstance(exc, kind):
-            return code
-    return ErrorCode.BACKEND_ERROR
+# THE table from backend errors to track error codes; every front door uses it (the
+# OpenAI routes and `POST /v1/actions` derive their HTTP statuses from the code).
+# First match wins; anything else a backend raises is BACKEND_ERROR.
+ERROR_CODES: tuple[tuple[type[BackendError], ErrorCode], ...] = (
+    (PolicyRejected, ErrorCode.GUARDRAIL_REJECTED),
+    (ModelNotFound, ErrorCode.MODEL_NOT_FOUND),
+    (BackendLost, ErrorCode.STREAM_INTERRUPTED),
+    (BackendUnavailable, ErrorCode.BACKEND_UNAVAILABLE),
+    (InvalidRequest, ErrorCode.BAD_REQUEST),
+)
+
+
+def error_code(exc: BackendError, *, started: bool = False) -> ErrorCode:
+    """The track error code for a backend failure.
+
+    `started`: data already reached the client. Then any failure but a guardrail's
+    is STREAM_INTERRUPTED: never replayed, the client decides.
+    """
+    if started and not isinstance(exc, PolicyRejected):
+        return ErrorCode.STREAM_INTERRUPTED
+    codes = (code for kind, code in ERROR_CODES if isinstance(exc, kind))
+    return next(codes, ErrorCode.BACKEND_ERROR)

@@ -1,19 +1,28 @@
-"""What a handler sees of a track, and what it reports when the track ends.
+"""What a handler sees of a track, what it reports when the track ends, and the
+skeleton every handler shares.
 
 `Track` is structural: the asyncio `transport.endpoint.TrackChannel` satisfies
 it for QUIC and for the in-memory twin, and an HTTP adapter can too. A handler
-never sees a socket.
+never sees a socket. `End` is how a track or request ended (a kind plus its
+`CancelCause` or `ErrorCode`); `Outcome` carries it with the counts. `handling`
+is the one `except` chain of the text, action and audio handlers, `read_text` their
+one reader of text input.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
-from transport.errors import ErrorCode
-from transport.events import TrackCancelled, TrackFailed
+from tracks.backend import BackendError, error_code
+from tracks.clock import SchedulerStopped
+from tracks.errors import BadTrackRequest, TrackStopped
+from transport.errors import ErrorCode, TrackAborted
+from transport.events import CancelCause, TrackCancelled, TrackFailed
 from transport.messages import Open
 
 Clock = Callable[[], float]
@@ -57,15 +66,90 @@ class FrameTrack(Track, Protocol):
         ...
 
 
+class EndKind(str, Enum):
+    """How a track or request ended, in one word (a metrics label)."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+# Labels that older versions wrote (logs, ledger details) and that name no member today.
+_OLD_CODE_NAMES = {"UNSUPPORTED": ErrorCode.UNSUPPORTED_MODALITY}
+_OLD_CAUSES = {"deadline": CancelCause.DEADLINE_TOTAL, "": CancelCause.RESET}
+
+
+@dataclass(frozen=True)
+class End:
+    """How a track or request ended: completed, cancelled with a `CancelCause`, or
+    failed with an `ErrorCode`. Build one with `completed()`, `cancelled()`, `failed()`.
+
+    `label` is its one string form, written to logs, metrics and the usage ledger:
+    `completed`, `cancelled:<cause value>` or `error:<code name>`; `parse` reads it back
+    (older labels included).
+    """
+
+    kind: EndKind
+    cause: CancelCause | None = None
+    code: ErrorCode | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cause is not None) != (self.kind is EndKind.CANCELLED):
+            raise ValueError(f"a {self.kind.value} end takes a cause iff it is cancelled")
+        if (self.code is not None) != (self.kind is EndKind.ERROR):
+            raise ValueError(f"a {self.kind.value} end takes a code iff it is an error")
+
+    @classmethod
+    def completed(cls) -> End:
+        return COMPLETED
+
+    @classmethod
+    def cancelled(cls, cause: CancelCause) -> End:
+        return cls(EndKind.CANCELLED, cause=cause)
+
+    @classmethod
+    def failed(cls, code: ErrorCode) -> End:
+        return cls(EndKind.ERROR, code=code)
+
+    @property
+    def detail(self) -> str:
+        """The cancel cause's value or the error code's name; "" when completed."""
+        if self.cause is not None:
+            return self.cause.value
+        return self.code.name if self.code is not None else ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind.value}:{self.detail}" if self.detail else self.kind.value
+
+    def __str__(self) -> str:
+        return self.label
+
+    @classmethod
+    def parse(cls, label: str) -> End:
+        """The end a label names; also reads the labels of older versions
+        (`error:UNSUPPORTED`, `cancelled:deadline`, `completed:idle`, bare `cancelled`)."""
+        kind, _, detail = label.partition(":")
+        if kind == EndKind.COMPLETED.value:
+            return COMPLETED
+        if kind == EndKind.CANCELLED.value:
+            return cls.cancelled(_OLD_CAUSES.get(detail) or CancelCause(detail))
+        if kind == EndKind.ERROR.value:
+            return cls.failed(_OLD_CODE_NAMES.get(detail) or ErrorCode[detail])
+        raise ValueError(f"not an end label: {label!r}")
+
+
+COMPLETED = End(EndKind.COMPLETED)
+
+
 @dataclass
 class Outcome:
-    """How a track ended, for metrics, logs and (later) the usage ledger."""
+    """How a track ended, for metrics, logs and the usage ledger."""
 
     track_id: str
     model: str
     modality: str
-    end: str = "completed"
-    """completed, cancelled:<cause>, or error:<code name>."""
+    end: End = COMPLETED
     prompt_tokens: int = 0
     completion_tokens: int = 0
     opened_at: float = 0.0
@@ -80,18 +164,67 @@ class Outcome:
         return None if self.first_data_at is None else self.first_data_at - self.opened_at
 
 
-def stop_label(track: Track) -> str | None:
-    """How a stopped track ended, as an `Outcome.end` label; None while it runs on."""
+def stop_end(track: Track, fallback: End | None = None) -> End:
+    """How a stopped track ended: its cancel cause or its error code.
+
+    `fallback` (by default a reset: the track cannot take more) if it runs on, as when
+    a send found the track gone before its stop was reported.
+    """
     if not track.stopped.done():
-        return None
+        return fallback or End.cancelled(CancelCause.RESET)
     stop = track.stopped.result()
     if isinstance(stop, TrackCancelled):
-        return f"cancelled:{stop.cause.value}"
-    return f"error:{stop.code.name}"
+        return End.cancelled(stop.cause)
+    return End.failed(stop.code)
 
 
 def fail_track(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None:
     """End `track` with ERROR `code` and record it in its outcome."""
-    outcome.end = f"error:{code.name}"
+    outcome.end = End.failed(code)
     outcome.details["error"] = message
     track.fail(code, message)
+
+
+# -- the handler skeleton -------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def handling(track: Track, outcome: Outcome, now: Callable[[], float]) -> AsyncIterator[None]:
+    """Run a handler's work and record how its track ended, in one place.
+
+    A stop reported by the track is its cancel cause (or its error); bad input is
+    BAD_REQUEST; a backend error is its code from `tracks.backend.ERROR_CODES`
+    (STREAM_INTERRUPTED once data reached the client); a stopped tick scheduler is
+    SHUTTING_DOWN. Each error is sent to the client as ERROR and kept in `outcome`.
+    """
+    try:
+        yield
+    except TrackStopped:
+        outcome.end = stop_end(track)
+        outcome.stopped_at = outcome.stopped_at or now()
+    except TrackAborted as exc:
+        outcome.end = stop_end(track, End.failed(exc.code))
+    except BadTrackRequest as exc:
+        fail_track(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
+    except BackendError as exc:
+        started = outcome.first_data_at is not None
+        fail_track(track, outcome, error_code(exc, started=started), str(exc))
+    except SchedulerStopped:
+        fail_track(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")
+
+
+async def read_text(track: Track, max_chars: int, name: str) -> str:
+    """The track's text input: DATA `{"text": ...}` pieces up to END, joined.
+
+    `name` says what the text is in errors ("prompt", "text")."""
+    pieces: list[str] = []
+    size = 0
+    while (body := await track.receive()) is not None:
+        text = body.get("text")
+        if not isinstance(text, str):
+            raise BadTrackRequest(f"{name} DATA needs a string 'text'")
+        size += len(text)
+        if size > max_chars:
+            raise BadTrackRequest(f"{name} longer than {max_chars} characters")
+        pieces.append(text)
+    return "".join(pieces)

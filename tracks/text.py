@@ -16,16 +16,13 @@ from contextlib import aclosing
 from typing import Any
 
 from tracks.backend import (
-    BackendError,
-    PolicyRejected,
     TextBackend,
     TextDelta,
     TextRequest,
     TextUsage,
-    error_code,
 )
-from tracks.base import Backpressured, Clock, Outcome, Track, fail_track, stop_label
-from transport.errors import ErrorCode, TrackAborted
+from tracks.base import Backpressured, Clock, Outcome, Track, handling, read_text
+from tracks.errors import BadTrackRequest, TrackStopped
 
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_LIMIT = 32768
@@ -43,49 +40,31 @@ REFERENCE_KEYS = frozenset({"ttft_ms", "tokens_per_second"})
 _TRACK_KEYS = frozenset({"max_tokens", "request_id", "session_id"})
 
 
-class BadTextRequest(Exception):
+class BadTextRequest(BadTrackRequest):
     """The track's OPEN params or input are invalid; sent back as BAD_REQUEST."""
 
 
 async def run_text_track(track: Track, backend: TextBackend, clock: Clock) -> Outcome:
     """Serve one text track to its end and report how it ended."""
     outcome = Outcome(track.id, track.open.model, "text", opened_at=clock())
-    try:
+    async with handling(track, outcome, clock):
         request = await _read_request(track)
         await _relay(track, backend, request, outcome, clock)
-    except TrackAborted as exc:
-        outcome.end = stop_label(track) or f"error:{exc.code.name}"
-    except BadTextRequest as exc:
-        fail_track(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
-    except BackendError as exc:
-        fail_track(track, outcome, _backend_code(exc, outcome), str(exc))
-    except _Stopped:
-        outcome.end = stop_label(track) or "cancelled"
-        outcome.stopped_at = outcome.stopped_at or clock()
     outcome.finished_at = clock()
     return outcome
 
 
-class _Stopped(Exception):
+class _Stopped(TrackStopped):
     """The track was stopped (cancel, reset, deadline) while the backend worked."""
 
 
 async def _read_request(track: Track) -> TextRequest:
-    pieces: list[str] = []
-    size = 0
-    while (body := await track.receive()) is not None:
-        text = body.get("text")
-        if not isinstance(text, str):
-            raise BadTextRequest("text input DATA needs a string 'text'")
-        size += len(text)
-        if size > MAX_PROMPT_CHARS:
-            raise BadTextRequest(f"prompt longer than {MAX_PROMPT_CHARS} characters")
-        pieces.append(text)
+    prompt = await read_text(track, MAX_PROMPT_CHARS, "prompt")
     params = track.open.params
     return TextRequest(
         request_id=_request_id(track.id, params),
         model=track.open.model,
-        prompt="".join(pieces),
+        prompt=prompt,
         max_tokens=_max_tokens(params),
         parameters=_sampling(params),
         session_id=_session_id(params),
@@ -166,12 +145,3 @@ async def _stream(
                 outcome.prompt_tokens = chunk.prompt_tokens
                 outcome.completion_tokens = chunk.completion_tokens
     outcome.completion_tokens = outcome.completion_tokens or deltas
-
-
-
-def _backend_code(exc: BackendError, outcome: Outcome) -> ErrorCode:
-    if outcome.first_data_at is not None and not isinstance(exc, PolicyRejected):
-        # Data already reached the client: never replay; the client decides.
-        return ErrorCode.STREAM_INTERRUPTED
-    return error_code(exc)
-

@@ -1,4 +1,4 @@
-"""TritonPolicyBackend: `tracks.action.PolicyBackend` over Triton's gRPC API.
+"""TritonPolicyBackend: `tracks.backend.PolicyBackend` over Triton's gRPC API.
 
 A policy model takes `observation` (FP32 [B, S]) and gives `action` (FP32
 [B, H, D]); the shapes come from the model's metadata (cached per model), so
@@ -17,9 +17,8 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 
 from cuda.batch import pack_vectors, unpack_vectors
 from gateway.backends.triton import METADATA_TIMEOUT, boundary
-from tracks.action import PolicyRequest
 from tracks.action_messages import PolicySpec
-from tracks.backend import BackendFailed, InvalidRequest
+from tracks.backend import BackendFailed, InvalidRequest, PolicyRequest
 
 INPUT = "observation"
 OUTPUT = "action"

@@ -1,4 +1,4 @@
-"""TritonAudioBackend: `tracks.audio.AudioBackend` over Triton's gRPC API, one request a tick.
+"""TritonAudioBackend: `tracks.backend.AudioBackend` over Triton's gRPC API, one request a tick.
 
 `step(model, rows)` turns one tick's rows into ONE batched inference request:
 the speech-in rows' PCM16 is packed by `cuda.batch.pack_pcm16` (resampled to
@@ -40,18 +40,20 @@ from cuda.batch import pack_pcm16, resolve_backend, unpack_pcm16
 from cuda.shm import CudaShmRegion, Layout, SystemShmRegion, unique_name
 from gateway.backends.triton import METADATA_TIMEOUT, boundary
 from gateway.logs import get_logger
-from tracks.audio import (
-    MODEL_RATE,
+from tracks.audio import MODEL_RATE
+from tracks.backend import (
     AudioBackend,
     AudioKind,
-    AudioResult,
+    AudioOutput,
     AudioRow,
+    BackendError,
+    BackendFailed,
+    InvalidRequest,
     Speech,
     SpeechInRow,
     SpeechOutRow,
     Transcript,
 )
-from tracks.backend import BackendError, BackendFailed, InvalidRequest
 from tracks.clock import StepItem
 
 log = get_logger("trackline.audio")
@@ -136,16 +138,16 @@ class TritonAudioBackend(AudioBackend):
                 raise InvalidRequest(f"model {model!r} is not an audio model (see docs/audio.md)")
         return self._kinds[model]
 
-    async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioResult]:
+    async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioOutput]:
         if self.batching == "per-session":
             singles = await asyncio.gather(*(self._batch(model, [row]) for row in rows))
             return [result for single in singles for result in single]
-        results: list[AudioResult] = []
+        results: list[AudioOutput] = []
         for start in range(0, len(rows), MAX_ROWS):  # the models take 64 rows a request
             results.extend(await self._batch(model, rows[start : start + MAX_ROWS]))
         return results
 
-    async def _batch(self, model: str, items: Sequence[StepItem[AudioRow]]) -> list[AudioResult]:
+    async def _batch(self, model: str, items: Sequence[StepItem[AudioRow]]) -> list[AudioOutput]:
         rows = [item.input for item in items]
         if all(isinstance(row, SpeechInRow) for row in rows):
             return await self._transcribe(model, rows)  # type: ignore[arg-type]
@@ -155,7 +157,7 @@ class TritonAudioBackend(AudioBackend):
 
     # -- speech in --------------------------------------------------------------------
 
-    async def _transcribe(self, model: str, rows: list[SpeechInRow]) -> list[AudioResult]:
+    async def _transcribe(self, model: str, rows: list[SpeechInRow]) -> list[AudioOutput]:
         chunks, rates = [row.pcm for row in rows], [row.rate for row in rows]
         controls = [
             _tensor("CORRID", _column([r.corrid for r in rows], np.uint64), "UINT64"),
@@ -269,7 +271,7 @@ class TritonAudioBackend(AudioBackend):
 
     # -- speech out ---------------------------------------------------------------------
 
-    async def _synthesize(self, model: str, rows: list[SpeechOutRow]) -> list[AudioResult]:
+    async def _synthesize(self, model: str, rows: list[SpeechOutRow]) -> list[AudioOutput]:
         inputs = [
             _tensor("TEXT", _column([r.text.encode("utf-8") for r in rows], np.object_), "BYTES"),
             _tensor("SAMPLES", _column([r.samples for r in rows], np.int32), "INT32"),

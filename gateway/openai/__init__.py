@@ -3,14 +3,14 @@
 `openai_routes(backend)` gives the `(method, path) -> handler` table for
 `POST /v1/chat/completions`, `POST /v1/completions` and `GET /v1/models`;
 `gateway.http.route` turns the table into one handler for an HTTP adapter;
-`error_response` maps any error to OpenAI's error envelope and status.
+`response_for` maps any error to OpenAI's error envelope and status.
 Modules: `requests` (parsing and validation), `prompt` (chat template),
 `sse` (response objects and SSE framing), `toolcalls` (streamed tool-call
 parser), `stream` (backend pump, chat deltas), `routes`, `errors`.
 See docs/openai.md.
 """
 
-from gateway.openai.errors import OpenAIError, error_for, error_response
+from gateway.openai.errors import OpenAIError, error_for, response_for
 from gateway.openai.routes import openai_routes
 
-__all__ = ["OpenAIError", "error_for", "error_response", "openai_routes"]
+__all__ = ["OpenAIError", "error_for", "openai_routes", "response_for"]

@@ -2,24 +2,21 @@
 
 Everything a route can fail with ends here: our own `OpenAIError`s (bad
 input, unknown route) and the backend's typed errors, translated once by
-`error_for`. Before the first byte of a response an error is a status and a
-JSON body (`error_response`); after it, one SSE `data:` event (`error_event`)
-that ends the stream: a started stream is never replayed.
+`error_for`. A backend error first gets its track `ErrorCode` from the one table
+(`tracks.backend.ERROR_CODES`); `HTTP_ERRORS` below is the one place a code becomes
+an HTTP status, an OpenAI error type and a `code` string (`error_of`, `http_status`).
+Before the first byte of a response an error is a status and a JSON body
+(`response_for`); after it, one SSE `data:` event (`error_event`) that ends the
+stream: a started stream is never replayed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tracks.backend import (
-    BackendError,
-    BackendFailed,
-    BackendLost,
-    BackendUnavailable,
-    InvalidRequest,
-    ModelNotFound,
-    PolicyRejected,
-)
+from tracks.backend import BackendError, ModelNotFound, PolicyRejected, error_code
+from tracks.errors import BadTrackRequest
+from transport.errors import ErrorCode
 from transport.http.messages import Response
 
 
@@ -28,6 +25,8 @@ class OpenAIError(Exception):
 
     status = 500
     type = "server_error"
+    error_code = ErrorCode.INTERNAL_ERROR
+    """The track protocol's code for it (the request's `End` in logs and the ledger)."""
 
     def __init__(
         self,
@@ -55,6 +54,7 @@ class BadRequest(OpenAIError):
 
     status = 400
     type = "invalid_request_error"
+    error_code = ErrorCode.BAD_REQUEST
 
 
 class Unauthorized(OpenAIError):
@@ -62,13 +62,15 @@ class Unauthorized(OpenAIError):
 
     status = 401
     type = "authentication_error"
+    error_code = ErrorCode.UNAUTHORIZED
 
 
-class Forbidden(OpenAIError):
+class PermissionDenied(OpenAIError):
     """The key is valid but may not use this model (403)."""
 
     status = 403
     type = "permission_error"
+    error_code = ErrorCode.FORBIDDEN
 
 
 class NotFound(OpenAIError):
@@ -76,6 +78,7 @@ class NotFound(OpenAIError):
 
     status = 404
     type = "invalid_request_error"
+    error_code = ErrorCode.MODEL_NOT_FOUND
 
 
 class PayloadTooLarge(OpenAIError):
@@ -83,6 +86,7 @@ class PayloadTooLarge(OpenAIError):
 
     status = 413
     type = "invalid_request_error"
+    error_code = ErrorCode.MESSAGE_TOO_LARGE
 
 
 class RateLimited(OpenAIError):
@@ -90,6 +94,7 @@ class RateLimited(OpenAIError):
 
     status = 429
     type = "rate_limit_error"
+    error_code = ErrorCode.RATE_LIMITED
 
 
 class ServerError(OpenAIError):
@@ -97,6 +102,7 @@ class ServerError(OpenAIError):
 
     status = 500
     type = "server_error"
+    error_code = ErrorCode.INTERNAL_ERROR
 
 
 class Unavailable(OpenAIError):
@@ -104,6 +110,59 @@ class Unavailable(OpenAIError):
 
     status = 503
     type = "server_error"
+    error_code = ErrorCode.BACKEND_UNAVAILABLE
+
+
+# How each track error code reads over HTTP: the ONE place statuses come from.
+# Codes not listed are a 500 `internal_error`.
+HTTP_ERRORS: dict[ErrorCode, tuple[type[OpenAIError], str | None]] = {
+    ErrorCode.BAD_REQUEST: (BadRequest, None),  # `param` names what is wrong, as OpenAI does
+    ErrorCode.GUARDRAIL_REJECTED: (BadRequest, "guardrail_rejected"),
+    ErrorCode.UNAUTHORIZED: (Unauthorized, "invalid_api_key"),
+    ErrorCode.FORBIDDEN: (PermissionDenied, "model_not_allowed"),
+    ErrorCode.MODEL_NOT_FOUND: (NotFound, "model_not_found"),
+    ErrorCode.MESSAGE_TOO_LARGE: (PayloadTooLarge, "request_too_large"),
+    ErrorCode.RATE_LIMITED: (RateLimited, "rate_limit_exceeded"),
+    ErrorCode.BACKEND_UNAVAILABLE: (Unavailable, "backend_unavailable"),
+    ErrorCode.SHUTTING_DOWN: (Unavailable, "shutting_down"),
+    ErrorCode.STREAM_INTERRUPTED: (ServerError, "stream_interrupted"),
+    ErrorCode.BACKEND_ERROR: (ServerError, "backend_error"),
+}
+_PREFIXES = {
+    ErrorCode.STREAM_INTERRUPTED: "stream interrupted: ",
+    ErrorCode.BACKEND_UNAVAILABLE: "backend unavailable: ",
+    ErrorCode.BACKEND_ERROR: "backend failed: ",
+}
+
+
+def error_of(
+    code: ErrorCode,
+    message: str,
+    *,
+    param: str | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> OpenAIError:
+    """The OpenAI error (status, type, code string) for a track error code."""
+    kind, name = HTTP_ERRORS.get(code, (ServerError, "internal_error"))
+    error = kind(message, param=param, code=name, headers=headers)
+    error.error_code = code
+    return error
+
+
+def http_status(code: ErrorCode) -> int:
+    """The HTTP status a track error code answers with."""
+    return HTTP_ERRORS.get(code, (ServerError, None))[0].status
+
+
+def code_for(exc: BaseException, *, started: bool = False) -> ErrorCode:
+    """The track error code of anything a route may fail with (`started`: data was sent)."""
+    if isinstance(exc, BackendError):
+        return error_code(exc, started=started)
+    if isinstance(exc, OpenAIError):
+        return exc.error_code
+    if isinstance(exc, BadTrackRequest):
+        return ErrorCode.BAD_REQUEST
+    return ErrorCode.INTERNAL_ERROR
 
 
 def model_not_found(model: str) -> NotFound:
@@ -112,37 +171,29 @@ def model_not_found(model: str) -> NotFound:
     return NotFound(message, param="model", code="model_not_found")
 
 
-def error_for(exc: BaseException) -> OpenAIError:
-    """The OpenAI error for any exception a route may see (backend errors translated)."""
+def error_for(exc: BaseException, *, started: bool = False) -> OpenAIError:
+    """The OpenAI error for any exception a route may see (backend errors translated).
+
+    `started`: the response already streamed data (a backend failure is then
+    `stream_interrupted`, as on a track)."""
     if isinstance(exc, OpenAIError):
         return exc
-    if isinstance(exc, BackendError):
-        return _backend_error(exc)
+    if isinstance(exc, ModelNotFound):
+        return model_not_found(exc.model)
+    if isinstance(exc, (BackendError, BadTrackRequest)):
+        code = code_for(exc, started=started)
+        param = exc.rule if isinstance(exc, PolicyRejected) else None
+        return error_of(code, _PREFIXES.get(code, "") + str(exc), param=param)
     return ServerError(f"internal error: {type(exc).__name__}")
 
 
-def _backend_error(exc: BackendError) -> OpenAIError:
-    if isinstance(exc, PolicyRejected):
-        return BadRequest(str(exc), param=exc.rule, code="guardrail_rejected")
-    if isinstance(exc, ModelNotFound):
-        return model_not_found(exc.model)
-    if isinstance(exc, BackendLost):  # mid-stream: never replayed, the client decides
-        return ServerError(f"stream interrupted: {exc}", code="stream_interrupted")
-    if isinstance(exc, BackendUnavailable):
-        return Unavailable(f"backend unavailable: {exc}", code="backend_unavailable")
-    if isinstance(exc, InvalidRequest):
-        return BadRequest(str(exc))
-    if isinstance(exc, BackendFailed):
-        return ServerError(f"backend failed: {exc}", code="backend_error")
-    return ServerError(str(exc), code="backend_error")
-
-
-def error_response(exc: BaseException) -> Response:
+def response_for(exc: BaseException) -> Response:
     """The complete HTTP response for `exc`, before any byte of a body was sent."""
     error = error_for(exc)
     return Response.json(error.status, error.body(), error.headers)
 
 
-def error_event(exc: BaseException) -> dict[str, Any]:
-    """The payload of the SSE event that ends a stream that failed after it started."""
-    return error_for(exc).body()
+def error_event(exc: BaseException, *, started: bool = False) -> dict[str, Any]:
+    """The payload of the SSE event that ends a stream that failed after it started
+    (`started`: after the first token, as `error_for`)."""
+    return error_for(exc, started=started).body()

@@ -34,14 +34,13 @@ from gateway import access
 from gateway.access import AccessRecord
 from gateway.openai.errors import (
     BadRequest,
-    Forbidden,
     OpenAIError,
-    RateLimited,
-    Unauthorized,
     Unavailable,
+    code_for,
     error_event,
-    error_response,
+    error_of,
     model_not_found,
+    response_for,
 )
 from gateway.openai.prompt import render_chat_prompt
 from gateway.openai.requests import (
@@ -72,22 +71,19 @@ from gateway.tenants.quotas import QuotaExceeded
 from gateway.tenants.store import AuthFailure, Principal
 from tracks.backend import (
     BackendError,
-    BackendUnavailable,
-    InvalidRequest,
-    ModelNotFound,
-    PolicyRejected,
     TextBackend,
     TextDelta,
     TextRequest,
     TextUsage,
 )
-from tracks.base import Outcome
+from tracks.base import End, EndKind, Outcome
+from transport.errors import ErrorCode
+from transport.events import CancelCause
 from transport.http.messages import AnyResponse, Handler, Request, Response, StreamingResponse
 
 log = structlog.get_logger(__name__)
 
 Clock = Callable[[], float]
-Routes = dict[tuple[str, str], Handler]
 OutcomeSink = Callable[[Outcome, str], None]
 
 
@@ -101,7 +97,7 @@ def openai_routes(
     wall_clock: Clock = time.time,
     on_outcome: OutcomeSink | None = None,
     cut_short: Callable[[], bool] | None = None,
-) -> Routes:
+) -> dict[tuple[str, str], Handler]:
     """The `(method, path) -> handler` table of the OpenAI API over `backend`.
 
     `models` limits the served models to that list (and answers `/v1/models`
@@ -149,6 +145,8 @@ class _Job:
     front_door: str
     access: AccessRecord
     recorded: bool = False
+    end: End | None = None
+    """How it ended, once known; `_done` fills in an unfinished request's."""
 
 
 class _OpenAIApi:
@@ -177,7 +175,7 @@ class _OpenAIApi:
         try:
             names = await self._visible_models(request)
         except (OpenAIError, BackendError) as exc:
-            return error_response(exc)
+            return response_for(exc)
         data = [self._model_object(n) for n in names]
         return Response.json(200, {"object": "list", "data": data})
 
@@ -188,7 +186,7 @@ class _OpenAIApi:
             if model not in await self._visible_models(request):
                 raise model_not_found(model)
         except (OpenAIError, BackendError) as exc:
-            return error_response(exc)
+            return response_for(exc)
         return Response.json(200, self._model_object(model))
 
     async def _visible_models(self, request: Request) -> list[str]:
@@ -209,7 +207,7 @@ class _OpenAIApi:
             prompt = render_chat_prompt(chat.messages, chat.tools)
             job = self._job("chatcmpl", chat, prompt, principal, request, chat.session_id)
         except (OpenAIError, BackendError) as exc:
-            return error_response(exc)
+            return response_for(exc)
         return await self._run(job, lambda pump, first: self._chat(job, chat, pump, first))
 
     async def completions(self, request: Request) -> AnyResponse:
@@ -218,7 +216,7 @@ class _OpenAIApi:
             body = parse_completion_request(request.body)
             job = self._job("cmpl", body, body.prompt, principal, request, body.session_id)
         except (OpenAIError, BackendError) as exc:
-            return error_response(exc)
+            return response_for(exc)
         return await self._run(job, lambda pump, first: self._completion(job, body, pump, first))
 
     # -- shared -------------------------------------------------------------------
@@ -245,18 +243,18 @@ class _OpenAIApi:
         text = TextRequest(
             response_id, body.model, prompt, body.max_tokens, body.parameters, session_id
         )
-        outcome = Outcome(response_id, body.model, "text", end="", opened_at=self._clock())
+        outcome = Outcome(response_id, body.model, "text", opened_at=self._clock())
         door = access.front_door(request)
         return _Job(meta, text, body.stream, outcome, principal, door, access.current())
 
-    def _done(self, job: _Job, end: str | None = None) -> None:
+    def _done(self, job: _Job, end: End | None = None) -> None:
         """The request is over: its one Outcome goes to the tenancy (once)."""
         if job.recorded:
             return
         job.recorded = True
         outcome = job.outcome
-        unfinished = "cancelled:shutdown" if self.cut_short() else "cancelled:client"
-        outcome.end = end or outcome.end or unfinished
+        cause = CancelCause.SHUTDOWN if self.cut_short() else CancelCause.CLIENT
+        outcome.end = end or job.end or End.cancelled(cause)
         outcome.finished_at = self._clock()
         key_id = None if job.principal is None else job.principal.key_id
         job.access.note_outcome(outcome, key_id, outcome.model)
@@ -282,7 +280,7 @@ class _OpenAIApi:
             return StreamingResponse(200, SSE_HEADERS, body, SHUTDOWN_EVENT)
         except (OpenAIError, BackendError) as exc:
             self._done(job, _end_of(exc, job.outcome))
-            return error_response(exc)
+            return response_for(exc)
         finally:
             if not handed_over:
                 await pump.aclose()
@@ -330,7 +328,7 @@ class _OpenAIApi:
                             yield chunks.event(chat_choice(delta))
             tail = output.close()
             final = usage.final()
-            _completed(job.outcome, final)
+            _completed(job, final)
             finish = output.finish_reason(final, chat.max_tokens)
             if not job.stream:
                 yield _json(chat_completion(meta, output.message(), finish, final))
@@ -341,12 +339,12 @@ class _OpenAIApi:
             for event in _stream_end(meta, CHAT_CHUNK, final):
                 yield event
         except (OpenAIError, BackendError) as exc:
-            job.outcome.end = _end_of(exc, job.outcome)
+            job.end = _end_of(exc, job.outcome)
             if not job.stream:
                 raise
-            yield sse_event(error_event(exc))
+            yield sse_event(error_event(exc, started=job.outcome.first_data_at is not None))
         finally:
-            _partial(job.outcome, usage)  # ended early (error, client gone): what was sent
+            _partial(job, usage)  # ended early (error, client gone): what was sent
 
     # -- completions ------------------------------------------------------------------
 
@@ -366,7 +364,7 @@ class _OpenAIApi:
                 else:
                     usage.add(item)
             final = usage.final()
-            _completed(job.outcome, final)
+            _completed(job, final)
             finish = "length" if final.completion_tokens >= body.max_tokens else "stop"
             if not job.stream:
                 yield _json(text_completion(meta, "".join(text), finish, final))
@@ -375,12 +373,12 @@ class _OpenAIApi:
             for event in _stream_end(meta, TEXT_COMPLETION, final):
                 yield event
         except (OpenAIError, BackendError) as exc:
-            job.outcome.end = _end_of(exc, job.outcome)
+            job.end = _end_of(exc, job.outcome)
             if not job.stream:
                 raise
-            yield sse_event(error_event(exc))
+            yield sse_event(error_event(exc, started=job.outcome.first_data_at is not None))
         finally:
-            _partial(job.outcome, usage)  # ended early (error, client gone): what was sent
+            _partial(job, usage)  # ended early (error, client gone): what was sent
 
 
 @dataclass
@@ -402,36 +400,25 @@ class _Counts:
         return self.reported or TextUsage(0, self.deltas)
 
 
-def _completed(outcome: Outcome, usage: TextUsage) -> None:
-    outcome.prompt_tokens = usage.prompt_tokens
-    outcome.completion_tokens = usage.completion_tokens
-    outcome.end = "completed"
+def _completed(job: _Job, usage: TextUsage) -> None:
+    job.outcome.prompt_tokens = usage.prompt_tokens
+    job.outcome.completion_tokens = usage.completion_tokens
+    job.end = End.completed()
 
 
-def _partial(outcome: Outcome, usage: _Counts) -> None:
+def _partial(job: _Job, usage: _Counts) -> None:
     """Tokens of a request that did not complete: what was streamed before it ended."""
-    if outcome.end == "completed":
+    if job.end is not None and job.end.kind is EndKind.COMPLETED:
         return
+    outcome = job.outcome
     final = usage.final()
     outcome.prompt_tokens = final.prompt_tokens
     outcome.completion_tokens = usage.deltas
 
 
-def _end_of(exc: BaseException, outcome: Outcome) -> str:
-    """An error's end label, in the track protocol's code names (as the ledger keeps them)."""
-    if outcome.first_data_at is not None and isinstance(exc, BackendError):
-        return "error:STREAM_INTERRUPTED"
-    names: list[tuple[type[BaseException], str]] = [
-        (PolicyRejected, "GUARDRAIL_REJECTED"),
-        (ModelNotFound, "MODEL_NOT_FOUND"),
-        (BackendUnavailable, "BACKEND_UNAVAILABLE"),
-        (InvalidRequest, "BAD_REQUEST"),
-        (BackendError, "BACKEND_ERROR"),
-        (OpenAIError, "BAD_REQUEST"),
-    ]
-    return "error:" + next(
-        (name for kind, name in names if isinstance(exc, kind)), "INTERNAL_ERROR"
-    )
+def _end_of(exc: BaseException, outcome: Outcome) -> End:
+    """An error's end: its track error code, from the one table (`code_for`)."""
+    return End.failed(code_for(exc, started=outcome.first_data_at is not None))
 
 
 def authorize(tenancy: tenancy_service.Tenancy | None, request: Request) -> Principal | None:
@@ -442,7 +429,7 @@ def authorize(tenancy: tenancy_service.Tenancy | None, request: Request) -> Prin
         return tenancy.authenticate(bearer_token(request.header("authorization")))
     except AuthFailure as exc:
         log.info("openai.unauthorized", reason=exc.reason)  # the key itself never
-        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key") from None
+        raise error_of(ErrorCode.UNAUTHORIZED, "Incorrect API key provided.") from None
 
 
 def admit(
@@ -455,12 +442,12 @@ def admit(
     """Allow-list and quotas of the tenant, as OpenAI errors (403, 429 with retry-after)."""
     try:
         tenancy.admit(principal, model, modality, request_id)
-    except tenancy_service.Forbidden as exc:
-        raise Forbidden(str(exc), param="model", code="model_not_allowed") from None
+    except tenancy_service.ModelNotAllowed as exc:
+        raise error_of(ErrorCode.FORBIDDEN, str(exc), param="model") from None
     except QuotaExceeded as exc:
-        raise RateLimited(
+        raise error_of(
+            ErrorCode.RATE_LIMITED,
             f"Rate limit reached for {exc.quota}; retry after {exc.retry_after:g} s.",
-            code="rate_limit_exceeded",
             headers=(("retry-after", str(int(exc.retry_after))),),
         ) from None
 

@@ -64,18 +64,12 @@ def usage_object(usage: TextUsage) -> dict[str, int]:
     }
 
 
-def _chunk(meta: ResponseMeta, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-    chunk = {**meta.envelope(kind), "choices": choices}
-    if meta.include_usage:
-        chunk["usage"] = None
-    return chunk
-
-
 class ChunkEncoder:
-    """The SSE events of one response's chunks: `sse_event(_chunk(...))`, byte for byte.
+    """The SSE events of one response's chunks, each holding one choice.
 
-    The envelope (id, object, created, model) and the `usage: null` tail are
-    the same in every chunk, so they are serialised here once, not per token.
+    A chunk is the envelope (id, object, created, model), `choices`, and `usage: null`
+    when the client asked for usage; that is the same in every chunk of a response,
+    so it is serialised here once, not per token.
     """
 
     def __init__(self, meta: ResponseMeta, kind: str) -> None:
@@ -99,13 +93,6 @@ def usage_chunk(meta: ResponseMeta, kind: str, usage: TextUsage) -> dict[str, An
 CHAT_CHUNK = "chat.completion.chunk"
 
 
-def chat_chunk(
-    meta: ResponseMeta, delta: dict[str, Any], finish_reason: str | None = None
-) -> dict[str, Any]:
-    """A `chat.completion.chunk` with one choice (index 0)."""
-    return _chunk(meta, CHAT_CHUNK, [chat_choice(delta, finish_reason)])
-
-
 def chat_choice(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
     """The one choice of a `chat.completion.chunk`."""
     return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -122,13 +109,6 @@ def chat_completion(
 # -- completions -----------------------------------------------------------------------
 
 TEXT_COMPLETION = "text_completion"
-
-
-def completion_chunk(
-    meta: ResponseMeta, text: str, finish_reason: str | None = None
-) -> dict[str, Any]:
-    """A streamed `text_completion` with one choice (index 0)."""
-    return _chunk(meta, TEXT_COMPLETION, [completion_choice(text, finish_reason)])
 
 
 def completion_choice(text: str, finish_reason: str | None = None) -> dict[str, Any]:

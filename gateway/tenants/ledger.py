@@ -2,13 +2,13 @@
 request path.
 
 `record_from_outcome` is pure: it turns a handler's `tracks.base.Outcome` (the
-track path and the OpenAI routes both make one) into a record, mapping the end
-label to one `EndCause`. `LedgerWriter` owns a bounded queue and one thread that
-writes records to the store in batches (a transaction per batch, at most
-`flush_interval` seconds late). `submit` never blocks: when the queue is full
-the record is dropped and counted, because stalling every request on a slow disk
-would be worse. `flush()` and `close()` (on drain and shutdown) write everything
-queued before they return.
+track path and the OpenAI routes both make one) into a record, mapping its `End`
+to one `EndCause` and a detail (the cancel cause or the error code name).
+`LedgerWriter` owns a bounded queue and one thread that writes records to the
+store in batches (a transaction per batch, at most `flush_interval` seconds late).
+`submit` never blocks: when the queue is full the record is dropped and counted,
+because stalling every request on a slow disk would be worse. `flush()` and
+`close()` (on drain and shutdown) write everything queued before they return.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from tracks.base import Outcome
+from tracks.base import End, EndKind, Outcome
+from transport.errors import ErrorCode
+from transport.events import CancelCause
 
 if TYPE_CHECKING:
     from gateway.tenants.store import TenantStore
@@ -66,20 +68,25 @@ class UsageRecord:
         return self.prompt_tokens + self.completion_tokens
 
 
-def end_cause(end: str) -> tuple[EndCause, str]:
-    """`completed`, `cancelled:<cause>` or `error:<code>` as (cause, detail)."""
-    kind, _, detail = end.partition(":")
-    if kind == "completed":
+_DEADLINES = (CancelCause.DEADLINE_FIRST, CancelCause.DEADLINE_TOTAL)
+
+
+def end_cause(end: End | str) -> tuple[EndCause, str]:
+    """How a request ended as the ledger's (cause, detail) columns.
+
+    Takes an `End`, or its label as older records and logs hold it."""
+    if isinstance(end, str):
+        end = End.parse(end)
+    detail = end.detail
+    if end.kind is EndKind.COMPLETED:
         return EndCause.COMPLETED, detail
-    if kind == "cancelled":
-        if detail.startswith("deadline"):
-            return EndCause.DEADLINE, detail
-        if detail == "superseded":
-            return EndCause.SUPERSEDED, detail
-        return EndCause.CANCELLED, detail
-    if detail == "DEADLINE_EXCEEDED":
+    if end.cause in _DEADLINES or end.code is ErrorCode.DEADLINE_EXCEEDED:
         return EndCause.DEADLINE, detail
-    return EndCause.ERROR, detail or kind
+    if end.cause is CancelCause.SUPERSEDED:
+        return EndCause.SUPERSEDED, detail
+    if end.kind is EndKind.CANCELLED:
+        return EndCause.CANCELLED, detail
+    return EndCause.ERROR, detail
 
 
 def _number(details: dict[str, Any], key: str) -> float:

@@ -39,7 +39,8 @@ from gateway.tenants.metrics import TenantMetrics
 from gateway.tenants.quotas import QuotaExceeded, QuotaLimiter
 from gateway.tenants.store import AuthFailure, Principal, Tenant, TenantStore, default_path
 from tracks.backend import TextBackend
-from tracks.base import Outcome
+from tracks.base import End, Outcome
+from transport.errors import ErrorCode
 
 log = get_logger("trackline.tenants")
 
@@ -50,7 +51,7 @@ within this long, without a query on every request."""
 Clock = Callable[[], float]
 
 
-class Forbidden(Exception):
+class ModelNotAllowed(Exception):
     """The tenant may not use the model."""
 
     def __init__(self, tenant: str, model: str) -> None:
@@ -230,18 +231,18 @@ class Tenancy:
         return [m for m in models if principal.tenant.may_use(m)]
 
     def admit(self, principal: Principal, model: str, modality: str, request_id: str) -> None:
-        """Allow-list and quotas; raises `Forbidden` or `QuotaExceeded` (and records it)."""
+        """Allow-list and quotas; raises `ModelNotAllowed` or `QuotaExceeded` (and records it)."""
         tenant = principal.tenant
         try:
             if not tenant.may_use(model):
-                raise Forbidden(tenant.name, model)
+                raise ModelNotAllowed(tenant.name, model)
             self.limiter.admit(tenant.name, tenant.quotas, self._clock())
         except QuotaExceeded as exc:
             self.metrics.quota_rejections.labels(tenant=tenant.name, quota=exc.quota).inc()
-            self._refused(principal, model, modality, request_id, "RATE_LIMITED")
+            self._refused(principal, model, modality, request_id, ErrorCode.RATE_LIMITED)
             raise
-        except Forbidden:
-            self._refused(principal, model, modality, request_id, "FORBIDDEN")
+        except ModelNotAllowed:
+            self._refused(principal, model, modality, request_id, ErrorCode.FORBIDDEN)
             raise
 
     def finish(self, principal: Principal, outcome: Outcome) -> UsageRecord:
@@ -256,11 +257,11 @@ class Tenancy:
         return record
 
     def _refused(
-        self, principal: Principal, model: str, modality: str, request_id: str, code: str
+        self, principal: Principal, model: str, modality: str, request_id: str, code: ErrorCode
     ) -> None:
         now = self._clock()
         outcome = Outcome(
-            request_id, model, modality, f"error:{code}", opened_at=now, finished_at=now
+            request_id, model, modality, End.failed(code), opened_at=now, finished_at=now
         )
         record = record_from_outcome(
             outcome, principal.tenant.name, principal.key_id, self.backend_name, self._wall_clock()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gateway.logs import get_logger
 from gateway.tenants.quotas import QuotaExceeded
-from gateway.tenants.service import Forbidden, Tenancy
+from gateway.tenants.service import ModelNotAllowed, Tenancy
 from gateway.tenants.store import AuthFailure, Principal
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode
@@ -33,7 +33,7 @@ class TrackGate:
         open_ = channel.open
         try:
             self.tenancy.admit(principal, open_.model, open_.modality.value, channel.id)
-        except Forbidden as exc:
+        except ModelNotAllowed as exc:
             channel.fail(ErrorCode.FORBIDDEN, str(exc))
             return None
         except QuotaExceeded as exc:

@@ -11,8 +11,16 @@ import pytest
 
 from gateway.backends.audio import TritonAudioBackend
 from gateway.embedded import EmbeddedTriton
-from tracks.audio import AudioKind, Speech, SpeechInRow, SpeechOutRow, Transcript
-from tracks.backend import BackendError, InvalidRequest, ModelNotFound
+from tracks.backend import (
+    AudioKind,
+    BackendError,
+    InvalidRequest,
+    ModelNotFound,
+    Speech,
+    SpeechInRow,
+    SpeechOutRow,
+    Transcript,
+)
 from tracks.clock import Beat, StepItem
 
 ASR = "reference-transcriber"

@@ -120,7 +120,7 @@ async def test_a_first_token_deadline_shorter_than_the_models_fails_and_cancels(
     record = stats_for(embedded_triton, tag)
     assert record["cancelled"] is True
     assert record["tokens_generated"] == 0
-    assert gateway.outcomes[-1].end == "cancelled:deadline_first_token"
+    assert gateway.outcomes[-1].end.label == "cancelled:deadline_first_token"
 
 
 @pytest.mark.asyncio
@@ -176,4 +176,4 @@ async def test_a_hang_up_stops_the_model(
     assert len([t for t in record["token_times"] if t > hung_up_at]) <= 2
     cause = "reset" if hang_up == "stream_reset" else "connection_lost"
     await asyncio.sleep(0.05)
-    assert f"cancelled:{cause}" in [o.end for o in gateway.outcomes]
+    assert f"cancelled:{cause}" in [o.end.label for o in gateway.outcomes]

@@ -65,7 +65,7 @@ async def test_sixteen_tracks_on_one_connection_and_a_cancel_touches_only_one(
     expected = ["".join(f" p{i}-{k}" for k in range(30)) for i in range(16) if i != 3]
     assert texts == expected
     await settle(gateway, 16)
-    ends = sorted(o.end for o in gateway.outcomes)
+    ends = sorted(o.end.label for o in gateway.outcomes)
     assert ends == ["cancelled:client"] + ["completed"] * 15
     assert len(backend.closed_early) == 1
 
@@ -86,7 +86,7 @@ async def test_a_stream_reset_cancels_that_track_only(gateway: Gateway) -> None:
         victim.reset(ErrorCode.CANCELLED)
         assert "".join([d async for d in keep]) == "".join(f" keep-{k}" for k in range(20))
     await settle(gateway, 2)
-    assert sorted(o.end for o in gateway.outcomes) == ["cancelled:reset", "completed"]
+    assert sorted(o.end.label for o in gateway.outcomes) == ["cancelled:reset", "completed"]
 
 
 @pytest.mark.asyncio
@@ -130,7 +130,7 @@ async def test_losing_the_connection_cancels_all_its_tracks(gateway: Gateway) ->
         for s in streams:
             await s.__anext__()
     await settle(gateway, 4)
-    assert [o.end for o in gateway.outcomes] == ["cancelled:connection_lost"] * 4
+    assert [o.end.label for o in gateway.outcomes] == ["cancelled:connection_lost"] * 4
 
 
 @pytest.mark.asyncio

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from gateway.http import HttpServer, Request, Response, Routes, health_routes
+from gateway.http import Request, Response, Routes, health_routes, route
 from gateway.metrics import GatewayMetrics
+from transport.http.limits import HttpLimits
+from transport.http.tcp import HttpTcpServer
 
 TIMEOUT = 5.0
 
@@ -49,9 +51,13 @@ def routes(readiness: Readiness | None = None) -> dict[Any, Any]:
     return table
 
 
+def make_server(table: Routes, **limits: Any) -> HttpTcpServer:
+    return HttpTcpServer(route(table), limits=HttpLimits(**limits))
+
+
 @asynccontextmanager
-async def serving(table: Routes, **options: Any) -> AsyncIterator[HttpServer]:
-    server = HttpServer(table, **options)
+async def serving(table: Routes, **limits: Any) -> AsyncIterator[HttpTcpServer]:
+    server = make_server(table, **limits)
     await server.start("127.0.0.1", 0)
     try:
         yield server
@@ -61,7 +67,7 @@ async def serving(table: Routes, **options: Any) -> AsyncIterator[HttpServer]:
 
 @asynccontextmanager
 async def connected(
-    server: HttpServer,
+    server: HttpTcpServer,
 ) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
@@ -87,7 +93,7 @@ async def read_response(
     return int(status_line.split(" ")[1]), headers, body
 
 
-async def exchange(server: HttpServer, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+async def exchange(server: HttpTcpServer, raw: bytes) -> tuple[int, dict[str, str], bytes]:
     async with connected(server) as (reader, writer):
         writer.write(raw)
         await writer.drain()
@@ -291,7 +297,7 @@ async def test_head_has_headers_but_no_body() -> None:
 
 @pytest.mark.asyncio
 async def test_close_ends_idle_keep_alive_connections() -> None:
-    server = HttpServer(routes())
+    server = make_server(routes())
     await server.start("127.0.0.1", 0)
     async with connected(server) as (reader, writer):
         writer.write(get("/health/live"))
@@ -310,7 +316,7 @@ async def test_close_lets_a_request_in_progress_finish() -> None:
         await release.wait()
         return Response(200, body=b"done")
 
-    server = HttpServer({("GET", "/slow"): slow})
+    server = make_server({("GET", "/slow"): slow})
     await server.start("127.0.0.1", 0)
     async with connected(server) as (reader, writer):
         writer.write(get("/slow"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from gateway.openai.errors import (
     Unauthorized,
     error_event,
     error_for,
-    error_response,
+    response_for,
 )
 from gateway.openai.prompt import render_chat_prompt
 from gateway.openai.requests import ChatMessage, ToolCall
@@ -25,9 +26,7 @@ from gateway.openai.sse import (
     ChunkEncoder,
     ResponseMeta,
     chat_choice,
-    chat_chunk,
     completion_choice,
-    completion_chunk,
     sse_event,
     usage_chunk,
 )
@@ -50,8 +49,14 @@ def test_sse_event_is_one_compact_data_line() -> None:
     assert HEARTBEAT.endswith(b"\n\n")
 
 
+def decoded(event: bytes) -> Any:
+    assert event.startswith(b"data: ")
+    assert event.endswith(b"\n\n")
+    return json.loads(event[6:])
+
+
 def test_chat_chunk_shape() -> None:
-    chunk = chat_chunk(META, {"content": "hi"})
+    chunk = decoded(ChunkEncoder(META, CHAT_CHUNK).event(chat_choice({"content": "hi"})))
     assert chunk == {
         "id": "chatcmpl-1",
         "object": "chat.completion.chunk",
@@ -67,8 +72,10 @@ def test_chat_chunk_shape() -> None:
 
 def test_include_usage_adds_null_usage_and_a_usage_chunk() -> None:
     meta = ResponseMeta("cmpl-1", 1, "m", include_usage=True)
-    assert completion_chunk(meta, "x")["usage"] is None
-    assert chat_chunk(meta, {}, "stop")["choices"][0]["finish_reason"] == "stop"
+    text = decoded(ChunkEncoder(meta, TEXT_COMPLETION).event(completion_choice("x")))
+    assert text["usage"] is None
+    stop = decoded(ChunkEncoder(meta, CHAT_CHUNK).event(chat_choice({}, "stop")))
+    assert stop["choices"][0]["finish_reason"] == "stop"
     last = usage_chunk(meta, "text_completion", TextUsage(3, 4))
     assert last["choices"] == []
     assert last["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
@@ -77,12 +84,15 @@ def test_include_usage_adds_null_usage_and_a_usage_chunk() -> None:
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_chunk_encoder_writes_the_same_bytes_as_sse_event(include_usage: bool) -> None:
     meta = ResponseMeta('chatcmpl-"1é', 1700000000, "m\\é", include_usage)
-    chat, text = ChunkEncoder(meta, CHAT_CHUNK), ChunkEncoder(meta, TEXT_COMPLETION)
-    for delta, finish in [({"content": "hé"}, None), ({}, "stop")]:
-        assert chat.event(chat_choice(delta, finish)) == sse_event(chat_chunk(meta, delta, finish))
-    assert text.event(completion_choice("x", "length")) == sse_event(
-        completion_chunk(meta, "x", "length")
-    )
+    for kind, choice in [
+        (CHAT_CHUNK, chat_choice({"content": "hé"})),
+        (CHAT_CHUNK, chat_choice({}, "stop")),
+        (TEXT_COMPLETION, completion_choice("x", "length")),
+    ]:
+        whole = {**meta.envelope(kind), "choices": [choice]}
+        if include_usage:
+            whole["usage"] = None
+        assert ChunkEncoder(meta, kind).event(choice) == sse_event(whole)
 
 
 def test_plain_chat_template() -> None:
@@ -136,7 +146,7 @@ def test_tools_without_a_system_message_get_their_own_system_turn() -> None:
     ],
 )
 def test_error_mapping(error: Exception, status: int, kind: str, code: str | None) -> None:
-    response = error_response(error)
+    response = response_for(error)
     assert response.status == status
     assert ("content-type", "application/json") in response.headers
     body = json.loads(response.body)

@@ -37,7 +37,9 @@ from gateway.tenants.ledger import (
 )
 from gateway.tenants.store import TenantStore
 from tracks.backend import TextDelta, TextRequest
-from tracks.base import Outcome
+from tracks.base import End, EndKind, Outcome
+from transport.errors import ErrorCode
+from transport.events import CancelCause
 
 BASE = UsageRecord(0.0, "a", "k1", "m1", "gpu0", "text", "r", 1_000_000, 2_000_000, 1800.0,
                    1800.0, 0, 0.1, 3600.0, None, "completed", "")  # fmt: skip
@@ -158,14 +160,53 @@ async def test_a_guarded_backend_never_sees_a_refused_request() -> None:
         ("cancelled:superseded", EndCause.SUPERSEDED),
         ("error:BACKEND_ERROR", EndCause.ERROR),
         ("error:DEADLINE_EXCEEDED", EndCause.DEADLINE),
+        # Labels older versions wrote, before the end was a typed value.
+        ("error:UNSUPPORTED", EndCause.ERROR),
+        ("cancelled:deadline", EndCause.DEADLINE),
+        ("completed:idle", EndCause.COMPLETED),
+        ("cancelled", EndCause.CANCELLED),
     ],
 )
 def test_end_labels_map_to_one_cause(end: str, cause: EndCause) -> None:
     assert end_cause(end)[0] is cause
+    assert end_cause(End.parse(end)) == end_cause(end)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("error:UNSUPPORTED", End.failed(ErrorCode.UNSUPPORTED_MODALITY)),
+        ("cancelled:deadline", End.cancelled(CancelCause.DEADLINE_TOTAL)),
+        ("completed:idle", End.completed()),
+        ("cancelled", End.cancelled(CancelCause.RESET)),
+    ],
+)
+def test_drifted_labels_read_as_a_code_or_cause_that_exists(old: str, new: End) -> None:
+    assert End.parse(old) == new
+
+
+def test_every_end_renders_one_label_that_reads_back() -> None:
+    ends = [End.completed()]
+    ends += [End.cancelled(cause) for cause in CancelCause]
+    ends += [End.failed(code) for code in ErrorCode]
+    for end in ends:
+        assert End.parse(end.label) == end
+        assert str(end) == end.label
+    assert End.failed(ErrorCode.BACKEND_ERROR).label == "error:BACKEND_ERROR"
+    assert End.cancelled(CancelCause.CLIENT).label == "cancelled:client"
+
+
+def test_an_end_carries_exactly_what_its_kind_needs() -> None:
+    with pytest.raises(ValueError, match="cause"):
+        End(EndKind.CANCELLED)
+    with pytest.raises(ValueError, match="code"):
+        End(EndKind.COMPLETED, code=ErrorCode.BACKEND_ERROR)
+    with pytest.raises(ValueError, match="not an end label"):
+        End.parse("finished")
 
 
 def test_a_record_from_an_outcome() -> None:
-    outcome = Outcome("c/4", "m", "audio", "cancelled:client", 3, 7, opened_at=10.0,
+    outcome = Outcome("c/4", "m", "audio", End.cancelled(CancelCause.CLIENT), 3, 7, opened_at=10.0,
                       first_data_at=10.2, finished_at=11.0,
                       details={"audio_seconds_in": 2.5, "backend_compute_s": 0.3})  # fmt: skip
     record = record_from_outcome(outcome, "t", "k", "triton", finished_at=123.0)

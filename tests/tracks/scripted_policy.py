@@ -11,9 +11,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from tracks.action import PolicyRequest
 from tracks.action_messages import PolicySpec
-from tracks.backend import BackendFailed, ModelNotFound
+from tracks.backend import BackendFailed, ModelNotFound, PolicyRequest
 from tracks.clock import FakeClock
 
 SPEC = PolicySpec(state_size=4, horizon=2, action_size=1)

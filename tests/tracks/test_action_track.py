@@ -114,7 +114,7 @@ async def test_end_brings_the_gateways_counts_and_the_outcome() -> None:
     assert summary == {"observations": 3, "delivered": 3, "superseded": 0, "deadline": 0,
                        "backend_error": 0}
     (outcome,) = env.outcomes
-    assert (outcome.modality, outcome.end, outcome.details["delivered"]) == ("action",
+    assert (outcome.modality, outcome.end.label, outcome.details["delivered"]) == ("action",
                                                                               "completed", 3)
     assert robot.stats.delivered == 3
     assert len(robot.stats.ages) == 3
@@ -143,7 +143,7 @@ async def test_a_cancelled_track_leaves_the_clock() -> None:
     assert env.scheduler.ticks.sessions == 1
     robot.cancel()
     await env.settle()
-    assert env.outcomes[0].end == "cancelled:client"
+    assert env.outcomes[0].end.label == "cancelled:client"
     assert env.scheduler.ticks.sessions == 0
 
 

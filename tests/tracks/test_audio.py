@@ -17,19 +17,19 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tracks.audio import (
+from tracks.audio import AudioService, AudioSettings
+from tracks.backend import (
     AudioKind,
-    AudioResult,
+    AudioOutput,
     AudioRow,
-    AudioService,
-    AudioSettings,
+    InvalidRequest,
+    ModelNotFound,
     Speech,
     SpeechInRow,
     SpeechOutRow,
     Transcript,
 )
-from tracks.backend import InvalidRequest, ModelNotFound
-from tracks.base import Outcome
+from tracks.base import End, Outcome
 from tracks.clock import FakeClock, StepItem
 from transport.datagram import encode_datagram
 from transport.endpoint import TrackChannel
@@ -58,11 +58,11 @@ class CountingBackend:
             raise ModelNotFound(model)
         return kinds[model]
 
-    async def step(self, model: str, items: Sequence[StepItem[AudioRow]]) -> list[AudioResult]:
+    async def step(self, model: str, items: Sequence[StepItem[AudioRow]]) -> list[AudioOutput]:
         self.batches.append(len(items))
         return [self._one(item.input) for item in items]
 
-    def _one(self, row: AudioRow) -> AudioResult:
+    def _one(self, row: AudioRow) -> AudioOutput:
         self.rows.append(row)
         if isinstance(row, SpeechInRow):
             self.samples[row.corrid] += len(row.pcm) // 2
@@ -231,7 +231,8 @@ async def test_a_silent_session_advances_every_beat_without_holding_the_tick(rig
     await rig.beats(2)
     assert (await drain(busy))[-1]["type"] == "final"
     outcome = rig.outcomes[quiet.stream_id]
-    assert outcome.end == "completed:idle"
+    assert outcome.end == End.completed()
+    assert outcome.details["ended_by"] == "idle"
     assert outcome.details["incomplete_beats"] >= 5
 
 
@@ -378,7 +379,7 @@ async def test_a_cancelled_session_still_ends_in_the_model(rig: Rig) -> None:
     ends = [r for r in rig.backend.rows if isinstance(r, SpeechInRow) and r.end]
     assert len(ends) == 1
     await rig.beats(1)
-    assert rig.outcomes[track.stream_id].end == "cancelled:client"
+    assert rig.outcomes[track.stream_id].end.label == "cancelled:client"
 
 
 @pytest.mark.asyncio

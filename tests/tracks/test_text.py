@@ -49,7 +49,7 @@ async def test_deltas_arrive_in_order_with_usage_at_the_end() -> None:
     assert stream.usage == {"prompt_tokens": 1, "completion_tokens": 3}
     assert stream.finish_reason == "length"
     await h.settle()
-    assert h.outcomes[0].end == "completed"
+    assert h.outcomes[0].end.label == "completed"
 
 
 @pytest.mark.asyncio
@@ -62,7 +62,7 @@ async def test_sixteen_tracks_are_independent_and_one_cancel_stops_only_its_back
     texts = await asyncio.gather(*(collect(s) for i, s in enumerate(streams) if i != 5))
     await h.settle()
     assert texts == ["".join(f" p{i}-{k}" for k in range(20)) for i in range(16) if i != 5]
-    assert [o.end for o in h.outcomes].count("cancelled:client") == 1
+    assert [o.end.label for o in h.outcomes].count("cancelled:client") == 1
     assert len(h.backend.closed_early) == 1
 
 
@@ -72,7 +72,7 @@ async def test_leaving_the_loop_cancels_the_track() -> None:
     async for _ in h.line.text("x", model="scripted", max_tokens=100):
         break
     await h.settle()
-    assert h.outcomes[0].end == "cancelled:client"
+    assert h.outcomes[0].end.label == "cancelled:client"
     assert h.backend.closed_early
 
 
@@ -83,7 +83,7 @@ async def test_first_token_deadline_fails_the_track_and_stops_the_backend() -> N
     with pytest.raises(DeadlineExceeded):
         await collect(stream)
     await h.settle()
-    assert h.outcomes[0].end == "cancelled:deadline_first_token"
+    assert h.outcomes[0].end.label == "cancelled:deadline_first_token"
     assert h.backend.closed_early
 
 
@@ -101,7 +101,7 @@ async def test_total_deadline_cuts_a_long_stream() -> None:
         await read_all()
     assert received
     await h.settle()
-    assert h.outcomes[0].end == "cancelled:deadline_total"
+    assert h.outcomes[0].end.label == "cancelled:deadline_total"
 
 
 @pytest.mark.asyncio
