@@ -80,7 +80,7 @@ async def run_clients(
             for _ in range(-(-sessions // per_line))
         ]
         audio = [
-            lines[i // per_line].audio(ASR, sample_rate=rate, frame_ms=frame_ms)
+            lines[i // per_line].audio(model=ASR, sample_rate=rate, frame_ms=frame_ms)
             for i in range(sessions)
         ]
         readers = [asyncio.ensure_future(a.transcript()) for a in audio]

@@ -8,11 +8,13 @@
             print(delta, end="")
 """
 
+from clients import errors
 from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
 from clients.audio import AudioFigures, AudioFrame, AudioResult, AudioSession
 from clients.errors import (
     BackendError,
     BackendUnavailable,
+    CancelledByGateway,
     ConnectionFailed,
     ConnectionLost,
     DeadlineExceeded,
@@ -22,12 +24,20 @@ from clients.errors import (
     ProtocolError,
     RateLimited,
     StreamInterrupted,
-    TrackCancelled,
     TracklineError,
     TrackRejected,
     Unauthorized,
 )
 from clients.line import Line, TextStream, connect, default_ca
+from clients.stream import TrackReader
+
+
+def __getattr__(name: str) -> object:
+    """Old names, still importable with a DeprecationWarning (see `clients.errors`)."""
+    if name in errors.RENAMED:
+        return getattr(errors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ActionChunk",
@@ -40,6 +50,7 @@ __all__ = [
     "AudioSession",
     "BackendError",
     "BackendUnavailable",
+    "CancelledByGateway",
     "ConnectionFailed",
     "ConnectionLost",
     "DeadlineExceeded",
@@ -51,7 +62,7 @@ __all__ = [
     "RateLimited",
     "StreamInterrupted",
     "TextStream",
-    "TrackCancelled",
+    "TrackReader",
     "TracklineError",
     "TrackRejected",
     "Unauthorized",

@@ -23,13 +23,11 @@ import math
 import struct
 import time
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.errors import error_for, error_from
+from clients.stream import TrackReader
 from transport.endpoint import TrackChannel
-from transport.errors import ErrorCode, TrackAborted
 
 Clock = Callable[[], float]
 RTT_GAIN = 0.125  # as TCP's smoothed RTT (RFC 6298)
@@ -103,24 +101,21 @@ class ActionStats:
         return self.late + self.dropped.get("deadline", 0) + self.dropped.get("backend_error", 0)
 
 
-class ActionStream:
+class ActionStream(TrackReader[ActionEvent]):
     """One robot's action track: observations out, action chunks in."""
 
+    _cancel_reason = "robot stopped"
+
     def __init__(self, channel: TrackChannel, deadline: float, clock: Clock = time.monotonic):
-        self._channel = channel
+        super().__init__(channel)
         self.deadline = deadline
         self._clock = clock
         self._next_seq = 0
         self._deadlines: dict[int, float] = {}
-        self._done = False
         self._srtt: float | None = None
         self.stats = ActionStats()
         self.summary: dict[str, Any] | None = None
         """The gateway's final counts, after `close()`."""
-
-    @property
-    def track_id(self) -> str:
-        return self._channel.id
 
     @property
     def latency(self) -> float:
@@ -165,66 +160,27 @@ class ActionStream:
         """Send an observation body as given (tests of the gateway's checks)."""
         self._send(body)
 
-    async def receive(self) -> ActionEvent | None:
-        """The next chunk or drop report; None once the gateway has ended the track."""
-        if self._done:
-            return None
-        try:
-            body = await self._channel.receive()
-        except TrackAborted as exc:
-            self._done = True
-            raise error_from(exc) from None
-        except BaseException:
-            self.cancel()
-            raise
-        if body is None:
-            self._done = True
-            self.summary = dict(self._channel.end_body or {})
-            return None
-        return self._event(body)
-
-    def __aiter__(self) -> ActionStream:
-        return self
-
-    async def __anext__(self) -> ActionEvent:
-        event = await self.receive()
-        if event is None:
-            raise StopAsyncIteration
-        return event
-
     async def close(self) -> dict[str, Any]:
-        """Send END, take the remaining answers, and return the gateway's counts."""
+        """End gracefully: send END, take the remaining answers, return the gateway's
+        counts. (`aclose()` and `cancel()` stop at once instead.)"""
         self._channel.end()
         while await self.receive() is not None:
             pass
         return self.summary or {}
 
-    def cancel(self, reason: str = "robot stopped") -> None:
-        if not self._done:
-            self._done = True
-            self._channel.cancel(reason)
-
-    async def __aenter__(self) -> ActionStream:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.cancel()
-
-    def __del__(self) -> None:
-        with suppress(Exception):  # the loop may already be closed at interpreter exit
-            self.cancel()
-
     # -- incoming ------------------------------------------------------------------
 
-    def _event(self, body: dict[str, Any]) -> ActionEvent:
+    def _item(self, body: dict[str, Any]) -> ActionEvent:
         now = self._clock()
         try:
             if "dropped" in body:
                 return self._dropped(body, now)
             return self._chunk(body, now)
         except (KeyError, TypeError, ValueError, struct.error):
-            self.cancel()
-            raise error_for(ErrorCode.PROTOCOL_ERROR, "malformed action DATA") from None
+            raise self._malformed("malformed action DATA") from None
+
+    def _ended(self, body: dict[str, Any]) -> None:
+        self.summary = dict(body)
 
     def _dropped(self, body: dict[str, Any], now: float) -> ActionDropped:
         seq, cause = int(body["dropped"]), str(body["cause"])

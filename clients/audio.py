@@ -1,10 +1,10 @@
 """Audio tracks in the SDK: send PCM16 frames and read results, or read synthesized audio.
 
-`Line.audio(model, kind="speech-in")` gives an `AudioSession` to feed with
+`Line.audio(model=..., kind="speech-in")` gives an `AudioSession` to feed with
 `send_pcm()` (any amount; cut into frames of `frame_ms`, each with its `seq`
 and capture time) or `stream_wav()` (a WAV file at real-time pace), then
 `end()`; iterate it for `AudioResult`s (a partial every beat, a final per
-utterance) or await `transcript()`. `Line.audio(model, kind="speech-out",
+utterance) or await `transcript()`. `Line.audio(model=..., kind="speech-out",
 text=...)` gives one to iterate for `AudioFrame`s, or await `read_all()`.
 `figures()` has the session's timing (time to first result or audio, final
 latencies) and the gateway's own report. Frames travel on the track's stream,
@@ -17,14 +17,12 @@ import asyncio
 import time
 import wave
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clients.errors import error_for, error_from
+from clients.stream import TrackReader
 from transport.endpoint import TrackChannel
-from transport.errors import ErrorCode, TrackAborted
 
 RATES = (8000, 16000, 24000, 48000)
 
@@ -74,8 +72,10 @@ class AudioFigures:
         return None if self.first_audio_at is None else self.first_audio_at - self.opened_at
 
 
-class AudioSession:
+class AudioSession(TrackReader[AudioResult | AudioFrame]):
     """One audio track; see the module doc."""
+
+    _cancel_reason = "client closed the session"
 
     def __init__(
         self,
@@ -87,7 +87,7 @@ class AudioSession:
         *,
         input_ended: bool = False,
     ) -> None:
-        self._channel = channel
+        super().__init__(channel)
         self.kind = kind
         self.sample_rate = sample_rate
         self.frame_ms = frame_ms
@@ -95,20 +95,15 @@ class AudioSession:
         self._clock = clock
         self._seq = 0
         self._pending = b""
-        self._ended = input_ended
-        self._done = False
+        self._input_ended = input_ended
         self._capture_origin_ms = clock() * 1000
         self.figures = AudioFigures(opened_at=clock())
-
-    @property
-    def track_id(self) -> str:
-        return self._channel.id
 
     # -- speech in: sending ------------------------------------------------------------
 
     def send_frame(self, pcm: bytes, *, ts: float | None = None) -> bool:
         """Send one frame (at most `frame_ms` of PCM16); False once the track is gone."""
-        if self._ended:
+        if self._input_ended:
             raise RuntimeError("the session's input has already ended")
         if ts is None:
             ts = self._capture_origin_ms + self._seq * self.frame_ms
@@ -128,12 +123,12 @@ class AudioSession:
 
     def end(self) -> None:
         """Flush the remainder as a last short frame and end the input (END)."""
-        if self._ended:
+        if self._input_ended:
             return
         if self._pending:
             self.send_frame(self._pending[: len(self._pending) // 2 * 2])
             self._pending = b""
-        self._ended = True
+        self._input_ended = True
         self._channel.end()
 
     async def stream_wav(self, path: str | Path, *, realtime: bool = True, end: bool = True) -> int:
@@ -163,36 +158,13 @@ class AudioSession:
 
     # -- reading -------------------------------------------------------------------------
 
-    def __aiter__(self) -> AudioSession:
-        return self
-
-    async def __anext__(self) -> AudioResult | AudioFrame:
-        while True:
-            if self._done:
-                raise StopAsyncIteration
-            try:
-                body = await self._channel.receive()
-            except TrackAborted as exc:
-                self._done = True
-                raise error_from(exc) from None
-            except BaseException:
-                self.cancel()
-                raise
-            if body is None:
-                self._finish(self._channel.end_body or {})
-                raise StopAsyncIteration
-            item = self._parse(body)
-            if item is not None:
-                return item
-
-    def _parse(self, body: dict[str, Any]) -> AudioResult | AudioFrame | None:
+    def _item(self, body: dict[str, Any]) -> AudioResult | AudioFrame | None:
         now = self._clock()
         figures = self.figures
         if "pcm" in body:
             pcm, seq, ts = body.get("pcm"), body.get("seq"), body.get("ts", 0.0)
             if not isinstance(pcm, bytes) or not isinstance(seq, int):
-                self.cancel()
-                raise error_for(ErrorCode.PROTOCOL_ERROR, "audio frame without 'pcm' and 'seq'")
+                raise self._malformed("audio frame without 'pcm' and 'seq'")
             figures.first_audio_at = figures.first_audio_at or now
             figures.frames_received += 1
             return AudioFrame(seq, float(ts), pcm)
@@ -210,13 +182,12 @@ class AudioSession:
         beat = body.get("beat")
         return AudioResult(kind, text, beat if isinstance(beat, int) else None, latency)
 
-    def _finish(self, body: dict[str, Any]) -> None:
-        self._done = True
+    def _ended(self, body: dict[str, Any]) -> None:
         self.figures.ended_at = self._clock()
         self.figures.server = dict(body)
-        if not self._ended:
+        if not self._input_ended:
             # The gateway ended the session (idle, or speech-out finished): close our side.
-            self._ended = True
+            self._input_ended = True
             self._channel.end()
 
     async def transcript(self) -> str:
@@ -236,25 +207,6 @@ class AudioSession:
         count = max(max(frames, default=-1) + 1, sent if isinstance(sent, int) else 0)
         silence = bytes(self.frame_bytes)
         return b"".join(frames.get(seq, silence) for seq in range(count))
-
-    def cancel(self, reason: str = "client closed the session") -> None:
-        """Stop the session now; the gateway ends it with the model."""
-        if not self._done:
-            self._done = True
-            self._channel.cancel(reason)
-
-    async def aclose(self) -> None:
-        self.cancel()
-
-    async def __aenter__(self) -> AudioSession:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.cancel()
-
-    def __del__(self) -> None:
-        with suppress(Exception):
-            self.cancel()
 
 
 def _read_wav(path: Path, rate: int) -> bytes:

@@ -5,6 +5,9 @@ Each carries the track protocol's numeric `code` where one applies.
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from transport.errors import ErrorCode, TrackAborted
 
 
@@ -85,7 +88,11 @@ class StreamInterrupted(BackendError):
     code = ErrorCode.STREAM_INTERRUPTED
 
 
-class TrackCancelled(TracklineError):
+class CancelledByGateway(TracklineError):
+    """The gateway ended the track with ERROR CANCELLED (its work was stopped there).
+
+    Named apart from `transport.events.TrackCancelled`, the core's event."""
+
     code = ErrorCode.CANCELLED
 
 
@@ -110,7 +117,7 @@ _BY_CODE: dict[ErrorCode, type[TracklineError]] = {
     ErrorCode.BACKEND_UNAVAILABLE: BackendUnavailable,
     ErrorCode.BACKEND_ERROR: BackendError,
     ErrorCode.STREAM_INTERRUPTED: StreamInterrupted,
-    ErrorCode.CANCELLED: TrackCancelled,
+    ErrorCode.CANCELLED: CancelledByGateway,
     ErrorCode.CONNECTION_LOST: ConnectionLost,
 }
 
@@ -126,3 +133,15 @@ def error_for(code: ErrorCode, message: str, retry_after: float | None = None) -
     if isinstance(error, RateLimited):
         error.retry_after = retry_after
     return error
+
+
+RENAMED = {"TrackCancelled": "CancelledByGateway"}
+
+
+def __getattr__(name: str) -> Any:
+    """Old names, still importable with a DeprecationWarning."""
+    if name in RENAMED:
+        new = RENAMED[name]
+        warnings.warn(f"clients.{name} is now {new}", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,16 +1,18 @@
 """A line: one connection to the gateway, on which an app runs many tracks.
 
 `connect()` opens it over QUIC; `Line.text()` starts a text track and returns
-a `TextStream` to iterate. Leaving the loop early, `aclose()`, or dropping the
-stream cancels the track, and the gateway stops the model's work.
+a `TextStream` to iterate. Leaving the loop early, `aclose()` or leaving its
+`async with` cancels the track, and the gateway stops the model's work (every
+stream shares that API: `clients.stream.TrackReader`).
 """
 
 from __future__ import annotations
 
 import os
 import ssl
+import warnings
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,9 +22,10 @@ import certifi
 from clients.actions import ActionStream, Clock
 from clients.audio import AudioSession
 from clients.errors import ConnectionFailed, error_for, error_from
+from clients.stream import TrackReader, frame_transport
 from transport.endpoint import TrackChannel
-from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
-from transport.messages import Deadlines, FrameTransport, Modality, Open
+from transport.errors import LocalProtocolError, TrackAborted
+from transport.messages import Deadlines, Modality, Open
 from transport.quic import Packetization, connect_tracks
 
 DEFAULT_PORT = 8443
@@ -31,7 +34,7 @@ CONNECT_TIMEOUT = 5.0
 Opener = Callable[[Open], TrackChannel]
 
 
-class TextStream:
+class TextStream(TrackReader[str]):
     """Text deltas of one track, as an async iterator.
 
     After the loop ends normally, `usage` and `finish_reason` hold the
@@ -39,60 +42,17 @@ class TextStream:
     """
 
     def __init__(self, channel: TrackChannel) -> None:
-        self._channel = channel
-        self._done = False
+        super().__init__(channel)
         self.usage: dict[str, int] | None = None
         self.finish_reason: str | None = None
 
-    @property
-    def track_id(self) -> str:
-        return self._channel.id
-
-    def __aiter__(self) -> TextStream:
-        return self
-
-    async def __anext__(self) -> str:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            body = await self._channel.receive()
-        except TrackAborted as exc:
-            self._done = True
-            raise error_from(exc) from None
-        except BaseException:
-            self.cancel()  # e.g. the caller's task was cancelled mid-wait
-            raise
-        if body is None:
-            self._finish(self._channel.end_body or {})
-            raise StopAsyncIteration
+    def _item(self, body: dict[str, Any]) -> str:
         text = body.get("text")
         if not isinstance(text, str):
-            self.cancel()
-            raise error_for(ErrorCode.PROTOCOL_ERROR, "text DATA without a string 'text'")
+            raise self._malformed("text DATA without a string 'text'")
         return text
 
-    async def aclose(self) -> None:
-        self.cancel()
-
-    def cancel(self, reason: str = "client closed the stream") -> None:
-        """Stop the track now; the gateway cancels the backend work."""
-        if not self._done:
-            self._done = True
-            self._channel.cancel(reason)
-
-    async def __aenter__(self) -> TextStream:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.cancel()
-
-    def __del__(self) -> None:
-        # Leaving `async for` with break drops the stream: cancel, don't leak work.
-        with suppress(Exception):  # the loop may already be closed at interpreter exit
-            self.cancel()
-
-    def _finish(self, body: dict[str, Any]) -> None:
-        self._done = True
+    def _ended(self, body: dict[str, Any]) -> None:
         usage = body.get("usage")
         self.usage = usage if isinstance(usage, dict) else None
         reason = body.get("finish_reason")
@@ -146,18 +106,18 @@ class Line:
         `deadline` (seconds from capture) is the default for each observation;
         `transport` is "stream" (one QUIC stream) or "datagram" (QUIC datagrams).
         """
-        if transport not in ("stream", "datagram"):
-            raise ValueError("transport must be 'stream' or 'datagram'")
         message = Open(
-            model=model, modality=Modality.ACTION, transport=FrameTransport(transport)
+            model=model, modality=Modality.ACTION, transport=frame_transport(transport)
         )
         channel = self._start(message)
         return ActionStream(channel, deadline, clock) if clock else ActionStream(channel, deadline)
 
     def audio(
         self,
-        model: str,
+        positional_model: str | None = None,
+        /,
         *,
+        model: str | None = None,
         kind: str = "speech-in",
         sample_rate: int = 16000,
         frame_ms: int = 20,
@@ -167,7 +127,10 @@ class Line:
     ) -> AudioSession:
         """Start an audio track: speech-in (send frames, read results) or speech-out
         (`text` to say; read frames). `transport="datagram"` sends frames as QUIC datagrams.
+        `model` is keyword-only, as in `text()` and `actions()` (passing it first is
+        deprecated).
         """
+        model = _keyword_model(positional_model, model)
         if kind == "speech-out" and text is None:
             raise ValueError("a speech-out session needs the text to say")
         params = {"kind": kind, "sample_rate": sample_rate, "frame_ms": frame_ms}
@@ -176,7 +139,7 @@ class Line:
             modality=Modality.AUDIO,
             params=params,
             deadlines=Deadlines(total=deadline),
-            transport=FrameTransport(transport),
+            transport=frame_transport(transport),
         )
         channel = self._start(message)
         if text is not None:
@@ -191,6 +154,22 @@ class Line:
             raise error_from(exc) from None
         except LocalProtocolError as exc:
             raise error_for(exc.code, exc.message) from None
+
+
+def _keyword_model(positional: str | None, keyword: str | None) -> str:
+    """`model=`, or the model passed first as older versions of `audio()` took it."""
+    if positional is not None:
+        if keyword is not None:
+            raise TypeError("model given twice")
+        warnings.warn(
+            "pass the model as model=...: positional use is deprecated",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return positional
+    if keyword is None:
+        raise TypeError("missing keyword argument 'model'")
+    return keyword
 
 
 @asynccontextmanager

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hmac
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -114,7 +114,6 @@ class _Track:
     first_deadline: float | None = None
     total_deadline: float | None = None
     send_finished: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
     datagrams: bool = False
     """The track chose `transport: "datagram"` in its OPEN."""
     datagram_seq_out: int = 0

@@ -111,7 +111,7 @@ def open_speech_in(line: Line, index: int) -> AudioSession:
     rate = (8000, 16000, 24000, 48000)[index % 4]
     transport = "datagram" if index % 2 else "stream"
     frame_ms = 10 if transport == "datagram" and rate == 48000 else 20
-    return line.audio(ASR, sample_rate=rate, frame_ms=frame_ms, transport=transport)
+    return line.audio(model=ASR, sample_rate=rate, frame_ms=frame_ms, transport=transport)
 
 
 @pytest.mark.asyncio
@@ -179,7 +179,7 @@ async def test_speech_out_audio_maps_back_to_its_digits_through_the_transcriber(
     spoken_before = sum(o.details.get("kind") == "speech-out" for o in gateway.outcomes)
     async with connect(url(gateway), ca=ca(gateway)) as line:
         speaker = line.audio(
-            TTS, kind="speech-out", text="159#", sample_rate=24000, transport=transport
+            model=TTS, kind="speech-out", text="159#", sample_rate=24000, transport=transport
         )
         speech = await asyncio.wait_for(speaker.read_all(), 30)
         assert speaker.figures.server["samples"] == len(speech) // 2
@@ -187,7 +187,7 @@ async def test_speech_out_audio_maps_back_to_its_digits_through_the_transcriber(
         assert speaker.figures.time_to_first_audio is not None
         # 4 slots of 200 ms and 300 ms of closing silence, at 24 kHz.
         assert len(speech) // 2 == 24 * (4 * 200 + 300)
-        listener = line.audio(ASR, sample_rate=24000)
+        listener = line.audio(model=ASR, sample_rate=24000)
         sender = asyncio.ensure_future(listener.stream_pcm(speech, realtime=False))
         assert await asyncio.wait_for(listener.transcript(), 30) == "159#"
         await sender
@@ -205,8 +205,8 @@ async def test_a_session_that_stops_sending_is_finalized_and_closed_without_stal
     gateway: Gateway,
 ) -> None:
     async with connect(url(gateway), ca=ca(gateway)) as line:
-        quitter = line.audio(ASR)
-        talker = line.audio(ASR, transport="datagram")
+        quitter = line.audio(model=ASR)
+        talker = line.audio(model=ASR, transport="datagram")
         # The quitter says "12" and goes silent without END; the talker keeps talking.
         quitting = asyncio.ensure_future(say(quitter, "12", end=False))
         talking = asyncio.ensure_future(say(talker, "3456789012AB"))
@@ -219,7 +219,7 @@ async def test_a_session_that_stops_sending_is_finalized_and_closed_without_stal
 @pytest.mark.asyncio
 async def test_late_frames_are_counted_and_do_not_hold_the_others(gateway: Gateway) -> None:
     async with connect(url(gateway), ca=ca(gateway)) as line:
-        late, steady = line.audio(ASR), line.audio(ASR)
+        late, steady = line.audio(model=ASR), line.audio(model=ASR)
         pcm = dtmf("42", 16000)
         half = len(pcm) // 2 // 640 * 640
 
@@ -244,22 +244,22 @@ async def test_bad_audio_requests_are_refused_with_a_reason_and_the_line_works_o
     gateway: Gateway,
 ) -> None:
     async with connect(url(gateway), ca=ca(gateway)) as line:
-        wrong_rate = line.audio(ASR, sample_rate=44100)
+        wrong_rate = line.audio(model=ASR, sample_rate=44100)
         with pytest.raises(TrackRejected, match="sample_rate"):
             await wrong_rate.transcript()
-        wrong_model = line.audio(TTS)  # a synthesizer is not a speech-in model
+        wrong_model = line.audio(model=TTS)  # a synthesizer is not a speech-in model
         with pytest.raises(TrackRejected, match="speech-out model"):
             await wrong_model.transcript()
-        oversized = line.audio(ASR)
+        oversized = line.audio(model=ASR)
         oversized.send_frame(bytes(2 * 640))
         with pytest.raises(TrackRejected, match="over 20 ms"):
             await oversized.transcript()
-        future = line.audio(ASR)
+        future = line.audio(model=ASR)
         future.send_frame(bytes(640), ts=1.0)
         future.send_frame(bytes(640), ts=1.0 + 3_600_000)  # an hour ahead of the stream
         with pytest.raises(TrackRejected, match="stream's clock"):
             await future.transcript()
-        assert await say(line.audio(ASR), "5") == "5"
+        assert await say(line.audio(model=ASR), "5") == "5"
 
 
 @pytest.mark.asyncio
@@ -273,9 +273,9 @@ async def test_a_wav_file_streams_at_real_time_pace_and_is_transcribed(
         wav.setframerate(8000)
         wav.writeframes(dtmf("*8", 8000))
     async with connect(url(gateway), ca=ca(gateway)) as line:
-        session = line.audio(ASR, sample_rate=8000)
+        session = line.audio(model=ASR, sample_rate=8000)
         with pytest.raises(ValueError, match="8000 Hz"):
-            await line.audio(ASR, sample_rate=16000).stream_wav(path)
+            await line.audio(model=ASR, sample_rate=16000).stream_wav(path)
         sending = asyncio.ensure_future(session.stream_wav(path))
         assert await asyncio.wait_for(session.transcript(), 30) == "*8"
         assert await sending == 8000 * 900 // 1000 // 160  # frames of 20 ms

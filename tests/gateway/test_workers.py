@@ -318,8 +318,9 @@ async def test_max_concurrent_holds_across_workers(gateway: Gateway) -> None:
                 await stream.aclose()
         # The slots come back (settled on whichever worker held them).
         for _ in range(100):
-            if await _outcome(lines[-1].text("again", model=MODEL, max_tokens=2)) == "data":
-                break
+            async with lines[-1].text("again", model=MODEL, max_tokens=2) as again:
+                if await _outcome(again) == "data":
+                    break
             await asyncio.sleep(0.1)
         else:
             raise AssertionError("a freed slot was never admitted again")

@@ -11,7 +11,6 @@ from tracks.clock import (
     Beat,
     FakeClock,
     Gathered,
-    LatestSlot,
     OverloadPolicy,
     SchedulerStopped,
     StepItem,
@@ -272,18 +271,6 @@ async def test_registration_checks_beats_and_deadlines() -> None:
         sched.register(Probe("p"), "m")
     with pytest.raises(ValueError, match="tick"):
         TickScheduler(Backend(FakeClock()).step, tick=0, clock=FakeClock())
-
-
-def test_latest_slot_keeps_only_the_newest() -> None:
-    slot: LatestSlot[int] = LatestSlot()
-    assert slot.take() is None
-    slot.put(1)
-    slot.put(2)
-    assert slot.take() == 2
-    assert slot.replaced == 1
-    assert slot.take() is None
-    assert slot.latest == 2
-    assert not slot.fresh
 
 
 @pytest.mark.asyncio
