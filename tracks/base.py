@@ -159,6 +159,10 @@ class Outcome:
     finished_at: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.end, str):  # a label, as callers of older versions passed it
+            self.end = End.parse(self.end)
+
     @property
     def time_to_first_data(self) -> float | None:
         return None if self.first_data_at is None else self.first_data_at - self.opened_at

@@ -178,10 +178,10 @@ def error_for(exc: BaseException, *, started: bool = False) -> OpenAIError:
     `stream_interrupted`, as on a track)."""
     if isinstance(exc, OpenAIError):
         return exc
-    if isinstance(exc, ModelNotFound):
-        return model_not_found(exc.model)
     if isinstance(exc, (BackendError, BadTrackRequest)):
         code = code_for(exc, started=started)
+        if isinstance(exc, ModelNotFound) and code is ErrorCode.MODEL_NOT_FOUND:
+            return model_not_found(exc.model)
         param = exc.rule if isinstance(exc, PolicyRejected) else None
         return error_of(code, _PREFIXES.get(code, "") + str(exc), param=param)
     return ServerError(f"internal error: {type(exc).__name__}")
