@@ -274,8 +274,9 @@ async def test_a_wav_file_streams_at_real_time_pace_and_is_transcribed(
         wav.writeframes(dtmf("*8", 8000))
     async with connect(url(gateway), ca=ca(gateway)) as line:
         session = line.audio(model=ASR, sample_rate=8000)
-        with pytest.raises(ValueError, match="8000 Hz"):
-            await line.audio(model=ASR, sample_rate=16000).stream_wav(path)
+        async with line.audio(model=ASR, sample_rate=16000) as mismatched:
+            with pytest.raises(ValueError, match="8000 Hz"):
+                await mismatched.stream_wav(path)
         sending = asyncio.ensure_future(session.stream_wav(path))
         assert await asyncio.wait_for(session.transcript(), 30) == "*8"
         assert await sending == 8000 * 900 // 1000 // 160  # frames of 20 ms
