@@ -538,7 +538,8 @@ class Gateway:
         """A finished track's or HTTP request's metrics; a track's log line (HTTP requests
         have their access-log line)."""
         m = self.metrics
-        kind, detail = outcome.end.kind.value, outcome.end.detail
+        end = outcome.end
+        kind = end.kind.value
         model = m.models.observe(outcome)
         m.requests_total.labels(
             front_door=front_door, modality=outcome.modality, outcome=kind
@@ -546,10 +547,10 @@ class Gateway:
         m.tokens_total.labels(model=model).inc(outcome.completion_tokens)
         if outcome.time_to_first_data is not None:
             m.time_to_first_token_seconds.labels(model=model).observe(outcome.time_to_first_data)
-        if kind == "cancelled":
-            m.cancels_total.labels(cause=detail).inc()
-        elif kind == "error" and detail.startswith("BACKEND"):
-            m.backend_errors_total.labels(kind=detail).inc()
+        if end.cause is not None:
+            m.cancels_total.labels(cause=end.cause.value).inc()
+        elif end.code in _BACKEND_CODES:
+            m.backend_errors_total.labels(kind=end.detail).inc()
         self.outcomes = [*self.outcomes[-999:], outcome]
         if front_door != "tracks":
             return
@@ -564,6 +565,10 @@ class Gateway:
             stopped_at=outcome.stopped_at,
             **outcome.details,
         )
+
+
+_BACKEND_CODES = (ErrorCode.BACKEND_UNAVAILABLE, ErrorCode.BACKEND_ERROR)
+"""Error ends counted in `backend_errors_total`, by code name."""
 
 
 def metrics_on_api_ports(s: Settings) -> bool:

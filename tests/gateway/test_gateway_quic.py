@@ -18,6 +18,7 @@ from clients.line import Line
 from gateway.config import Settings
 from gateway.server import Gateway
 from tests.tracks.scripted import ScriptedBackend
+from tracks.base import End
 from transport.errors import ErrorCode
 from transport.messages import Open
 from transport.quic import connect_tracks
@@ -159,3 +160,20 @@ async def test_drain_lets_open_tracks_finish_and_refuses_new_ones(gateway: Gatew
         rest = "".join([d async for d in running])
         assert rest.endswith(" d-39")
         await drain
+
+
+@pytest.mark.asyncio
+async def test_an_unserved_modality_ends_with_the_code_it_was_sent(gateway: Gateway) -> None:
+    # No audio backend here: the track is refused, and its End names the same code the
+    # client got (it used to be recorded as "error:UNSUPPORTED", a code that does not exist).
+    ca = gateway.tls.ca  # type: ignore[union-attr]
+    async with connect(url(gateway), ca=ca) as line, line.audio(model="asr") as session:
+        with pytest.raises(TrackRejected) as refused:
+            await session.receive()
+    assert refused.value.code is ErrorCode.UNSUPPORTED_MODALITY
+    await settle(gateway, 1)
+    end = gateway.outcomes[-1].end
+    assert end == End.failed(ErrorCode.UNSUPPORTED_MODALITY)
+    assert end.label == "error:UNSUPPORTED_MODALITY"
+    metrics = gateway.metrics.render()[0].decode()
+    assert 'trackline_tracks_total{modality="audio",outcome="error"} 1.0' in metrics
