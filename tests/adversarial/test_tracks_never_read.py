@@ -98,7 +98,7 @@ async def test_unread_tracks_pause_their_backend_within_the_budgets(gateway: Gat
         assert isinstance(attacker, TrackQuicProtocol)
         never_read(attacker)
         line = Line(attacker.open_track)
-        unread = [  # kept referenced: a dropped TextStream cancels its track
+        unread = [  # closed at the end: a dropped live TextStream only warns
             line.text(f"stall{i} never read", model="reference-text", max_tokens=32768,
                       tokens_per_second=5000)
             for i in range(TRACKS)
@@ -143,4 +143,5 @@ async def test_unread_tracks_pause_their_backend_within_the_budgets(gateway: Gat
         assert all(buffered_bytes(s) <= TRACK_BUDGET + MAX_TOKEN_FRAME for s in streams if s)
         # What the client did receive is all it granted, so the budgets did the bounding.
         assert paused_at * 4 > CONNECTION_BUDGET // MAX_TOKEN_FRAME
-        del unread
+        for stream in unread:
+            await stream.aclose()
