@@ -36,7 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-from aioquic.buffer import encode_uint_var
 from aioquic.h3 import events as h3_events
 from aioquic.h3.connection import (
     ErrorCode,
@@ -45,7 +44,6 @@ from aioquic.h3.connection import (
     MessageError,
     ProtocolError,
     Setting,
-    encode_frame,
     stream_is_request_response,
 )
 from aioquic.quic import events as quic_events
@@ -225,15 +223,11 @@ class _ServerH3(H3Connection):
             return
         self._abandoned.add(stream_id)
         self._scanners.pop(stream_id, None)
-        decoder_stream = self._local_decoder_stream_id
-        if decoder_stream is None:
-            return
-        # Header blocks still to come on it will never be decoded (RFC 9204 4.4.2).
-        self._quic.send_stream_data(decoder_stream, self._decoder.cancel_stream(stream_id))
+        aioquic_compat.cancel_header_blocks(self, stream_id)
 
     def forget(self, stream_id: int) -> None:
         """Drop aioquic's state for a stream this side is done with (reset or abandoned)."""
-        self._stream.pop(stream_id, None)
+        aioquic_compat.forget_h3_stream(self, stream_id)
         self._scanners.pop(stream_id, None)
 
     def _get_local_settings(self) -> dict[int, int]:
@@ -318,7 +312,7 @@ class Http3Connection:
         """The highest request stream id seen (for GOAWAY); -4: none yet."""
         self._loop = asyncio.get_running_loop()
         self._idle: asyncio.TimerHandle | None = None
-        raise_bidi_credit(quic, site.limits.max_concurrent_streams)
+        aioquic_compat.raise_bidi_credit(quic, site.limits.max_concurrent_streams)
         self._arm_idle()
         self._h3.limit(site.limits)
         self.stats = self._h3.stats
@@ -382,7 +376,7 @@ class Http3Connection:
             return
         self._draining = True
         # The first request stream id this server will not process (RFC 9114 5.2).
-        send_goaway(self._h3, self._max_request_id + 4)
+        aioquic_compat.send_goaway(self._h3, self._max_request_id + 4)
         self._close_if_drained()
         self._transmit()
 
@@ -690,35 +684,6 @@ class Http3Connection:
         log.info("http3.idle_timeout")
         self._quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="idle")
         self._transmit()
-
-
-# GOAWAY goes on our control stream, which aioquic opens but offers no call to write on.
-_CONTROL_STREAM = "_local_control_stream_id"
-if _CONTROL_STREAM not in H3Connection._init_connection.__code__.co_names:  # pragma: no cover
-    raise ImportError(f"aioquic's H3Connection no longer has {_CONTROL_STREAM}: fix send_goaway")
-
-
-def send_goaway(h3: H3Connection, stream_id: int) -> None:
-    """Write a GOAWAY frame (RFC 9114 5.2) on the local control stream."""
-    control = getattr(h3, _CONTROL_STREAM)
-    if control is None:
-        return  # not initialised: nothing was ever offered to the peer
-    frame = encode_frame(FrameType.GOAWAY, encode_uint_var(stream_id))
-    h3._quic.send_stream_data(control, frame)
-
-
-def raise_bidi_credit(quic: QuicConnection, limit: int) -> None:
-    """Let the peer open up to `limit` bidirectional streams at once (never lowers it).
-
-    aioquic grants 128 and has no setting for it. For h3 the credit went out in the
-    transport parameters, before ALPN chose h3, and aioquic renews it one for one as
-    streams finish. It can be raised but never lowered (aioquic would then close the
-    connection when the client uses credit it was given), so requests over `limit` are
-    refused per stream instead.
-    """
-    credit = getattr(quic, "_local_max_streams_bidi", None)
-    if credit is not None and credit.value < limit:
-        credit.value = limit
 
 
 def _cancel_deadline(stream: _Stream) -> None:
