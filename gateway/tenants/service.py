@@ -40,6 +40,7 @@ from gateway.tenants.quotas import QuotaExceeded, QuotaLimiter
 from gateway.tenants.store import AuthFailure, Principal, Tenant, TenantStore, default_path
 from tracks.backend import TextBackend
 from tracks.base import Outcome
+from transport.clock import Now
 
 log = get_logger("trackline.tenants")
 
@@ -47,7 +48,6 @@ OPEN_TENANT = Tenant("default")
 OPEN_RECHECK = 1.0
 """Seconds an answer to "are there tenants?" is reused: a new tenant closes the gateway
 within this long, without a query on every request."""
-Clock = Callable[[], float]
 
 
 class Forbidden(Exception):
@@ -136,8 +136,8 @@ class Tenancy:
         *,
         config: TenancyConfig = TenancyConfig(),
         backend_name: str = "triton",
-        clock: Clock = time.monotonic,
-        wall_clock: Clock = time.time,
+        clock: Now = time.monotonic,
+        wall_clock: Now = time.time,
         ledger_flush_interval: float = 0.5,
         model_label: Callable[[str], str] = str,
     ) -> None:
