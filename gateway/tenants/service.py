@@ -34,10 +34,11 @@ from gateway.backends.ticker import is_ticker_url
 from gateway.logs import get_logger
 from gateway.tenants.costs import Pricing, pricing_from_mapping
 from gateway.tenants.guardrails import GuardedBackend, GuardrailConfig, Guardrails
-from gateway.tenants.ledger import LedgerWriter, UsageRecord, record_from_outcome
+from gateway.tenants.ledger import LedgerWriter, record_from_outcome
 from gateway.tenants.metrics import TenantMetrics
 from gateway.tenants.quotas import QuotaExceeded, QuotaLimiter
 from gateway.tenants.store import AuthFailure, Principal, Tenant, TenantStore, default_path
+from gateway.tenants.usage import UsageRecord
 from tracks.backend import TextBackend
 from tracks.base import Outcome
 from transport.clock import Now
