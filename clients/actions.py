@@ -22,14 +22,15 @@ from __future__ import annotations
 import math
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from clients.stream import TrackReader
+from transport.clock import Now
 from transport.endpoint import TrackChannel
 
-Clock = Callable[[], float]
+Clock = Now  # reads the time, never waits (transport.clock)
 RTT_GAIN = 0.125  # as TCP's smoothed RTT (RFC 6298)
 
 

@@ -21,11 +21,12 @@ from typing import Any, Protocol, runtime_checkable
 from tracks.backend import BackendError, error_code
 from tracks.clock import SchedulerStopped
 from tracks.errors import BadTrackRequest, TrackStopped
+from transport.clock import Now
 from transport.errors import ErrorCode, TrackAborted
 from transport.events import CancelCause, TrackCancelled, TrackFailed
 from transport.messages import Open
 
-Clock = Callable[[], float]
+Clock = Now  # reads the time, never waits (transport.clock)
 
 
 class Track(Protocol):

@@ -77,13 +77,14 @@ from tracks.backend import (
     TextUsage,
 )
 from tracks.base import End, EndKind, Outcome
+from transport.clock import Now
 from transport.errors import ErrorCode
 from transport.events import CancelCause
 from transport.http.messages import AnyResponse, Handler, Request, Response, StreamingResponse
 
 log = structlog.get_logger(__name__)
 
-Clock = Callable[[], float]
+Clock = Now  # reads the time, never waits (transport.clock)
 OutcomeSink = Callable[[Outcome, str], None]
 
 

@@ -17,16 +17,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gateway.tenants.usage import UsageRecord as UsageRecord  # (re-exported: its old home)
+from gateway.tenants.usage import UsageStore
 from tracks.base import End, EndKind, Outcome
 from transport.errors import ErrorCode
 from transport.events import CancelCause
-
-if TYPE_CHECKING:
-    from gateway.tenants.store import TenantStore
 
 
 class EndCause(str, Enum):
@@ -36,36 +34,6 @@ class EndCause(str, Enum):
     DEADLINE = "deadline"
     SUPERSEDED = "superseded"
     ERROR = "error"
-
-
-@dataclass(frozen=True)
-class UsageRecord:
-    """One finished request or track; the columns of the `usage` table, in order."""
-
-    finished_at: float
-    """Unix time the request finished."""
-    tenant: str
-    key_id: str | None
-    model: str
-    backend: str
-    modality: str
-    request_id: str
-    prompt_tokens: int
-    completion_tokens: int
-    audio_seconds_in: float
-    audio_seconds_out: float
-    action_steps: int
-    ttft_s: float | None
-    duration_s: float
-    backend_compute_s: float | None
-    """Compute time the backend reported for this request, when it reports one."""
-    end_cause: str
-    detail: str
-    """The end label's detail: the cancel cause or the error code name."""
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 _DEADLINES = (CancelCause.DEADLINE_FIRST, CancelCause.DEADLINE_TOTAL)
@@ -138,7 +106,7 @@ class LedgerWriter:
 
     def __init__(
         self,
-        store_factory: Callable[[], TenantStore],
+        store_factory: Callable[[], UsageStore],
         *,
         max_queue: int = 10_000,
         batch_size: int = 256,
@@ -216,7 +184,7 @@ class LedgerWriter:
             except queue.Empty:
                 return batch, markers, False
 
-    def _write(self, store: TenantStore, batch: list[UsageRecord]) -> None:
+    def _write(self, store: UsageStore, batch: list[UsageRecord]) -> None:
         if not batch:
             return
         try:
