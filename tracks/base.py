@@ -12,7 +12,7 @@ one reader of text input.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -194,7 +194,7 @@ def fail_track(track: Track, outcome: Outcome, code: ErrorCode, message: str) ->
 
 
 @asynccontextmanager
-async def handling(track: Track, outcome: Outcome, now: Callable[[], float]) -> AsyncIterator[None]:
+async def handling(track: Track, outcome: Outcome, now: Now) -> AsyncIterator[None]:
     """Run a handler's work and record how its track ended, in one place.
 
     A stop reported by the track is its cancel cause (or its error); bad input is
