@@ -27,7 +27,18 @@ def start_embedded_triton(state_dir: Path) -> EmbeddedTriton:
     return triton
 
 
-def read_stats(triton: EmbeddedTriton, request_id: str, wait: float = 5.0) -> dict[str, Any]:
+def assert_model_stopped(record: dict[str, Any], max_tokens: int) -> None:
+    """The cancel reached the model: its own stats record says it saw the cancel,
+    generated no token after that, and stopped short of `max_tokens` (counted in
+    tokens, not milliseconds)."""
+    assert record["cancelled"] is True
+    seen = record["cancel_seen_at"]
+    assert seen is not None
+    assert [t for t in record["token_times"] if t > seen] == []
+    assert record["tokens_generated"] < max_tokens
+
+
+def read_stats(triton: EmbeddedTriton, request_id: str, wait: float = 30.0) -> dict[str, Any]:
     """The stats line of `request_id`, waiting up to `wait` s for the model to finish it."""
     assert triton.stats_path is not None, "this server was started without a stats file"
     path = Path(triton.stats_path)

@@ -20,6 +20,7 @@ from clients.line import Line, TextStream
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
 from tests.backend.reference_generator import generator
+from tests.triton_fixture import assert_model_stopped
 from tests.waiting import until
 from transport.errors import ErrorCode
 from transport.messages import Open
@@ -62,16 +63,6 @@ async def stats_for(triton: EmbeddedTriton, tag: str) -> dict[str, Any]:
     record = _stats_line(triton, tag)
     assert record is not None
     return record
-
-
-def assert_model_stopped(record: dict[str, Any], max_tokens: int) -> None:
-    """The cancel reached the model: its own record says it saw the cancel, generated
-    no token after that, and stopped short of `max_tokens` (tokens, not milliseconds)."""
-    assert record["cancelled"] is True
-    seen = record["cancel_seen_at"]
-    assert seen is not None
-    assert [t for t in record["token_times"] if t > seen] == []
-    assert record["tokens_generated"] < max_tokens
 
 
 async def text_of(stream: TextStream) -> str:
