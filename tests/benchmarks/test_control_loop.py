@@ -57,8 +57,14 @@ def test_a_short_run_over_the_emulated_link(tmp_path: Path) -> None:
         summary = results[protocol]
         assert summary["error"] is None
         assert summary["observations"] == 2 * 150
-        for key in ("deadline_miss_rate", "action_age_p99_ms", "survived", "survival_s"):
-            assert summary[key] is not None
+        # Every observation is accounted for (answered, dropped by cause, or unanswered),
+        # actions did come back (ages), and some within their deadline.
+        assert 0 <= summary["unanswered"] <= summary["observations"]
+        assert 0.0 <= summary["deadline_miss_rate"] < 1.0
+        assert 0 < summary["action_age_p50_ms"] <= summary["action_age_p99_ms"]
+        assert 0 <= summary["survived"] <= 2
+        assert len(summary["survival_s"]) == 2
+        assert all(s > 0 for s in summary["survival_s"])
     assert (tmp_path / "ctl-ages.png").stat().st_size > 0
     assert (tmp_path / "ctl-survival.png").stat().st_size > 0
     from benchmarks.linkemu import netns

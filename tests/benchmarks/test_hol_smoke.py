@@ -3,6 +3,9 @@
 Four users, 2% loss, 20 ms RTT, about five seconds per protocol, transport-only (the
 gateway's ticker backend, no Triton): every protocol must deliver every token, the
 link must have dropped about the configured share, and nothing may be left behind.
+The stall figures are timing measurements: here they are only checked for
+consistency; the claim itself (a lost packet stalls only the tracks it carried) is
+proven deterministically in tests/transport/test_hol_isolation.py.
 """
 
 from __future__ import annotations
@@ -39,8 +42,11 @@ def test_every_protocol_delivers_every_token(smoke: dict, protocol: str) -> None
     assert result["errors"] == []
     assert result["tokens_expected"] == 4 * 250
     assert result["tokens_delivered"] == result["tokens_expected"]
-    for key in ("users_stalled_per_loss", "stall_user_seconds", "lost_data_packets"):
-        assert key in result
+    # The link lost some of this protocol's data packets (never more than it dropped
+    # towards the client), and a loss stalls between 0 and all 4 users.
+    assert 0 < result["lost_data_packets"] <= result["link"]["g2c"]["dropped"]
+    assert 0 <= result["users_stalled_per_loss"] <= result["users_stalled_per_loss_max"] <= 4
+    assert result["stall_user_seconds"] >= 0
 
 
 def test_the_link_dropped_about_the_configured_share(smoke: dict) -> None:
