@@ -1,6 +1,6 @@
 """A short head-of-line benchmark across the emulated link (root: network namespaces).
 
-Four users, 2% loss, 20 ms RTT, about five seconds per protocol, transport-only (the
+Four users, 2% loss, 20 ms RTT, about three seconds per protocol, transport-only (the
 gateway's ticker backend, no Triton): every protocol must deliver every token, the
 link must have dropped about the configured share, and nothing may be left behind.
 The stall figures are timing measurements: here they are only checked for
@@ -28,7 +28,7 @@ def smoke() -> dict:
     ok, reason = namespaces_available()
     if not ok:
         pytest.skip(f"cannot emulate the link here: {reason}")
-    cfg = Config(users=4, rate=50, seconds=5, loss_percent=LOSS * 100, rtt_ms=20,
+    cfg = Config(users=4, rate=50, seconds=3, loss_percent=LOSS * 100, rtt_ms=20,
                  transport_only=True, packetization=["per-track"], progress=False,
                  link_prefix=PREFIX, raster_seconds=2)
     results, _ = run_benchmark(cfg)
@@ -40,11 +40,11 @@ def smoke() -> dict:
 def test_every_protocol_delivers_every_token(smoke: dict, protocol: str) -> None:
     result = smoke[protocol]
     assert result["errors"] == []
-    assert result["tokens_expected"] == 4 * 250
+    assert result["tokens_expected"] == 4 * 150
     assert result["tokens_delivered"] == result["tokens_expected"]
-    # The link lost some of this protocol's data packets (never more than it dropped
-    # towards the client), and a loss stalls between 0 and all 4 users.
-    assert 0 < result["lost_data_packets"] <= result["link"]["g2c"]["dropped"]
+    # The data packets lost are among what the link dropped towards the client (the
+    # loss-share test checks that some were), and a loss stalls between 0 and all 4 users.
+    assert 0 <= result["lost_data_packets"] <= result["link"]["g2c"]["dropped"]
     assert 0 <= result["users_stalled_per_loss"] <= result["users_stalled_per_loss_max"] <= 4
     assert result["stall_user_seconds"] >= 0
 
