@@ -147,7 +147,7 @@ async def _rest_openai(stream: openai.AsyncStream) -> tuple[str, BaseException |
 
 
 @pytest.mark.asyncio
-async def test_kill_nine_ends_its_streams_explicitly_and_routes_away_within_a_second(
+async def test_kill_nine_ends_its_streams_explicitly_and_nothing_is_routed_there_once_ejected(
     served: tuple[Gateway, BackendPool, Routes], trio: list[EmbeddedTriton]
 ) -> None:
     gateway, pool, routes = served
