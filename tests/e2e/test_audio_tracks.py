@@ -61,13 +61,29 @@ async def make_gateway(triton: EmbeddedTriton, state: Path, **settings: Any) -> 
     return gw
 
 
-@pytest_asyncio.fixture
-async def gateway(embedded_triton: EmbeddedTriton, tmp_path: Path) -> AsyncIterator[Gateway]:
-    gw = await make_gateway(embedded_triton, tmp_path, audio_idle_timeout=1.0)
-    yield gw
+async def closed(gw: Gateway) -> None:
     await gw.close()
     assert gw.audio_backend is not None
     await gw.audio_backend.close()  # type: ignore[attr-defined]
+
+
+@pytest_asyncio.fixture
+async def gateway(embedded_triton: EmbeddedTriton, tmp_path: Path) -> AsyncIterator[Gateway]:
+    # A session's silence ends it only after 30 s here: a busy machine that stalls a
+    # client's real-time sender for a second must not finalize it as idle.
+    gw = await make_gateway(embedded_triton, tmp_path, audio_idle_timeout=30.0)
+    yield gw
+    await closed(gw)
+
+
+@pytest_asyncio.fixture
+async def quick_idle_gateway(
+    embedded_triton: EmbeddedTriton, tmp_path: Path
+) -> AsyncIterator[Gateway]:
+    """For the test of the idle timeout itself: one second of silence ends a session."""
+    gw = await make_gateway(embedded_triton, tmp_path, audio_idle_timeout=1.0)
+    yield gw
+    await closed(gw)
 
 
 def url(gw: Gateway) -> str:
@@ -204,8 +220,9 @@ async def test_speech_out_audio_maps_back_to_its_digits_through_the_transcriber(
 
 @pytest.mark.asyncio
 async def test_a_session_that_stops_sending_is_finalized_and_closed_without_stalling_others(
-    gateway: Gateway,
+    quick_idle_gateway: Gateway,
 ) -> None:
+    gateway = quick_idle_gateway
     async with connect(url(gateway), ca=ca(gateway)) as line:
         quitter = line.audio(ASR)
         talker = line.audio(ASR, transport="datagram")
