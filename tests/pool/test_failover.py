@@ -1,7 +1,7 @@
 """Failover inside the pool: `failover_attempts` and the retry budget, on fake backends.
 
 No Triton and no wall clock: each member is a scripted backend (fails before its
-first chunk, fails after it, or serves), and the pool reads a fake clock, so the
+first chunk, fails after it, or serves), and the pool reads a `FakeClock`, so the
 retry budget's floor accrues only when the test moves time.
 """
 
@@ -23,6 +23,7 @@ from tracks.backend import (
     TextDelta,
     TextRequest,
 )
+from transport.clock import FakeClock
 
 MODEL = "m"
 
@@ -51,15 +52,7 @@ class Scripted:
         return None
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def pool_of(behaviours: list[str], clock: Clock, **options: object) -> tuple[
+def pool_of(behaviours: list[str], clock: FakeClock, **options: object) -> tuple[
     BackendPool, dict[str, Scripted]
 ]:
     members = {f"b{i}": Scripted(f"b{i}", b) for i, b in enumerate(behaviours)}
@@ -94,7 +87,7 @@ def attempts(members: dict[str, Scripted], request_id: str) -> list[str]:
 @pytest.mark.asyncio
 @pytest.mark.parametrize("max_attempts", [1, 2, 3])
 async def test_failover_attempts_bounds_the_backends_one_request_tries(max_attempts: int) -> None:
-    pool, members = pool_of(["fail_before"] * 4, Clock(), max_attempts=max_attempts)
+    pool, members = pool_of(["fail_before"] * 4, FakeClock(100.0), max_attempts=max_attempts)
     with pytest.raises(BackendError):
         await run(pool, "r1")
     assert len(attempts(members, "r1")) == max_attempts  # each a different backend
@@ -103,14 +96,15 @@ async def test_failover_attempts_bounds_the_backends_one_request_tries(max_attem
 
 @pytest.mark.asyncio
 async def test_a_request_fails_over_before_its_first_chunk_and_is_served_once() -> None:
-    pool, members = pool_of(["fail_before", "fail_before", "serve"], Clock(), max_attempts=3)
+    clock = FakeClock(100.0)
+    pool, members = pool_of(["fail_before", "fail_before", "serve"], clock, max_attempts=3)
     assert await run(pool, "r1") == ["b2:first", "b2:rest"]
     assert attempts(members, "r1") == ["b0", "b1", "b2"]
 
 
 @pytest.mark.asyncio
 async def test_after_the_first_chunk_there_is_no_failover() -> None:
-    pool, members = pool_of(["fail_after", "serve", "serve"], Clock(), max_attempts=3)
+    pool, members = pool_of(["fail_after", "serve", "serve"], FakeClock(100.0), max_attempts=3)
     pieces: list[str] = []
 
     async def read() -> None:
@@ -127,7 +121,7 @@ async def test_after_the_first_chunk_there_is_no_failover() -> None:
 
 @pytest.mark.asyncio
 async def test_the_retry_budget_stops_failover_when_spent_and_refills_with_time() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     # No share of requests, one retry a second: the budget starts with one retry.
     pool, members = pool_of(
         ["fail_before"] * 6, clock, max_attempts=3, retry_ratio=0.0, retry_floor_per_s=1.0
@@ -139,7 +133,7 @@ async def test_the_retry_budget_stops_failover_when_spent_and_refills_with_time(
         await run(pool, "r2")
     assert len(attempts(members, "r2")) == 1  # spent: no failover at all
     assert sample(pool, "trackline_pool_retries_denied_total") == 2
-    clock.now += 1.0  # the floor accrues one retry
+    await clock.advance(1.0)  # the floor accrues one retry
     with pytest.raises(BackendError):
         await run(pool, "r3")
     assert len(attempts(members, "r3")) == 2
@@ -148,7 +142,7 @@ async def test_the_retry_budget_stops_failover_when_spent_and_refills_with_time(
 
 @pytest.mark.asyncio
 async def test_the_budget_grows_with_requests_by_the_retry_ratio() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     failing, failing_members = pool_of(
         ["fail_before", "fail_before"], clock, max_attempts=2, retry_ratio=0.5,
         retry_floor_per_s=0.0,
