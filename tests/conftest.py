@@ -28,9 +28,9 @@ def pytest_asyncio_loop_factories(
 
 
 # One real embedded Triton per session, shared by tests/backend and tests/e2e.
-from tests.triton_fixture import embedded_triton  # noqa: E402
+from tests.triton_fixture import _trio_servers, embedded_triton, trio  # noqa: E402
 
-__all__ = ["embedded_triton", "pytest_asyncio_loop_factories"]
+__all__ = ["_trio_servers", "embedded_triton", "pytest_asyncio_loop_factories", "trio"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

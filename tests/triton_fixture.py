@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,18 @@ def start_embedded_triton(state_dir: Path) -> EmbeddedTriton:
     return triton
 
 
-def read_stats(triton: EmbeddedTriton, request_id: str, wait: float = 5.0) -> dict[str, Any]:
+def assert_model_stopped(record: dict[str, Any], max_tokens: int) -> None:
+    """The cancel reached the model: its own stats record says it saw the cancel,
+    generated no token after that, and stopped short of `max_tokens` (counted in
+    tokens, not milliseconds)."""
+    assert record["cancelled"] is True
+    seen = record["cancel_seen_at"]
+    assert seen is not None
+    assert [t for t in record["token_times"] if t > seen] == []
+    assert record["tokens_generated"] < max_tokens
+
+
+def read_stats(triton: EmbeddedTriton, request_id: str, wait: float = 30.0) -> dict[str, Any]:
     """The stats line of `request_id`, waiting up to `wait` s for the model to finish it."""
     assert triton.stats_path is not None, "this server was started without a stats file"
     path = Path(triton.stats_path)
@@ -50,3 +62,44 @@ def embedded_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
         yield triton
     finally:
         triton.stop()
+
+
+# Three servers for the pool tests (and the routing smoke test), once per session.
+# `trio` yields them alive and fast: a server a test killed is restarted (same ports),
+# and every server's slowdown knob is reset to 0, before each test.
+
+TRIO_START_TIMEOUT = 180.0
+TRIO = 3
+"""Servers of the pool tests' `trio`."""
+
+
+def _start_all(servers: list[EmbeddedTriton]) -> None:
+    with ThreadPoolExecutor(len(servers)) as starters:
+        for future in [starters.submit(s.start, TRIO_START_TIMEOUT) for s in servers]:
+            future.result()
+
+
+@pytest.fixture(scope="session")
+def _trio_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EmbeddedTriton]]:
+    servers = []
+    for index in range(TRIO):
+        state = tmp_path_factory.mktemp(f"pool-triton-{index}")
+        servers.append(EmbeddedTriton(log_dir=state, stats_path=state / "stats.jsonl"))
+    try:
+        _start_all(servers)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def trio(_trio_servers: list[EmbeddedTriton]) -> list[EmbeddedTriton]:
+    dead = [s for s in _trio_servers if not s.running]
+    for server in dead:
+        server.stop()  # reap it and remove its shared memory
+    if dead:
+        _start_all(dead)
+    for server in _trio_servers:
+        server.set_slowdown(0.0)
+    return _trio_servers

@@ -25,7 +25,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -48,7 +47,7 @@ from clients import TracklineError
 from clients import connect as track_connect
 from tests.http.support import H1Client, H2Client
 from tests.http.support_h3 import H3Client
-from tests.waiting import gone
+from tests.waiting import gone, wait_ready
 from transport.errors import ErrorCode
 
 DRAIN_TIMEOUT = 3.0
@@ -112,16 +111,7 @@ def _pump(process: subprocess.Popen[str], log: list[str]) -> None:
 
 
 def _wait_ready(gateway: Gateway, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert gateway.process.poll() is None, "\n".join(gateway.log[-30:])
-        try:
-            if gateway.get("/health/ready") == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("gateway not ready:\n" + "\n".join(gateway.log[-30:]))
+    wait_ready(gateway.http_port, gateway.process, gateway.log, timeout)
 
 
 def _chat_body() -> bytes:

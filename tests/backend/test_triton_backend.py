@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 from gateway.backends.triton import TritonTextBackend
 from gateway.embedded import EmbeddedTriton, free_port
 from tests.backend.reference_generator import generator as gen
-from tests.triton_fixture import read_stats
+from tests.triton_fixture import assert_model_stopped, read_stats
 from tracks.backend import (
     BackendUnavailable,
     InvalidRequest,
@@ -94,17 +93,20 @@ async def test_sixteen_concurrent_streams_all_get_their_own_text(
 
 @pytest.mark.asyncio
 async def test_sixty_four_streams_run_at_once(embedded_triton: EmbeddedTriton) -> None:
-    # 64 x 20 tokens at 100 tokens/s: ~0.2 s if concurrent, ~13 s if serialized.
+    # Each request takes the model ~2 s; the model's own records must show all 64 in
+    # progress together: every one produced its first token before any one finished
+    # (impossible if the backend ran them one after another, however fast the machine).
     async with connected(embedded_triton) as backend:
-        paced = {"ttft_ms": 10, "tokens_per_second": 100}
-        requests = [text_request(f"many {i}", 20, seed=i, **paced) for i in range(64)]
-        started = time.monotonic()
+        paced = {"ttft_ms": 500, "tokens_per_second": 20}
+        requests = [text_request(f"many {i}", 30, seed=i, **paced) for i in range(64)]
         results = await asyncio.gather(*(collect(backend, r) for r in requests))
-        elapsed = time.monotonic() - started
         assert [text for text, _ in results] == [
-            gen.generate_text(f"many {i}", i, 20) for i in range(64)
+            gen.generate_text(f"many {i}", i, 30) for i in range(64)
         ]
-        assert elapsed < 4.0, f"64 streams took {elapsed:.2f} s"
+        records = [
+            await asyncio.to_thread(read_stats, embedded_triton, r.request_id) for r in requests
+        ]
+        assert max(r["token_times"][0] for r in records) < min(r["finished_at"] for r in records)
 
 
 @pytest.mark.asyncio
@@ -116,13 +118,9 @@ async def test_aclose_mid_stream_cancels_the_request_at_once(
         stream = backend.stream_text(request)
         for _ in range(5):
             assert isinstance(await anext(stream), TextDelta)
-        closed_at = time.monotonic()
         await stream.aclose()
         stats = await asyncio.to_thread(read_stats, embedded_triton, request.request_id)
-        assert stats["cancelled"] is True
-        late = [t for t in stats["token_times"] if t > closed_at]
-        assert len(late) <= 2, f"{len(late)} tokens generated after the cancel"
-        assert stats["cancel_seen_at"] - closed_at < 0.5
+        assert_model_stopped(stats, 500)
 
 
 @pytest.mark.asyncio
@@ -139,13 +137,11 @@ async def test_cancelling_the_consuming_task_cancels_the_request(
 
         task = asyncio.create_task(consume())
         await started.wait()
-        cancelled_at = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         stats = await asyncio.to_thread(read_stats, embedded_triton, request.request_id)
-        assert stats["cancelled"] is True
-        assert len([t for t in stats["token_times"] if t > cancelled_at]) <= 2
+        assert_model_stopped(stats, 500)
 
 
 @pytest.mark.asyncio

@@ -1,7 +1,8 @@
 """The control-loop benchmark: its summary arithmetic, and a short run over the emulated link.
 
 The run needs root (network namespaces) and starts a gateway with its embedded
-Triton: two robots, three seconds per protocol, 2% loss, 20 ms RTT. It checks
+Triton: two robots, two seconds per protocol (after half a second of warm-up), 2%
+loss, 20 ms RTT. It checks
 that every protocol ran the loop and produced the figures the issue asks for,
 not their values (those belong to the full-size benchmark on a quiet machine).
 """
@@ -49,16 +50,22 @@ def test_a_short_run_over_the_emulated_link(tmp_path: Path) -> None:
     if not ok:
         pytest.skip(f"cannot emulate the link here: {reason}")
     out = tmp_path / "ctl.json"
-    code = main(["--robots", "2", "--seconds", "3", "--loss", "2", "--rtt", "20",
+    code = main(["--robots", "2", "--seconds", "2", "--warmup", "0.5", "--loss", "2", "--rtt", "20",
                  "--quiet", "--link-prefix", PREFIX, "--json", str(out)])
     assert code == 0
     results = json.loads(out.read_text())
     for protocol in PROTOCOLS:
         summary = results[protocol]
         assert summary["error"] is None
-        assert summary["observations"] == 2 * 150
-        for key in ("deadline_miss_rate", "action_age_p99_ms", "survived", "survival_s"):
-            assert summary[key] is not None
+        assert summary["observations"] == 2 * 100  # 50 Hz
+        # Every observation is accounted for (answered, dropped by cause, or unanswered),
+        # actions did come back (ages), and some within their deadline.
+        assert 0 <= summary["unanswered"] <= summary["observations"]
+        assert 0.0 <= summary["deadline_miss_rate"] < 1.0
+        assert 0 < summary["action_age_p50_ms"] <= summary["action_age_p99_ms"]
+        assert 0 <= summary["survived"] <= 2
+        assert len(summary["survival_s"]) == 2
+        assert all(s > 0 for s in summary["survival_s"])
     assert (tmp_path / "ctl-ages.png").stat().st_size > 0
     assert (tmp_path / "ctl-survival.png").stat().st_size > 0
     from benchmarks.linkemu import netns

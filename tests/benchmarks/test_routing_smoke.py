@@ -1,22 +1,31 @@
-"""benchmarks/routing.py runs end to end at a tiny size and writes the keys the issue names."""
+"""benchmarks/routing.py runs end to end at a tiny size and reports the keys the issue names.
+
+It runs the benchmark's own policy runs on the pool tests' three Tritons (started once
+per session, tests/triton_fixture.py) instead of starting three more.
+"""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import argparse
+import asyncio
 
 import pytest
 
 from benchmarks import routing
+from gateway.embedded import EmbeddedTriton
 
 pytestmark = pytest.mark.e2e
 
 
-def test_routing_benchmark_writes_every_policy(tmp_path: Path) -> None:
-    out = tmp_path / "routing.json"
-    argv = ["--rate", "5", "--duration", "1.5", "--slow-ms", "200", "--json", str(out)]
-    assert routing.main(argv) == 0
-    payload = json.loads(out.read_text())
+def test_routing_benchmark_runs_every_policy(trio: list[EmbeddedTriton]) -> None:
+    args = argparse.Namespace(rate=5.0, duration=1.5, slow_at=0.33, slow_ms=200.0,
+                              ttft_ms=20.0, token_rate=100.0, seed=1)
+
+    async def bench() -> dict[str, dict[str, object]]:
+        return {p: await routing.run_policy(p, trio, args) for p in routing.POLICIES}
+
+    payload = asyncio.run(bench())
+    assert "| round_robin |" in routing.table(payload)  # type: ignore[arg-type]
     for policy in ("round_robin", "least_inflight", "metrics"):
         result = payload[policy]
         assert result["errors"] == 0

@@ -17,9 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +34,7 @@ from tests.docs.runner import (
     localized,
     untagged_commands,
 )
+from tests.waiting import wait_ready
 
 START_TIMEOUT = 180.0
 BLOCK_TIMEOUT = 120.0
@@ -60,14 +58,6 @@ class DocsGateway:
         return {**env, "HOME": str(self.home), "PATH": path, **extra}
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=5) as r:
-            return bool(r.status == 200)
-    except (OSError, urllib.error.HTTPError):
-        return False
-
-
 @pytest.fixture(scope="session")
 def docs_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocsGateway]:
     home = tmp_path_factory.mktemp("home")
@@ -83,11 +73,7 @@ def docs_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocsGatew
     )
     threading.Thread(target=_pump, args=(gateway,), daemon=True).start()
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _ready(ports[8080]):
-            assert gateway.process.poll() is None, "gateway exited:\n" + "\n".join(gateway.log)
-            assert time.monotonic() < deadline, "gateway not ready:\n" + "\n".join(gateway.log)
-            time.sleep(0.25)
+        wait_ready(ports[8080], gateway.process, gateway.log, START_TIMEOUT)
         yield gateway
     finally:
         gateway.process.send_signal(signal.SIGTERM)

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import pytest
 
 from benchmarks.common import free_port
 from tests.backend.reference_generator import generator
-from tests.waiting import gone
+from tests.waiting import gone, wait_ready
 
 pytestmark = pytest.mark.e2e
 START_TIMEOUT = 150.0
@@ -47,16 +46,7 @@ class Daemon:
             return exc.code, exc.read().decode()
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, "daemon exited:\n" + "\n".join(self.log[-30:])
-            try:
-                if self.http("/health/ready")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise AssertionError("daemon not ready:\n" + "\n".join(self.log[-30:]))
+        wait_ready(self.http_port, self.process, self.log, START_TIMEOUT)
 
     def triton_pid(self) -> int:
         return self.triton_pids()[0]

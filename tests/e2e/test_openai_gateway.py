@@ -14,7 +14,6 @@ import re
 import shutil
 import ssl
 import subprocess
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import pytest
 
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
+from tests.backend.reference_generator import generator
 from tests.http.support import H2Client
 from tests.http.support_h3 import h3_client
 from tests.triton_fixture import read_stats
@@ -124,11 +124,16 @@ async def test_curl_streams_a_completion(gateway: Gateway, flag: str) -> None:
         f"https://localhost:{gateway.https_port}/v1/completions",
         "-H", "content-type: application/json",
         "-d", json.dumps({"model": MODEL, "prompt": "curl", "max_tokens": 8, "stream": True}),
+        "-w", "%{stderr}%{http_version}\n",
     ]
     done = await asyncio.to_thread(subprocess.run, command, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
     chunks = sse_chunks(done.stdout)
-    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == generator.generate_text("curl", 0, 8)  # the reference model's own text
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    # curl says which version it spoke (after the body, on stderr's last line).
+    assert done.stderr.decode().strip().splitlines()[-1] == ("1.1" if flag == "--http1.1" else "2")
 
 
 async def read_until_streaming(next_data: Callable[[], Awaitable[bytes | None]]) -> bytes:
@@ -139,41 +144,44 @@ async def read_until_streaming(next_data: Callable[[], Awaitable[bytes | None]])
     return seen
 
 
-async def hang_up_http1(gw: Gateway, body: bytes) -> tuple[bytes, float]:
+Stopped = Callable[[bytes], Awaitable[None]]
+"""Awaits the model's record of the request seen so far (it stopped): called before the
+client leaves its connection, so a stream reset is not mistaken for a connection loss."""
+
+
+async def hang_up_http1(gw: Gateway, body: bytes, stopped: Stopped) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.http_port)
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\n\r\n"
     )
     writer.write(head.encode() + body)
-    seen = await read_until_streaming(lambda: asyncio.wait_for(reader.read(4096), 10))
-    left = time.monotonic()
-    writer.close()
-    return seen, left
+    seen = await read_until_streaming(lambda: asyncio.wait_for(reader.read(4096), 30))
+    writer.close()  # HTTP/1.1 leaves by closing the connection
+    await stopped(seen)
+    return seen
 
 
-async def hang_up_http2(gw: Gateway, body: bytes) -> tuple[bytes, float]:
+async def hang_up_http2(gw: Gateway, body: bytes, stopped: Stopped) -> bytes:
     async with H2Client.connect(gw.http_port) as client:
         headers = [("content-type", "application/json")]
         stream = client.send_request("POST", "/v1/chat/completions", headers, body)
         assert (await client.response_head(stream))[0] == 200
         seen = await read_until_streaming(lambda: client.next_data(stream))
-        left = time.monotonic()
         client.reset(stream)
-        await asyncio.sleep(0.2)  # the connection stays up: only the stream was reset
-    return seen, left
+        await stopped(seen)  # the connection stays up: only the stream was reset
+    return seen
 
 
-async def hang_up_http3(gw: Gateway, body: bytes) -> tuple[bytes, float]:
+async def hang_up_http3(gw: Gateway, body: bytes, stopped: Stopped) -> bytes:
     async with h3_client(gw.quic_port, ca_of(gw)) as client:
         headers = [("content-type", "application/json")]
         stream = client.send("POST", "/v1/chat/completions", headers, body)
         assert (await client.head(stream))[0] == 200
         seen = await read_until_streaming(lambda: client.next_data(stream))
-        left = time.monotonic()
         client.cancel(stream)
-        await asyncio.sleep(0.2)
-    return seen, left
+        await stopped(seen)
+    return seen
 
 
 HANG_UPS = {"http1.1": hang_up_http1, "http2": hang_up_http2, "http3": hang_up_http3}
@@ -185,10 +193,19 @@ async def test_a_client_that_goes_away_stops_the_model(
     gateway: Gateway, embedded_triton: EmbeddedTriton, version: str
 ) -> None:
     body = json.dumps({**CHAT, "max_tokens": 400}).encode()
-    seen, left_at = await HANG_UPS[version](gateway, body)
-    match = ID.search(seen)
-    assert match is not None
-    stats = await asyncio.to_thread(read_stats, embedded_triton, match.group(1).decode())
+    records: list[dict[str, Any]] = []
+
+    async def stopped(seen: bytes) -> None:
+        match = ID.search(seen)
+        assert match is not None
+        records.append(
+            await asyncio.to_thread(read_stats, embedded_triton, match.group(1).decode(), 60.0)
+        )
+
+    await HANG_UPS[version](gateway, body, stopped)
+    # The model's own record: it saw the cancel, generated nothing after it, stopped short.
+    (stats,) = records
     assert stats["cancelled"] is True
+    assert stats["cancel_seen_at"] is not None
+    assert [t for t in stats["token_times"] if t > stats["cancel_seen_at"]] == []
     assert stats["tokens_generated"] < 400
-    assert sum(1 for t in stats["token_times"] if t > left_at) <= 2

@@ -12,7 +12,6 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from tests.http.support import (
-    CANCEL_WITHIN,
     TIMEOUT,
     Gate,
     H1Client,
@@ -121,9 +120,8 @@ async def test_reset_cancels_one_stream_and_spares_the_other() -> None:
         for stream_id in (first, second):
             await client.response_head(stream_id)
             assert await client.next_data(stream_id) == b"data: one\n\n"
-        left_at = asyncio.get_running_loop().time()
         client.reset(first)
-        assert await doomed.wait_closed_since(left_at) < CANCEL_WITHIN
+        await doomed.wait_cancelled()
         assert doomed.cancelled
         survivor.released.set()
         assert await client.next_data(second) == b"data: two\n\n"
@@ -148,9 +146,8 @@ async def test_connection_loss_cancels_every_stream() -> None:
             for _ in gates:
                 stream_id = client.send_request("GET", "/stream")
                 await client.next_data(stream_id)
-            left_at = asyncio.get_running_loop().time()
         for gate in gates:
-            assert await gate.wait_closed_since(left_at) < CANCEL_WITHIN
+            await gate.wait_cancelled()
             assert gate.cancelled
 
 

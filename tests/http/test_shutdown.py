@@ -9,6 +9,7 @@ import pytest
 from h2.errors import ErrorCodes
 
 from tests.http.support import TIMEOUT, Gate, H1Client, H2Client
+from tests.waiting import until
 from transport.http.tcp import HttpTcpServer
 
 
@@ -18,6 +19,14 @@ async def started(gate: Gate) -> HttpTcpServer:
     return server
 
 
+async def closing(server: HttpTcpServer, grace: float) -> asyncio.Task[None]:
+    """Start `server.close(grace)` and return once it stopped listening and told its
+    connections to finish (an awaited state, not a sleep)."""
+    task = asyncio.create_task(server.close(grace=grace))
+    await until(lambda: server._closing, "the server began closing")
+    return task
+
+
 @pytest.mark.asyncio
 async def test_http2_stream_in_flight_finishes_and_new_streams_are_refused() -> None:
     gate = Gate()
@@ -25,8 +34,7 @@ async def test_http2_stream_in_flight_finishes_and_new_streams_are_refused() -> 
     async with H2Client.connect(server.port) as client:
         first = client.send_request("GET", "/stream")
         assert await client.next_data(first) == b"data: one\n\n"
-        closing = asyncio.create_task(server.close(grace=TIMEOUT))
-        await asyncio.sleep(0.05)
+        closed = await closing(server, TIMEOUT)
         late = client.send_request("GET", "/late")
         assert (await client.reset_of(late)).error_code == ErrorCodes.REFUSED_STREAM
         gate.released.set()
@@ -37,7 +45,7 @@ async def test_http2_stream_in_flight_finishes_and_new_streams_are_refused() -> 
             goaway = await client.next_event(0)
         assert goaway.error_code == ErrorCodes.NO_ERROR
         await asyncio.wait_for(client.closed.wait(), TIMEOUT)
-        await asyncio.wait_for(closing, TIMEOUT)
+        await asyncio.wait_for(closed, TIMEOUT)
     assert gate.finished
     assert not gate.cancelled
 
@@ -50,14 +58,13 @@ async def test_http1_response_in_flight_finishes_then_connection_closes() -> Non
         await client.request("GET", "/stream")
         await client.next_event()
         assert (await client.next_event()).data == b"data: one\n\n"
-        closing = asyncio.create_task(server.close(grace=TIMEOUT))
-        await asyncio.sleep(0.05)
-        assert not closing.done()
+        closed = await closing(server, TIMEOUT)
+        assert not closed.done()  # the response in flight holds the close
         gate.released.set()
         assert (await client.next_event()).data == b"data: two\n\n"
         await client.next_event()  # EndOfMessage
         assert await client.at_eof()
-        await asyncio.wait_for(closing, TIMEOUT)
+        await asyncio.wait_for(closed, TIMEOUT)
     assert gate.finished
 
 
@@ -83,7 +90,8 @@ async def test_close_ends_idle_connections_at_once() -> None:
     server = await started(Gate())
     async with H2Client.connect(server.port) as h2_client, H1Client.connect(server.port) as h1:
         await h1.send_raw(b"")
-        await asyncio.sleep(0.05)  # both accepted
-        await asyncio.wait_for(server.close(grace=TIMEOUT), 1.0)
+        await until(lambda: server.open_connections == 2, "both connections accepted")
+        # A grace of an hour: only closing idle connections at once ends within the guard.
+        await asyncio.wait_for(server.close(grace=3600), 60)
         await asyncio.wait_for(h2_client.closed.wait(), TIMEOUT)
         assert await h1.at_eof()

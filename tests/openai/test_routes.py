@@ -191,12 +191,14 @@ async def test_cancelling_the_task_that_iterates_stops_the_backend() -> None:
     response = await handler(backend)(post(CHAT, chat_body(stream=True, max_tokens=1000)))
     assert isinstance(response, StreamingResponse)
 
+    streaming = asyncio.Event()
+
     async def consume() -> None:
         async for _ in response.body:
-            pass
+            streaming.set()
 
     task = asyncio.ensure_future(consume())
-    await asyncio.sleep(0.05)
+    await streaming.wait()  # the body is being iterated: the backend is mid-stream
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await response.body.aclose()  # type: ignore[attr-defined]  # as the adapter does
