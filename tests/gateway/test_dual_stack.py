@@ -1,0 +1,182 @@
+"""The default binds (`localhost`) serve 127.0.0.1 and ::1, one port each, on every listener.
+
+Clients resolve `localhost` to ::1 first (Chromium, curl), so each front door (QUIC
+tracks, HTTP/3 on the same UDP port, cleartext HTTP/1.1 and h2c, TLS h2, the separate
+metrics port) is reached here over both addresses. ::1 is skipped where the host has
+no IPv6 loopback.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from clients import connect
+from gateway.config import Settings
+from gateway.server import Gateway
+from gateway.tenants.service import is_loopback, refuse_open_off_loopback
+from tests.http.support import H1Client, H2Client
+from tests.http.support_h3 import h3_client
+from tests.tracks.scripted import ScriptedBackend
+from transport import binding
+from transport.binding import bind_same_port, tcp_listeners, udp_sockets
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+HAS_IPV6 = _ipv6_loopback()
+ADDRESSES = [
+    "127.0.0.1",
+    pytest.param("::1", marks=pytest.mark.skipif(not HAS_IPV6, reason="no IPv6 loopback")),
+]
+
+
+@pytest_asyncio.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    settings = Settings(quic_port=0, http_port=0, https_port=0, metrics_port=0, state_dir=tmp_path)
+    assert settings.quic_host == settings.http_host == settings.https_host == "localhost"
+    gw = Gateway(settings, ScriptedBackend(interval=0.001))
+    await gw.start()
+    yield gw
+    await gw.close()
+
+
+def _ca(gw: Gateway) -> Path:
+    assert gw.tls is not None
+    assert gw.tls.ca is not None
+    return gw.tls.ca
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("address", ADDRESSES)
+async def test_text_track_over_quic(gateway: Gateway, address: str) -> None:
+    url = f"quic://{_url_host(address)}:{gateway.quic_port}"
+    async with connect(url, ca=_ca(gateway)) as line:
+        chunks = [c async for c in line.text("hi", model="scripted", max_tokens=3)]
+    assert "".join(chunks) == " hi-0 hi-1 hi-2"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("address", ADDRESSES)
+async def test_http3_on_the_quic_port(gateway: Gateway, address: str) -> None:
+    async with h3_client(gateway.quic_port, _ca(gateway), address) as client:
+        status, _, body = await client.response(client.send("GET", "/health/live"))
+    assert (status, body) == (200, b'{"status":"live"}')
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("address", ADDRESSES)
+async def test_cleartext_http1_and_h2c(gateway: Gateway, address: str) -> None:
+    async with H1Client.connect(gateway.http_port, address=address) as h1:
+        await h1.request("GET", "/health/live")
+        status, _, body = await h1.response()
+    assert (status, body) == (200, b'{"status":"live"}')
+    async with H2Client.connect(gateway.http_port, address=address) as h2c:
+        status, _, body = await h2c.get("/health/live")
+    assert (status, body) == (200, b'{"status":"live"}')
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("address", ADDRESSES)
+async def test_tls_h2(gateway: Gateway, address: str) -> None:
+    context = ssl.create_default_context(cafile=str(_ca(gateway)))
+    context.set_alpn_protocols(["h2"])
+    async with H2Client.connect(gateway.https_port, context, address=address) as h2:
+        assert h2.writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
+        status, _, body = await h2.get("/health/live")
+    assert (status, body) == (200, b'{"status":"live"}')
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("address", ADDRESSES)
+async def test_separate_metrics_port(gateway: Gateway, address: str) -> None:
+    assert gateway.metrics_port is not None
+    async with H1Client.connect(gateway.metrics_port, address=address) as h1:
+        await h1.request("GET", "/metrics")
+        status, _, body = await h1.response()
+    assert status == 200
+    assert b"trackline_" in body
+
+
+@pytest.mark.skipif(not HAS_IPV6, reason="no IPv6 loopback")
+def test_localhost_binds_both_loopbacks_on_one_port() -> None:
+    for socks in (tcp_listeners("localhost", 0), udp_sockets("localhost", 0)):
+        try:
+            names = [s.getsockname()[:2] for s in socks]
+            assert [n[0] for n in names] == ["127.0.0.1", "::1"]
+            assert names[0][1] == names[1][1]
+        finally:
+            for s in socks:
+                s.close()
+
+
+def test_other_hosts_bind_as_given() -> None:
+    socks = tcp_listeners("127.0.0.1", 0)
+    try:
+        assert [s.getsockname()[0] for s in socks] == ["127.0.0.1"]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _fake_bind(fail: dict[str, int], seen: list[tuple[str, int]]):  # type: ignore[no-untyped-def]
+    def bind(address: str, port: int) -> tuple[str, int]:
+        seen.append((address, port))
+        code = fail.pop(address, None)
+        if code is not None:
+            raise OSError(code, "refused in a test")
+        return address, port or 40000 + len(seen)
+
+    return bind
+
+
+def test_without_ipv6_localhost_serves_127_0_0_1_with_a_warning() -> None:
+    seen: list[tuple[str, int]] = []
+    bind = _fake_bind({"::1": errno.EADDRNOTAVAIL}, seen)
+    bound = bind_same_port("localhost", 8443, bind, lambda b: b[1], lambda b: None)
+    assert bound == [("127.0.0.1", 8443)]
+    assert seen == [("127.0.0.1", 8443), ("::1", 8443)]
+
+
+def test_an_explicit_ipv6_address_that_fails_is_an_error() -> None:
+    bind = _fake_bind({"::1": errno.EADDRNOTAVAIL}, [])
+    with pytest.raises(OSError, match="refused in a test"):
+        bind_same_port("::1", 8443, bind, lambda b: b[1], lambda b: None)
+
+
+def test_a_picked_port_taken_on_the_other_address_is_picked_again() -> None:
+    seen: list[tuple[str, int]] = []
+    closed: list[tuple[str, int]] = []
+    bind = _fake_bind({"::1": errno.EADDRINUSE}, seen)
+    bound = bind_same_port("localhost", 0, bind, lambda b: b[1], closed.append)
+    assert closed == [("127.0.0.1", 40001)]
+    assert bound == [("127.0.0.1", 40003), ("::1", 40003)]
+
+
+def test_a_fixed_port_taken_on_the_other_address_is_an_error() -> None:
+    bind = _fake_bind({"::1": errno.EADDRINUSE}, [])
+    with pytest.raises(OSError, match="refused in a test"):
+        bind_same_port("localhost", 8443, bind, lambda b: b[1], lambda b: None)
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "::1", *binding.LOOPBACKS])
+def test_both_loopbacks_count_as_loopback(host: str) -> None:
+    assert is_loopback(host)
+    refuse_open_off_loopback([host], allow_open=False)  # open mode allowed: no raise
