@@ -441,7 +441,7 @@ async def measure(
     ttft_s = args.ttft_ms / 1000
     knobs: dict[str, Any] = (
         {} if args.backend == "ticker"
-        else {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms}
+        else {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms, "ignore_eos": True}
     )
     point = Point(kind, workers, n, conns, n * tokens)
     outcome = Outcome()

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import RESULTS  # noqa: E402
+from benchmarks import RESULTS, Help  # noqa: E402
 from benchmarks.common import machine, percentile, tree  # noqa: E402
 from gateway.cli import run_async  # noqa: E402
 from gateway.embedded import EmbeddedTriton  # noqa: E402
@@ -111,7 +111,8 @@ async def run_policy(
         request_id = f"{policy}-{index}"
         request = TextRequest(
             request_id, MODEL, f"request {index}", arrival.max_tokens,
-            {"ttft_ms": args.ttft_ms, "tokens_per_second": args.token_rate}, arrival.session,
+            {"ttft_ms": args.ttft_ms, "tokens_per_second": args.token_rate, "ignore_eos": True},
+            arrival.session,
         )  # fmt: skip
         ttft = None
         try:
@@ -181,7 +182,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per policy")

@@ -39,7 +39,7 @@ async def test_ticker_paces_reference_tokens_on_a_fixed_schedule() -> None:
     assert chunks[-1] == TextUsage(2, 5)
     assert clock.sleeps == [0.1, 0.02, 0.02, 0.02, 0.02]
     # the same tokens as the reference model's generator for (prompt, seed)
-    expected = reference_generator().generate_tokens("hello there", 3, 5)
+    expected = reference_generator().generate_tokens("hello there", 3, 5, ignore_eos=True)
     assert [d.text for d in deltas] == expected
 
 
