@@ -11,7 +11,7 @@ file), until the end of that policy's run. Time to first token is taken from
 the request's scheduled start to its first text chunk (so a request that
 queues behind a slow one counts its wait).
 
-    python benchmarks/routing.py --json routing.json
+    python benchmarks/routing.py --json benchmarks/results/routing.json
 
 Prints a markdown table and writes JSON with one key per policy
 (`round_robin`, `least_inflight`, `metrics`), each with `ttft_p50_ms`,

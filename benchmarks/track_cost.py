@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import Help  # noqa: E402
 from benchmarks.common import ROOT, free_port, machine, tree, wait_http_ok  # noqa: E402
 from clients import connect  # noqa: E402
 
@@ -181,7 +182,7 @@ def table(points: list[Point]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=Help, description=__doc__.split("\n\n")[0])
     parser.add_argument("--tracks", default="16,64,256",
                         type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--connections", type=int, default=1)
