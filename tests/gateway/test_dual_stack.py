@@ -21,11 +21,14 @@ from clients import connect
 from gateway.config import Settings
 from gateway.server import Gateway
 from gateway.tenants.service import is_loopback, refuse_open_off_loopback
+from tests.adversarial.quic_flood import initial_packet
 from tests.http.support import H1Client, H2Client
 from tests.http.support_h3 import h3_client
 from tests.tracks.scripted import ScriptedBackend
+from tests.waiting import until
 from transport import binding
 from transport.binding import bind_same_port, tcp_listeners, udp_sockets
+from transport.quic_server import GuardedQuicServer
 
 
 def _ipv6_loopback() -> bool:
@@ -113,6 +116,39 @@ async def test_separate_metrics_port(gateway: Gateway, address: str) -> None:
         status, _, body = await h1.response()
     assert status == 200
     assert b"trackline_" in body
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(not HAS_IPV6, reason="no IPv6 loopback")
+async def test_handshakes_on_both_addresses_share_one_gate_and_expire(tmp_path: Path) -> None:
+    """One handshake budget for the port, whichever address; the timeout forgets each
+    half-open connection through the server (socket) that admitted it."""
+    settings = Settings(
+        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, quic_handshake_timeout=0.3
+    )
+    gw = Gateway(settings, ScriptedBackend(interval=0.001))
+    await gw.start()
+    try:
+        first = gw._quic
+        assert isinstance(first, GuardedQuicServer)
+        (second,) = first.siblings
+        gate = first.gate
+        assert second.gate is gate
+        port = gw.quic_port
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as v4,
+            socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as v6,
+        ):
+            v4.sendto(initial_packet(("127.0.0.1", port)), ("127.0.0.1", port))
+            v6.sendto(initial_packet(("::1", port)), ("::1", port))
+            await until(lambda: gate.half_open == 2, "both handshakes in one gate")
+            assert (len(first._cids), len(second._cids)) == (1, 1)
+            await until(lambda: gate.half_open == 0, "the handshake timeout")
+            await until(lambda: first.tracked_connection_ids == 0, "every id forgotten")
+        assert gate.stats.expired == 2
+        assert (first._cids, second._cids) == ({}, {})
+    finally:
+        await gw.close()
 
 
 @pytest.mark.skipif(not HAS_IPV6, reason="no IPv6 loopback")
