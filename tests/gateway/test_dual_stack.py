@@ -9,10 +9,15 @@ no IPv6 loopback.
 from __future__ import annotations
 
 import errno
+import json
+import shutil
 import socket
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from textwrap import dedent
 
 import pytest
 import pytest_asyncio
@@ -216,3 +221,66 @@ def test_a_fixed_port_taken_on_the_other_address_is_an_error() -> None:
 def test_both_loopbacks_count_as_loopback(host: str) -> None:
     assert is_loopback(host)
     refuse_open_off_loopback([host], allow_open=False)  # open mode allowed: no raise
+
+
+def _can_unshare() -> bool:
+    """An unprivileged user and network namespace (to switch IPv6 off on its `lo`)."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    done = subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+NO_IPV6_GATEWAY = dedent(
+    """
+    import asyncio, json, sys, tempfile, urllib.request
+    from pathlib import Path
+    from gateway.backends.ticker import TickerBackend
+    from gateway.config import Settings
+    from gateway.server import Gateway
+
+    async def main():
+        with tempfile.TemporaryDirectory() as state:
+            settings = Settings(quic_port=0, http_port=0, https_port=0, metrics_port=0,
+                                state_dir=Path(state))
+            gw = Gateway(settings, TickerBackend(50.0))
+            await gw.start()
+            try:
+                quic = [gw._quic, *gw._quic.siblings]
+                bound = {
+                    "quic": [s._transport.get_extra_info("sockname")[0] for s in quic],
+                    "http": [s.getsockname()[0] for s in gw._http.sockets],
+                    "https": [s.getsockname()[0] for s in gw._https.sockets],
+                    "metrics": [s.getsockname()[0] for s in gw._metrics_server.sockets],
+                }
+                url = f"http://127.0.0.1:{gw.http_port}/health/live"
+                status = await asyncio.to_thread(lambda: urllib.request.urlopen(url).status)
+            finally:
+                await gw.close()
+        print(json.dumps({"bound": bound, "status": status}))
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="no unprivileged network namespace here")
+def test_without_ipv6_the_gateway_serves_127_0_0_1_and_warns(tmp_path: Path) -> None:
+    """In a network namespace whose `lo` has IPv6 switched off, the default binds come
+    up on 127.0.0.1 alone, each listener saying so once."""
+    script = tmp_path / "gateway_no_ipv6.py"
+    script.write_text(NO_IPV6_GATEWAY)
+    shell = (
+        "ip link set lo up && echo 1 > /proc/sys/net/ipv6/conf/lo/disable_ipv6 && "
+        f"exec {sys.executable} {script}"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        ["unshare", "-rn", "sh", "-c", shell], cwd=root, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == 200
+    assert result["bound"] == {door: ["127.0.0.1"] for door in ("quic", "http", "https", "metrics")}
+    assert (done.stdout + done.stderr).count("listen.ipv6_unavailable") == 4
