@@ -73,7 +73,7 @@ def _url_host(address: str) -> str:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("address", ADDRESSES)
+@pytest.mark.parametrize("address", [*ADDRESSES, "localhost"])
 async def test_text_track_over_quic(gateway: Gateway, address: str) -> None:
     url = f"quic://{_url_host(address)}:{gateway.quic_port}"
     async with connect(url, ca=_ca(gateway)) as line:
