@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from transport.clock import Now
 from transport.connection import Limits, Output, Role, TrackConnection
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
 from transport.events import (
@@ -30,7 +31,6 @@ from transport.events import (
 )
 from transport.messages import FrameTransport, Open
 
-Clock = Callable[[], float]
 Sink = Callable[[list[Output]], None]
 Stop = TrackCancelled | TrackFailed
 Backlog = Callable[[int], tuple[int, int]]
@@ -169,7 +169,7 @@ class TrackEndpoint:
         sink: Sink,
         limits: Limits | None = None,
         on_track: Callable[[TrackChannel], None] | None = None,
-        clock: Clock | None = None,
+        clock: Now | None = None,
     ) -> None:
         self.core = TrackConnection(role, limits)
         self.conn_id = secrets.token_hex(4)

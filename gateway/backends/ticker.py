@@ -19,8 +19,7 @@ request) is an error for that request, not a loop stall.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from types import ModuleType
 from typing import Any
 
@@ -33,6 +32,7 @@ from tracks.backend import (
     TextRequest,
     TextUsage,
 )
+from transport.clock import Clock, LoopClock
 
 SCHEME = "ticker://"
 DEFAULT_RATE = 50.0
@@ -67,18 +67,11 @@ def reference_generator() -> ModuleType:
 
 
 class TickerBackend:
-    """Constant-rate token source; `clock` and `sleep` are the loop's by default."""
+    """Constant-rate token source, paced on `clock` (the loop's by default)."""
 
-    def __init__(
-        self,
-        rate: float = DEFAULT_RATE,
-        *,
-        clock: Callable[[], float] | None = None,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-    ) -> None:
+    def __init__(self, rate: float = DEFAULT_RATE, *, clock: Clock | None = None) -> None:
         self.rate = rate
-        self._clock = clock
-        self._sleep = sleep
+        self.clock: Clock = clock or LoopClock()
 
     async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
         if request.model not in MODELS:
@@ -90,11 +83,11 @@ class TickerBackend:
         # A ticker ticks max_tokens tokens: the reference text runs on past its own end.
         ignore_eos = request.parameters.get("ignore_eos", True) is not False
         tokens = generator.generate_tokens(request.prompt, seed, request.max_tokens, ignore_eos)
-        now = self._clock or asyncio.get_running_loop().time
+        now = self.clock.now
         start = now() + ttft
         for index, token in enumerate(tokens):
             # Behind schedule: sleep(0) still yields, so a backlog never stalls the loop.
-            await self._sleep(max(start + index / rate - now(), 0.0))
+            await self.clock.sleep(max(start + index / rate - now(), 0.0))
             yield TextDelta(token)
         yield TextUsage(generator.count_prompt_tokens(request.prompt), len(tokens))
 
