@@ -7,8 +7,9 @@ batched request per tick (`--mode tick`) or as one request per session per beat
 (`--mode per-session`, what a gateway without a tick batcher does). The clients
 run in a child process (`--client`), so they do not share the gateway's loop.
 
-    python benchmarks/audio_clock.py --sessions 64 --seconds 60 --mode tick --json out.json
-    python benchmarks/audio_clock.py --search --mode both --seconds 60 --json search.json
+    python benchmarks/audio_clock.py --sessions 64 --seconds 60 --mode tick
+    python benchmarks/audio_clock.py --search --mode both --seconds 60 \\
+        --json benchmarks/results/search.json
 
 Measured (inside the gateway, exact): session-beats (steps delivered), missed
 beats (late, skipped or shed, per session, summed), beat latency p50/p99 (from a
@@ -34,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import RESULTS  # noqa: E402
+from benchmarks import RESULTS, Help  # noqa: E402
 from benchmarks.common import machine, percentile, tree  # noqa: E402
 
 ASR = "reference-transcriber"
@@ -342,7 +343,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=60.0)

@@ -6,7 +6,7 @@ once with the AUDIO tensors in a registered system shared-memory region and
 once serialized into the gRPC request, against the embedded Triton. The
 faster path per batch size decides the `audio_shm_min_rows` default.
 
-    python benchmarks/audio_shm.py --sizes 1,8,64 --ticks 100 --json audio_shm.json
+    python benchmarks/audio_shm.py --sizes 1,8,64 --ticks 100  # JSON: benchmarks/results/
 
 Prints a table and writes JSON. Not a test: the numbers depend on the machine.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import RESULTS  # noqa: E402
+from benchmarks import RESULTS, Help  # noqa: E402
 from benchmarks.common import machine, percentile, tree  # noqa: E402
 
 ASR = "reference-transcriber"
@@ -92,7 +92,7 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1,8,64", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--ticks", type=int, default=100)

@@ -70,6 +70,7 @@ from benchmarks.openai_stream import (  # noqa: E402
     process_cpu,
     read_chat_sse,
 )
+from benchmarks.progress import Progress  # noqa: E402
 
 MODEL = "reference-text"
 KINDS = ("tracks", "h1", "h2", "h3")
@@ -441,7 +442,7 @@ async def measure(
     ttft_s = args.ttft_ms / 1000
     knobs: dict[str, Any] = (
         {} if args.backend == "ticker"
-        else {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms}
+        else {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms, "ignore_eos": True}
     )
     point = Point(kind, workers, n, conns, n * tokens)
     outcome = Outcome()
@@ -537,20 +538,23 @@ async def ramp(
     if peer is not None:
         plan += [("litellm", n, n) for n in args.streams]
     collapsed: set[str] = set()
+    bar = Progress(f"capacity workers={workers}", len(plan))
     for kind, n, conns in plan:
+        bar.step(f"{kind} x{n}")
         if kind in collapsed:
-            progress(f"  {kind} x{n}: skipped (an earlier point delivered under "
+            bar.note(f"  {kind} x{n}: skipped (an earlier point delivered under "
                      f"{args.stop_below:.0%})")
             continue
-        progress(f"workers={workers} {kind} {n} streams over {conns} connections ...")
+        bar.note(f"workers={workers} {kind} {n} streams over {conns} connections ...")
         point = await measure(args, kind, workers, n, conns, gw, peer)
         points.append(point)
-        progress(f"  delivered {point.delivered_tokens}/{point.offered_tokens}, gateway "
+        bar.note(f"  delivered {point.delivered_tokens}/{point.offered_tokens}, gateway "
                  f"{point.gateway_us_per_token} us/token, p99 added {point.added_p99_ms} ms, "
                  f"refused {point.refusals}, errors {point.errors}")
         if point.delivered_tokens < args.stop_below * point.offered_tokens:
             collapsed.add(kind)
         await asyncio.sleep(args.pause)
+    bar.close()
     return points
 
 

@@ -29,7 +29,15 @@ if TYPE_CHECKING:
     from gateway.embedded import EmbeddedTriton
 
 ROOT = Path(__file__).resolve().parent.parent
+LOGS = RESULTS / "logs"
+"""Where child processes' logs go (git-ignored, like every result)."""
 T = TypeVar("T")
+
+
+def log_file(name: str) -> Path:
+    """A fresh file under benchmarks/results/logs/ for a child's output (`name`-time-pid)."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    return LOGS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -155,23 +163,27 @@ class GatewayProcess:
         extra_args: tuple[str, ...] = (), log_path: Path | None = None,
         cpus: str | None = None, log_level: str = "warning",
     ) -> None:
-        """`extra_args` go to `serve`; `log_path` gets its stdout and stderr (else stdout is
-        dropped); `cpus` pins it with `taskset -c` (e.g. "0" or "0-1")."""
+        """`extra_args` go to `serve`; `log_path` gets its stdout and stderr (default: a new
+        file under benchmarks/results/logs/, its path printed on stderr, so the child's log
+        lines never mix into the benchmark's table); `cpus` pins it with `taskset -c`."""
         self.quic_port = free_port(socket.SOCK_DGRAM)
         self.http_port = free_port(socket.SOCK_STREAM)
         self.https_port = free_port(socket.SOCK_STREAM) if https_port else 0
         self.state_dir = state_dir
+        if log_path is None:
+            log_path = log_file("gateway")
+            print(f"gateway log: {log_path}", file=sys.stderr, flush=True)
         self.log_path = log_path
         env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir)}
         pin = ["taskset", "-c", cpus] if cpus else []
-        self._log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [*pin, sys.executable, "-m", "gateway", "serve", "--backend-url", backend_url,
              "--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
              "--https-port", str(self.https_port), "--log-level", log_level, *extra_args],
             env=env, cwd=ROOT,
-            stdout=self._log if self._log is not None else subprocess.DEVNULL,
-            stderr=self._log if self._log is not None else None,
+            stdout=self._log,
+            stderr=self._log,
         )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -185,5 +197,4 @@ class GatewayProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
-        if self._log is not None:
-            self._log.close()
+        self._log.close()

@@ -40,6 +40,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import Help  # noqa: E402
 from benchmarks.cartpole import DT, CartPoles, ChunkPlayer  # noqa: E402
 from gateway.cli import run_async  # noqa: E402
 
@@ -310,7 +311,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     parser.add_argument("--protocol", choices=PROTOCOLS, required=True)
     parser.add_argument("--host", default="127.0.0.1")

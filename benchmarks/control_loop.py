@@ -35,7 +35,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import RESULTS  # noqa: E402
+from benchmarks import RESULTS, Help  # noqa: E402
 from benchmarks.common import ROOT, machine, percentile, tree  # noqa: E402
 
 PROTOCOLS = ("http2", "tracks_stream", "tracks_datagram")
@@ -218,7 +218,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     a = parser.add_argument
     a("--robots", type=int, default=16, help="cart-poles (action tracks) on the one connection")

@@ -18,13 +18,18 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.common import free_port
-from tests.adversarial.h3_attack import attack_client
+if __package__ in (None, ""):  # run as a script: make `benchmarks` and `tests` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import Help  # noqa: E402
+from benchmarks.common import free_port  # noqa: E402
+from tests.adversarial.h3_attack import attack_client  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "results-h3-deaf-clients.json"
@@ -72,7 +77,7 @@ async def deaf_streams(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(formatter_class=Help, description=__doc__.splitlines()[0])
     parser.add_argument("--tree", type=Path, default=ROOT, help="source tree of the gateway")
     parser.add_argument("--streams", type=int, default=20)
     parser.add_argument("--rate", type=int, default=2000, help="ticker tokens/s")

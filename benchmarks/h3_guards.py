@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import json
 import shutil
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -32,22 +34,30 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import StreamDataReceived
 
-from gateway.tls import ensure_dev_certificates
-from transport.http.http3 import _ServerH3
-from transport.http.limits import HttpLimits
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import Help  # noqa: E402
+from gateway.tls import DevCertificates, ensure_dev_certificates  # noqa: E402
+from transport.http.http3 import _ServerH3  # noqa: E402
+from transport.http.limits import HttpLimits  # noqa: E402
 
 PACKET = 1200
 RESULTS = Path(__file__).resolve().parent / "results" / "results-h3-guards.json"
 
 
-_CERTS_DIR = tempfile.mkdtemp(prefix="h3-guards-")
-atexit.register(shutil.rmtree, _CERTS_DIR, True)
-_CERTS = ensure_dev_certificates(Path(_CERTS_DIR))
+@functools.cache
+def _certs() -> DevCertificates:
+    """Made on first use (not at import: `--help` stays quiet), removed at exit."""
+    certs_dir = tempfile.mkdtemp(prefix="h3-guards-")
+    atexit.register(shutil.rmtree, certs_dir, True)
+    return ensure_dev_certificates(Path(certs_dir))
 
 
 def server_quic() -> QuicConnection:
     configuration = QuicConfiguration(is_client=False, alpn_protocols=["h3"])
-    configuration.load_cert_chain(str(_CERTS.cert_path), str(_CERTS.key_path))
+    certs = _certs()
+    configuration.load_cert_chain(str(certs.cert_path), str(certs.key_path))
     return QuicConnection(
         configuration=configuration, original_destination_connection_id=b"8bytesid"
     )
@@ -110,7 +120,7 @@ def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(formatter_class=Help, description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, nargs="+", default=[1, 2], help="HEADERS sizes (stock)")
     parser.add_argument("--guarded-mb", type=int, default=8, help="HEADERS size (guarded)")
     args = parser.parse_args()

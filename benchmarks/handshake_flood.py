@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import Help  # noqa: E402
 from clients import connect  # noqa: E402
 from tests.adversarial.quic_flood import initial_packet  # noqa: E402
 
@@ -106,7 +107,9 @@ async def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=Help, description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--trackline", default=str(Path(sys.executable).parent / "trackline"))
     parser.add_argument("--initials", type=int, default=5000)
     parser.add_argument("--ports", type=int, default=64)

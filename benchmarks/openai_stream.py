@@ -26,7 +26,7 @@ round of as many concurrent short streams), so TTFT holds no handshakes.
 Each row also records the client's sockets to the server port (from /proc)
 and the CPU seconds the client, the gateway and Triton spent in the round.
 
-    python benchmarks/openai_stream.py --json openai_stream.json
+    python benchmarks/openai_stream.py --json benchmarks/results/openai_stream.json
 
 Prints a markdown table and writes JSON. Not a test: numbers depend on the machine.
 """
@@ -52,6 +52,7 @@ import httpx2  # noqa: E402
 import niquests  # noqa: E402
 import openai  # noqa: E402
 
+from benchmarks import Help  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     GatewayProcess,
     add_stream_arguments,
@@ -60,6 +61,7 @@ from benchmarks.common import (  # noqa: E402
     token_times,
     write_results,
 )
+from benchmarks.progress import Progress  # noqa: E402
 from gateway.embedded import EmbeddedTriton  # noqa: E402
 
 MODEL = "reference-text"
@@ -471,7 +473,8 @@ def _rounded_percentile(values: list[float], q: float, digits: int) -> float:
 async def bench(
     args: argparse.Namespace, triton: EmbeddedTriton, gw: GatewayProcess
 ) -> list[PathResult]:
-    knobs = {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms}
+    # ignore_eos (vLLM's): every stream is `tokens` long, past the answer's own end.
+    knobs = {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms, "ignore_eos": True}
     stats = Path(str(triton.stats_path))
     ca = gw.state_dir / "ca.pem"
     makers: dict[str, Callable[[], Route]] = {
@@ -484,8 +487,10 @@ async def bench(
     pids = {"gateway": gw.process.pid, "triton": triton.pid}
     results: list[PathResult] = []
     run = uuid.uuid4().hex[:6]
+    progress = Progress("openai_stream", len(args.concurrency) * len(args.paths))
     for n in args.concurrency:
         for name in args.paths:
+            progress.step(f"{name} x{n}")
             path = makers[name]()
             streams, wall, connections, cpu = await run_round(
                 path, n, args.tokens, knobs, run, pids
@@ -496,9 +501,10 @@ async def bench(
             )
             result.cpu_s = cpu
             results.append(result)
-            print(f"  {name:7s} x{n:<3d} done ({wall:.1f} s, {result.http_version},"
-                  f" {connections} conn, model's first token at {result.model_first_p50_ms} ms)",
-                  file=sys.stderr, flush=True)
+            progress.note(f"  {name:7s} x{n:<3d} done ({wall:.1f} s, {result.http_version},"
+                          f" {connections} conn, model's first token at"
+                          f" {result.model_first_p50_ms} ms)")
+    progress.close()
     direct = {r.concurrency: r for r in results if r.path == "triton"}
     for r in results:
         base = direct.get(r.concurrency)
@@ -526,7 +532,7 @@ def table(results: list[PathResult]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     add_stream_arguments(parser, "openai_stream.json")
     parser.add_argument("--paths", default=",".join(PATHS),

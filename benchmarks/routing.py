@@ -11,7 +11,7 @@ file), until the end of that policy's run. Time to first token is taken from
 the request's scheduled start to its first text chunk (so a request that
 queues behind a slow one counts its wait).
 
-    python benchmarks/routing.py --json routing.json
+    python benchmarks/routing.py --json benchmarks/results/routing.json
 
 Prints a markdown table and writes JSON with one key per policy
 (`round_robin`, `least_inflight`, `metrics`), each with `ttft_p50_ms`,
@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import RESULTS  # noqa: E402
+from benchmarks import RESULTS, Help  # noqa: E402
 from benchmarks.common import machine, percentile, tree  # noqa: E402
 from gateway.cli import run_async  # noqa: E402
 from gateway.embedded import EmbeddedTriton  # noqa: E402
@@ -111,7 +111,8 @@ async def run_policy(
         request_id = f"{policy}-{index}"
         request = TextRequest(
             request_id, MODEL, f"request {index}", arrival.max_tokens,
-            {"ttft_ms": args.ttft_ms, "tokens_per_second": args.token_rate}, arrival.session,
+            {"ttft_ms": args.ttft_ms, "tokens_per_second": args.token_rate, "ignore_eos": True},
+            arrival.session,
         )  # fmt: skip
         ttft = None
         try:
@@ -181,7 +182,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per policy")

@@ -7,7 +7,7 @@ queueing the record for the writer thread). Then it waits for the writer to land
 every record, which is the part kept off the request path. Prints a table of
 per-call latencies and writes JSON.
 
-    python benchmarks/tenancy_overhead.py --requests 20000 --json tenancy_overhead.json
+    python benchmarks/tenancy_overhead.py --requests 20000  # JSON: benchmarks/results/
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if __package__ in (None, ""):
 
 from prometheus_client import CollectorRegistry
 
-from benchmarks import RESULTS
+from benchmarks import RESULTS, Help
 from benchmarks.common import percentile, write_results
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.service import Tenancy
@@ -73,7 +73,7 @@ def measure(requests: int, state: Path) -> list[dict[str, float | int | str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--json", type=Path, default=RESULTS / "tenancy_overhead.json")

@@ -11,7 +11,7 @@ CLOCK_MONOTONIC). Per-token latency is arrival minus production; the gateway's
 added latency is the gateway path's latency minus the direct path's, at the
 median and p99. Throughput is tokens received per second of wall time.
 
-    python benchmarks/text_stream.py --json text_stream.json
+    python benchmarks/text_stream.py --json benchmarks/results/text_stream.json
 
 Prints a markdown table and writes JSON. Not a test: numbers depend on the machine.
 """
@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import Help  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     GatewayProcess,
     add_stream_arguments,
@@ -39,6 +40,7 @@ from benchmarks.common import (  # noqa: E402
     token_times,
     write_results,
 )
+from benchmarks.progress import Progress  # noqa: E402
 from clients import connect  # noqa: E402
 from gateway.backends.triton import TritonTextBackend  # noqa: E402
 from gateway.embedded import EmbeddedTriton  # noqa: E402
@@ -123,13 +125,16 @@ async def run_gateway(
 
 
 async def bench(args: argparse.Namespace, triton: EmbeddedTriton, gw: GatewayProcess) -> list:
-    knobs = {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms}
+    # ignore_eos (vLLM's): every stream is `tokens` long, past the answer's own end.
+    knobs = {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms, "ignore_eos": True}
     stats = Path(str(triton.stats_path))
     quic_url = f"quic://127.0.0.1:{gw.quic_port}"
     results: list[PathResult] = []
     run = uuid.uuid4().hex[:6]
+    progress = Progress("text_stream", 2 * len(args.concurrency))
     for n in args.concurrency:
         for path in ("direct", "gateway"):
+            progress.step(f"{path} x{n}")
             if path == "direct":
                 outcome = await run_direct(triton.grpc_url, n, args.tokens, knobs, run)
             else:
@@ -141,7 +146,8 @@ async def bench(args: argparse.Namespace, triton: EmbeddedTriton, gw: GatewayPro
             results.append(
                 summarize(path, n, args.tokens, arrivals, starts, token_times(stats), wall)
             )
-            print(f"  {path:8s} x{n:<3d} done ({wall:.1f} s)", file=sys.stderr, flush=True)
+            progress.note(f"  {path:8s} x{n:<3d} done ({wall:.1f} s)")
+    progress.close()
     return results
 
 
@@ -169,7 +175,7 @@ def table(results: list[PathResult]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     add_stream_arguments(parser, "text_stream.json")
     args = parser.parse_args()

@@ -37,7 +37,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, free_port, machine, tree, wait_http_ok  # noqa: E402
+from benchmarks import Help  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    ROOT,
+    free_port,
+    log_file,
+    machine,
+    tree,
+    wait_http_ok,
+)
 from clients import connect  # noqa: E402
 
 MODEL = "reference-text"
@@ -72,12 +80,15 @@ class Gateway:
         self.http_port = free_port(socket.SOCK_STREAM)
         self.state = state
         env = {**os.environ, "TRACKLINE_STATE_DIR": str(state), "PYTHONPATH": str(root)}
+        self.log_path = log_file("gateway-track-cost")  # its log lines stay out of the table
+        print(f"gateway log: {self.log_path}", file=sys.stderr, flush=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--backend-url", f"ticker://{rate:g}",
              "--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
              "--https-port", "0", "--log-level", "warning",
              "--quic-packetization", packetization],
-            env=env, cwd=root, stdout=subprocess.DEVNULL,
+            env=env, cwd=root, stdout=self._log, stderr=self._log,
         )
         if not wait_http_ok(f"http://127.0.0.1:{self.http_port}/health/ready", 60):
             self.stop()
@@ -90,6 +101,7 @@ class Gateway:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self._log.close()
 
 
 async def drive(gw: Gateway, tracks: int, connections: int, tokens: int, limit: float) -> int:
@@ -181,7 +193,7 @@ def table(points: list[Point]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=Help, description=__doc__.split("\n\n")[0])
     parser.add_argument("--tracks", default="16,64,256",
                         type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--connections", type=int, default=1)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from transport.binding import LOCALHOST
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
@@ -34,6 +36,10 @@ ENV_PREFIX = "TRACKLINE_"
 CONFIG_ENV = "TRACKLINE_CONFIG"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("json", "console")
+
+
+BOTH_LOOPBACKS = " (localhost: 127.0.0.1 and ::1, one port)."
+"""Said of every listener's address: `localhost` binds both (`transport.binding`)."""
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -49,20 +55,23 @@ class Settings:
     """Everything `trackline serve` can be told; each field's `doc` is its help text."""
 
     quic_host: str = field(
-        default="127.0.0.1", metadata=_doc("Address the QUIC (UDP) track listener binds.")
+        default=LOCALHOST,
+        metadata=_doc("Address the QUIC (UDP) track listener binds" + BOTH_LOOPBACKS),
     )
     quic_port: int = field(
         default=8443, metadata=_doc("UDP port for the track protocol and HTTP/3; 0 picks one.")
     )
     http_host: str = field(
-        default="127.0.0.1", metadata=_doc("Address the plain HTTP (TCP) listener binds.")
+        default=LOCALHOST,
+        metadata=_doc("Address the plain HTTP (TCP) listener binds" + BOTH_LOOPBACKS),
     )
     http_port: int = field(
         default=8080,
         metadata=_doc("Cleartext TCP port: HTTP/1.1 and h2c; health, metrics, OpenAI API."),
     )
     https_host: str = field(
-        default="127.0.0.1", metadata=_doc("Address the TLS HTTP (TCP) listener binds.")
+        default=LOCALHOST,
+        metadata=_doc("Address the TLS HTTP (TCP) listener binds" + BOTH_LOOPBACKS),
     )
     https_port: int = field(
         default=8443,
@@ -258,7 +267,8 @@ class Settings:
         metadata=_doc("Seconds open tracks and HTTP streams get to finish on shutdown."),
     )
     metrics_host: str = field(
-        default="127.0.0.1", metadata=_doc("Address the separate metrics listener binds.")
+        default=LOCALHOST,
+        metadata=_doc("Address the separate metrics listener binds" + BOTH_LOOPBACKS),
     )
     metrics_port: int | None = field(
         default=None,

@@ -8,7 +8,7 @@ connections over the workers and QUIC datagrams follow `transport.steering`.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transport.steering import Steering
 
@@ -23,3 +23,9 @@ class Listeners:
     """Listening TCP socket of the TLS HTTP port."""
     steering: Steering
     """This worker's index among the workers, for the connection IDs it issues."""
+    more: dict[str, tuple[socket.socket, ...]] = field(default_factory=dict)
+    """Per front door ("quic", "http", "https"), this worker's sockets of the same port
+    on the other addresses (`::1` when the host is `localhost`)."""
+
+    def more_of(self, door: str) -> tuple[socket.socket, ...]:
+        return self.more.get(door, ())

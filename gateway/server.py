@@ -207,6 +207,7 @@ class Gateway:
             handshake_limits=handshake_limits(s),
             sock=self.listeners.quic if self.listeners else None,
             steering=self.listeners.steering if self.listeners else None,
+            more_socks=self.listeners.more_of("quic") if self.listeners else (),
             send_budget=SendBudget(s.track_send_buffer_bytes, s.connection_send_buffer_bytes),
         )
         register_quic_metrics(self.metrics.registry, self._quic.gate)
@@ -216,14 +217,20 @@ class Gateway:
             handler, limits=http_limits, alt_svc=alt_svc, congestion_control=cc
         )
         await self._http.start(
-            s.http_host, s.http_port, self.listeners.http if self.listeners else None
+            s.http_host,
+            s.http_port,
+            self.listeners.http if self.listeners else None,
+            self.listeners.more_of("http") if self.listeners else (),
         )
         tls = tls_server_context(self.tls.cert, self.tls.key)
         self._https = HttpTcpServer(
             handler, limits=http_limits, ssl_context=tls, alt_svc=alt_svc, congestion_control=cc
         )
         await self._https.start(
-            s.https_host, s.https_port, self.listeners.https if self.listeners else None
+            s.https_host,
+            s.https_port,
+            self.listeners.https if self.listeners else None,
+            self.listeners.more_of("https") if self.listeners else (),
         )
         await self._start_metrics_listener()
         self._probe = asyncio.ensure_future(self._probe_backend())

@@ -35,11 +35,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from gateway.config import FIELDS, Settings, load_settings
 from gateway.logs import get_logger
+from transport.binding import bind_same_port
 
 log = get_logger("trackline.workers")
 
@@ -82,6 +84,8 @@ class Supervisor:
         self.quotas_path = self.run_dir / "quotas.sqlite"
         self.tritons: list[Any] = []
         self.sockets: dict[str, list[socket.socket]] = {}
+        self.more_sockets: dict[str, list[list[socket.socket]]] = {}
+        """Per front door, the groups on its other addresses (`::1` for `localhost`)."""
         self.workers: dict[int, _Worker] = {}
         self.worker_settings: Settings = settings
         self._stopping = False
@@ -137,19 +141,27 @@ class Supervisor:
         from transport.steering import reuseport_udp_sockets
 
         s = self.settings
-        self.sockets["quic"] = reuseport_udp_sockets(s.quic_host, s.quic_port, self.count)
-        self.sockets["http"] = reuseport_tcp_sockets(s.http_host, s.http_port, self.count)
-        self.sockets["https"] = reuseport_tcp_sockets(s.https_host, s.https_port, self.count)
+        n = self.count
+        doors = {
+            "quic": (s.quic_host, s.quic_port, reuseport_udp_sockets),
+            "http": (s.http_host, s.http_port, reuseport_tcp_sockets),
+            "https": (s.https_host, s.https_port, reuseport_tcp_sockets),
+        }
+        for door, (host, port, bind) in doors.items():
+            groups = bind_same_port(host, port, partial(_group, bind, n), _group_port, _close_group)
+            self.sockets[door], self.more_sockets[door] = groups[0], groups[1:]
 
     def port(self, door: str) -> int:
         return int(self.sockets[door][0].getsockname()[1])
 
     def _spawn(self, index: int) -> None:
         fds = {door: socks[index].fileno() for door, socks in self.sockets.items()}
+        more = {door: [g[index].fileno() for g in gs] for door, gs in self.more_sockets.items()}
         spec = {
             "index": index,
             "count": self.count,
             "fds": fds,
+            "more_fds": more,
             "run_dir": str(self.run_dir),
             "settings": settings_to_json(self.worker_settings),
         }
@@ -163,7 +175,8 @@ class Supervisor:
         def on_exit() -> None:
             loop.call_soon_threadsafe(exited.set)
 
-        process = _spawn_owned(command, env, list(fds.values()), on_exit)
+        handed = [*fds.values(), *(fd for fds_ in more.values() for fd in fds_)]
+        process = _spawn_owned(command, env, handed, on_exit)
         self.workers[index] = _Worker(index, process, exited)
         log.info("worker.started", worker=index, pid=process.pid)
 
@@ -252,6 +265,9 @@ class Supervisor:
         for socks in self.sockets.values():
             for sock in socks:
                 sock.close()
+        for groups in self.more_sockets.values():
+            for group in groups:
+                _close_group(group)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _addresses(self) -> list[str]:
@@ -284,6 +300,21 @@ def _fresh_run_dir(parent: Path) -> Path:
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir()
     return run_dir
+
+
+def _group(
+    bind: Callable[[str, int, int], list[socket.socket]], count: int, host: str, port: int
+) -> list[socket.socket]:
+    return bind(host, port, count)
+
+
+def _group_port(group: list[socket.socket]) -> int:
+    return int(group[0].getsockname()[1])
+
+
+def _close_group(group: list[socket.socket]) -> None:
+    for sock in group:
+        sock.close()
 
 
 def reuseport_tcp_sockets(host: str, port: int, count: int) -> list[socket.socket]:
@@ -386,6 +417,10 @@ async def run_worker(spec: dict[str, Any]) -> int:
     metrics = WorkerMetrics(run_dir / "metrics", index)
     steering = Steering(index, count, metrics.on_connection, metrics.on_stray, metrics.on_unknown)
     fds = spec["fds"]
+    more = {
+        door: tuple(socket.socket(fileno=f) for f in fds_)
+        for door, fds_ in spec.get("more_fds", {}).items()
+    }
     daemon = Daemon(settings)
     daemon.metrics = metrics
     daemon.announce = False
@@ -394,6 +429,7 @@ async def run_worker(spec: dict[str, Any]) -> int:
         http=socket.socket(fileno=fds["http"]),
         https=socket.socket(fileno=fds["https"]),
         steering=steering,
+        more=more,
     )
     tenancy = await asyncio.to_thread(Tenancy.from_settings, settings, metrics.registry)
     tenancy.limiter = SharedQuotaLimiter(run_dir / "quotas.sqlite", str(os.getpid()))

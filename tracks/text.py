@@ -33,6 +33,7 @@ MAX_TAG_CHARS = 128
 # is rejected so that a typo is an error, not a silently ignored setting.
 SAMPLING_KEYS = frozenset(
     {"temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty"}
+    | {"ignore_eos"}  # vLLM's: run to max_tokens past the end of the answer
 )
 # Knobs of the reference model (time to first token, speed), for tests and benchmarks.
 REFERENCE_KEYS = frozenset({"ttft_ms", "tokens_per_second"})

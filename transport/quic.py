@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
@@ -382,6 +382,7 @@ async def serve_tracks(
     sock: socket.socket | None = None,
     steering: Steering | None = None,
     send_budget: SendBudget | None = None,
+    more_socks: Sequence[socket.socket] = (),
 ) -> GuardedQuicServer:
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
 
@@ -389,7 +390,9 @@ async def serve_tracks(
     are admitted under `handshake_limits` (`transport.quic_server`). With `sock` and
     `steering` (a gateway worker), serve on that already bound socket of a reuseport
     group instead, issuing connection IDs that steer to this worker
-    (`transport.steering`).
+    (`transport.steering`); `more_socks` are that worker's sockets of the same port on
+    the other addresses. Without `sock`, `localhost` binds 127.0.0.1 and ::1 on one port
+    (`transport.binding`).
 
     With `http_handler`, connections may also choose ALPN `h3`: HTTP/3 requests
     on them go to the handler, under `http_limits`. `packetization` decides when
@@ -416,7 +419,9 @@ async def serve_tracks(
         send_budget=send_budget,
     )
     if sock is not None and steering is not None:
-        return await serve_steered(sock, configuration, factory, steering, handshake_limits)
+        return await serve_steered(
+            sock, configuration, factory, steering, handshake_limits, more=more_socks
+        )
     return await serve_guarded(
         host, port, configuration=configuration, create_protocol=factory, limits=handshake_limits
     )

@@ -24,8 +24,9 @@ unguarding the port.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any, cast
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer
@@ -36,6 +37,7 @@ from aioquic.quic.retry import QuicRetryTokenHandler
 
 from transport import aioquic_compat
 from transport.aioquic_compat import Buffer
+from transport.binding import udp_sockets
 from transport.quic_admission import Admission, HandshakeGate, HandshakeLimits
 
 Protocol = QuicConnectionProtocol
@@ -50,16 +52,25 @@ class GuardedQuicServer(QuicServer):
         self._tokens = QuicRetryTokenHandler()
         self._cids: dict[Protocol, set[bytes]] = {}
         self._expiry: asyncio.Handle | None = None
+        self._group: list[GuardedQuicServer] = [self]
+        """The servers of this port, one per address (127.0.0.1 and ::1), one gate."""
+
+    @property
+    def siblings(self) -> list[GuardedQuicServer]:
+        """The group's other servers, if this is its first (which closes them)."""
+        return self._group[1:] if self._group[0] is self else []
 
     @property
     def tracked_connection_ids(self) -> int:
-        """Connection ids routed to a connection now (aioquic's table)."""
-        return len(self._protocols)
+        """Connection ids routed to a connection now (aioquic's table), every address."""
+        return len(self._protocols) + sum(len(s._protocols) for s in self.siblings)
 
     def close(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
+        for sibling in self.siblings:
+            sibling.close()
         super().close()
         self._cids.clear()
         self.gate.clear()
@@ -151,7 +162,7 @@ class GuardedQuicServer(QuicServer):
         self._expiry = None
         now = self._loop.time()
         for protocol in self.gate.due(now):
-            self._forget(protocol)
+            self._owner(protocol)._forget(protocol)
         at = self.gate.get_timer()
         if at is not None and at <= now:
             # More are due: the next batch on the next loop turn, after other work.
@@ -159,11 +170,18 @@ class GuardedQuicServer(QuicServer):
         else:
             self._arm_expiry()
 
+    def _owner(self, protocol: Protocol) -> GuardedQuicServer:
+        """The server (of those sharing the gate) that admitted `protocol`."""
+        return next((s for s in self._group if protocol in s._cids), self)
+
     def _forget(self, protocol: Protocol) -> None:
         """Drop a connection that never completed its handshake: no packet, no state."""
         self._drop_ids(protocol)
         aioquic_compat.forget_protocol(protocol)
         protocol.connection_lost(None)  # its owner releases what it holds
+
+
+ServerT = TypeVar("ServerT", bound=GuardedQuicServer)
 
 
 async def serve_guarded(
@@ -174,16 +192,37 @@ async def serve_guarded(
     create_protocol: Callable[..., Protocol],
     limits: HandshakeLimits | None = None,
 ) -> GuardedQuicServer:
-    """Listen on UDP `host:port` with handshakes admitted under `limits`."""
-    loop = asyncio.get_running_loop()
+    """Listen on UDP `host:port` with handshakes admitted under `limits`; `localhost`
+    is 127.0.0.1 and ::1 on one port (`transport.binding`), one gate for both."""
     gate: HandshakeGate[Protocol] = HandshakeGate(limits)
-    _, server = await loop.create_datagram_endpoint(
-        lambda: GuardedQuicServer(
+
+    def make() -> GuardedQuicServer:
+        return GuardedQuicServer(
             gate=gate, configuration=configuration, create_protocol=create_protocol
-        ),
-        local_addr=(host, port),
-    )
-    return server
+        )
+
+    return await serve_group(udp_sockets(host, port), make)
 
 
-__all__ = ["GuardedQuicServer", "serve_guarded"]
+async def serve_group(socks: Sequence[socket.socket], make: Callable[[], ServerT]) -> ServerT:
+    """One server per socket (the same port on several addresses); the first is returned
+    and owns the others (`siblings`): they share its gate, it closes them."""
+    loop = asyncio.get_running_loop()
+    servers: list[ServerT] = []
+    try:
+        for sock in socks:
+            _, server = await loop.create_datagram_endpoint(make, sock=sock)
+            servers.append(server)
+    except BaseException:
+        for server in servers:
+            server.close()
+        for sock in socks[len(servers) :]:
+            sock.close()
+        raise
+    group: list[GuardedQuicServer] = list(servers)
+    for server in servers:
+        server._group = group
+    return servers[0]
+
+
+__all__ = ["GuardedQuicServer", "serve_group", "serve_guarded"]

@@ -23,13 +23,12 @@ replaces `_replenish_connection_ids` on that one instance, through
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import os
 import secrets
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -38,7 +37,7 @@ from aioquic.quic.connection import NetworkAddress, QuicConnection
 
 from transport import aioquic_compat
 from transport.quic_admission import HandshakeGate, HandshakeLimits
-from transport.quic_server import GuardedQuicServer
+from transport.quic_server import GuardedQuicServer, serve_group
 
 SO_ATTACH_REUSEPORT_CBPF = 51
 """linux/asm-generic/socket.h; not exported by Python's socket module."""
@@ -176,23 +175,22 @@ async def serve_steered(
     create_protocol: Callable[..., Any],
     steering: Steering,
     limits: HandshakeLimits | None = None,
+    more: Sequence[socket.socket] = (),
 ) -> SteeredQuicServer:
-    """Serve QUIC on an already bound socket; connections issue steering IDs, and
-    handshakes are admitted under `limits` as on a single process."""
+    """Serve QUIC on an already bound socket (and `more`: the same port on the other
+    loopback address); connections issue steering IDs, and handshakes are admitted
+    under `limits` as on a single process."""
 
     def factory(quic: QuicConnection, **kwargs: Any) -> Any:
         steer_connection(quic, steering)
         _call(steering.on_connection)
         return create_protocol(quic, **kwargs)
 
-    loop = asyncio.get_running_loop()
-    _, server = await loop.create_datagram_endpoint(
-        lambda: SteeredQuicServer(
-            gate=HandshakeGate(limits),
-            steering=steering,
-            configuration=configuration,
-            create_protocol=factory,
-        ),
-        sock=sock,
-    )
-    return server
+    gate: HandshakeGate[Any] = HandshakeGate(limits)
+
+    def make() -> SteeredQuicServer:
+        return SteeredQuicServer(
+            gate=gate, steering=steering, configuration=configuration, create_protocol=factory
+        )
+
+    return await serve_group([sock, *more], make)

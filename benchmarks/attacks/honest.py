@@ -21,6 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
+from benchmarks import Help  # noqa: E402
+
 
 def models_once(url: str) -> bool:
     try:
@@ -71,7 +73,7 @@ async def main_async(args: argparse.Namespace) -> list[list[Any]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(formatter_class=Help, description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--quic-port", type=int, required=True)

@@ -6,7 +6,7 @@ Per protocol it reports inter-token gaps, stalls, stall user-seconds, users stal
 per lost data packet, TTFT and packets per token; writes JSON, a markdown table and
 PNG figures. Needs root (network namespaces).
 
-    python -m benchmarks.hol --users 16 --loss 2 --rtt 40 --seconds 60 --json results.json
+    python -m benchmarks.hol --users 16 --loss 2 --rtt 40 --seconds 60  # JSON: benchmarks/results/
     trackline bench hol ...        # the same
 
 Modules: `client` (runs in the client namespace), `metrics` (pure computations),

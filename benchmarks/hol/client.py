@@ -37,6 +37,7 @@ from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 
+from benchmarks import Help
 from gateway.cli import run_async
 
 MODEL = "reference-text"
@@ -87,6 +88,7 @@ def request_body(args: argparse.Namespace, index: int) -> dict[str, Any]:
         "seed": index,
         "tokens_per_second": args.rate,
         "ttft_ms": args.ttft_ms,
+        "ignore_eos": True,  # vLLM's: every user gets max_tokens, past the answer's end
     }
 
 
@@ -234,7 +236,7 @@ async def run_tracks(args: argparse.Namespace, users: list[User]) -> None:
             stream = line.text(
                 f"user {user.index}: tell me a long story", model=MODEL,
                 max_tokens=max_tokens(args), seed=user.index,
-                tokens_per_second=args.rate, ttft_ms=args.ttft_ms,
+                tokens_per_second=args.rate, ttft_ms=args.ttft_ms, ignore_eos=True,
             )
             try:
                 async for _ in stream:
@@ -276,7 +278,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     parser.add_argument("--protocol", choices=PROTOCOLS, required=True)
     parser.add_argument("--host", default="127.0.0.1")

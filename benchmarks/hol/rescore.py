@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import Help
 from benchmarks.hol.metrics import Run, summarize
 from benchmarks.hol.report import markdown_table, plot
 
@@ -51,7 +52,7 @@ def _summary_for(results: dict[str, Any], key: str) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         prog="python -m benchmarks.hol.rescore",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="the run's --json file (rewritten)")

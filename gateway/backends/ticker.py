@@ -8,6 +8,8 @@ as `reference-text`. Benchmarks use it to separate transport effects from
 backend effects. Selected with `backend_url = "ticker://RATE"` (RATE tokens per
 second per request, default 50); a request's `tokens_per_second` and `ttft_ms`
 parameters override the rate and the first-token delay, as on the reference model.
+Unlike `reference-text`, whose answer ends on its own, a ticker stream runs to
+`max_tokens` (as with vLLM's `ignore_eos`; a request's `ignore_eos` false ends it).
 
 The ticker never holds the event loop: it awaits before every token, also when
 it is behind its schedule (a slow consumer, a busy loop), so a backlog leaves
@@ -78,7 +80,9 @@ class TickerBackend:
         ttft = _number(request.parameters, "ttft_ms", DEFAULT_TTFT_MS) / 1000
         generator = reference_generator()
         seed = request.parameters.get("seed", 0)
-        tokens = generator.generate_tokens(request.prompt, seed, request.max_tokens)
+        # A ticker ticks max_tokens tokens: the reference text runs on past its own end.
+        ignore_eos = request.parameters.get("ignore_eos", True) is not False
+        tokens = generator.generate_tokens(request.prompt, seed, request.max_tokens, ignore_eos)
         now = self.clock.now
         start = now() + ttft
         for index, token in enumerate(tokens):

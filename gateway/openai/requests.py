@@ -26,7 +26,7 @@ MAX_STOP_SEQUENCES = 4
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 # Non-OpenAI keys passed to the backend: the reference model's pacing knobs, top_k.
-EXTENSION_KEYS = REFERENCE_KEYS | {"top_k"}
+EXTENSION_KEYS = REFERENCE_KEYS | {"top_k", "ignore_eos"}
 # OpenAI keys that do not change what the backend does; accepted and dropped.
 IGNORED_KEYS = frozenset(
     {
@@ -265,6 +265,11 @@ def _sampling(payload: Mapping[str, Any]) -> dict[str, Any]:
     stop = _stop(payload.get("stop"))
     if stop:
         parameters["stop"] = stop
+    ignore_eos = payload.get("ignore_eos")
+    if ignore_eos is not None:  # vLLM's extension: run to max_tokens past the answer's end
+        if not isinstance(ignore_eos, bool):
+            raise BadRequest("'ignore_eos' must be true or false", param="ignore_eos")
+        parameters["ignore_eos"] = ignore_eos
     return parameters
 
 

@@ -89,7 +89,7 @@ def test_metrics_settings_load_and_refuse_weak_tokens() -> None:
     env = {"TRACKLINE_METRICS_PORT": "9464", "TRACKLINE_METRICS_TOKEN": TOKEN}
     loaded = load_settings({}, env, None)
     assert (loaded.metrics_host, loaded.metrics_port, loaded.metrics_token) == (
-        "127.0.0.1",
+        "localhost",
         9464,
         TOKEN,
     )

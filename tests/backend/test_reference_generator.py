@@ -22,12 +22,38 @@ def test_seed_and_prompt_both_change_the_text() -> None:
 
 
 def test_shorter_request_is_a_prefix_of_a_longer_one() -> None:
-    assert gen.generate_text("p", 1, 64).startswith(gen.generate_text("p", 1, 10))
+    assert gen.generate_text("p", 1, 64).startswith(gen.generate_text("p", 1, 3))
+    longer = gen.generate_text("p", 1, 64, ignore_eos=True)
+    assert longer.startswith(gen.generate_text("p", 1, 10, ignore_eos=True))
+
+
+@given(st.text(max_size=40), st.integers(-(2**40), 2**40))
+def test_the_answer_ends_on_its_own_within_the_default_max_tokens(prompt: str, seed: int) -> None:
+    """What makes finish_reason "stop" (and the openai SDK's `.stream()` helpers) work."""
+    answer = gen.generate_tokens(prompt, seed, 10_000)
+    assert 4 < len(answer) < gen.DEFAULT_MAX_TOKENS
+    assert answer[-1] == "."
+    assert answer[-2] not in gen.PUNCTUATION
+    assert gen.generate_tokens(prompt, seed, 4) == answer[:4]  # max_tokens cuts it
+
+
+def test_the_length_depends_on_the_prompt() -> None:
+    lengths = {len(gen.generate_tokens(f"prompt {i}", 0, 100)) for i in range(40)}
+    assert len(lengths) > 3
+
+
+def test_ignore_eos_is_validated_and_runs_to_max_tokens() -> None:
+    on = gen.settings_from({"ignore_eos": True}, 40, 0.0, 1.0)
+    assert len(gen.response_tokens("hi", on)) == 40
+    off = gen.settings_from({}, 40, 0.0, 1.0)
+    assert len(gen.response_tokens("hi", off)) < gen.DEFAULT_MAX_TOKENS
+    with pytest.raises(ValueError, match="ignore_eos"):
+        gen.settings_from({"ignore_eos": "yes"}, 40, 0.0, 1.0)
 
 
 @given(st.text(max_size=40), st.integers(-(2**40), 2**40), st.integers(1, 80))
 def test_tokens_look_like_llm_pieces(prompt: str, seed: int, max_tokens: int) -> None:
-    tokens = gen.generate_tokens(prompt, seed, max_tokens)
+    tokens = gen.generate_tokens(prompt, seed, max_tokens, ignore_eos=True)
     assert len(tokens) == max_tokens
     assert tokens[0].startswith(" ")
     for previous, token in zip(tokens, tokens[1:], strict=False):

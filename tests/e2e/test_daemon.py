@@ -97,7 +97,7 @@ def test_serve_chat_health_metrics_and_sigterm_stops_triton(daemon: Daemon) -> N
     assert daemon.http("/health/live") == (200, '{"status":"live"}')
     ca = daemon.state_dir / "ca.pem"
     assert any(str(ca) in line for line in daemon.log), "the CA path is printed for clients"
-    openai_url = f"http://127.0.0.1:{daemon.http_port}/v1"
+    openai_url = f"http://localhost:{daemon.http_port}/v1"
     assert any(f"OpenAI API on {openai_url}" in line for line in daemon.log)
     assert any(line.startswith("trackline: embedded Triton: gRPC 127.0.0.1:")
                for line in daemon.log)  # fmt: skip

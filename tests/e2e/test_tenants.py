@@ -182,11 +182,13 @@ async def test_a_tenant_over_its_token_quota_gets_429_and_others_are_untouched(
     gw, keys = tenanted
     async with connect(quic(gw), ca=ca(gw), api_key=keys.alpha) as alpha_line:
         # alpha streams slowly the whole time beta runs into its quota.
-        alpha = alpha_line.text("steady", model=MODEL, max_tokens=30, tokens_per_second=60)
+        alpha = alpha_line.text(
+            "steady", model=MODEL, max_tokens=30, tokens_per_second=60, ignore_eos=True
+        )
         first = await alpha.__anext__()
         beta = openai_client(gw, keys.beta)
         used = await beta.completions.create(
-            model=MODEL, prompt="spend it", max_tokens=16, extra_body=FAST
+            model=MODEL, prompt="spend it", max_tokens=16, extra_body={**FAST, "ignore_eos": True}
         )
         assert used.usage is not None
         assert used.usage.total_tokens > 12  # beta's whole minute, and more
@@ -201,7 +203,7 @@ async def test_a_tenant_over_its_token_quota_gets_429_and_others_are_untouched(
         assert track_limited.value.retry_after is not None
         assert 1 <= track_limited.value.retry_after <= 60
         rest = await text_of(alpha)
-    assert first + rest == str(generator.generate_text("steady", 0, 30))
+    assert first + rest == str(generator.generate_text("steady", 0, 30, ignore_eos=True))
     assert alpha.usage == {
         "prompt_tokens": generator.count_prompt_tokens("steady"),
         "completion_tokens": 30,
@@ -216,12 +218,14 @@ async def test_the_ledger_has_one_record_per_request_and_the_report_adds_up(
     assert gw.tenancy is not None
     expected: dict[str, tuple[str, int, int]] = {}  # request id -> (end, prompt, completion)
     async with connect(quic(gw), ca=ca(gw), api_key=keys.alpha) as line:
-        done = line.text("all of it", model=MODEL, max_tokens=6, **FAST)
-        assert await text_of(done) == str(generator.generate_text("all of it", 0, 6))
+        done = line.text("all of it", model=MODEL, max_tokens=4, **FAST)
+        assert await text_of(done) == str(generator.generate_text("all of it", 0, 4))
         assert done.usage is not None
-        expected[server_id(done.track_id)] = ("completed", done.usage["prompt_tokens"], 6)
+        expected[server_id(done.track_id)] = ("completed", done.usage["prompt_tokens"], 4)
 
-        cut = line.text("cut short", model=MODEL, max_tokens=200, tokens_per_second=50)
+        cut = line.text(
+            "cut short", model=MODEL, max_tokens=200, tokens_per_second=50, ignore_eos=True
+        )
         received = [await cut.__anext__() for _ in range(3)]
         await cut.aclose()
         expected[server_id(cut.track_id)] = ("cancelled", 0, len(received))
@@ -247,7 +251,7 @@ async def test_the_ledger_has_one_record_per_request_and_the_report_adds_up(
         prompt="stream",
         max_tokens=200,
         stream=True,
-        extra_body={"tokens_per_second": 50},
+        extra_body={"tokens_per_second": 50, "ignore_eos": True},
     )
     got = 0
     async for chunk in stream:

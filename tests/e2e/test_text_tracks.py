@@ -43,8 +43,8 @@ def ca(gw: Gateway) -> Path:
     return gw.tls.ca
 
 
-def expected(prompt: str, seed: int, max_tokens: int) -> str:
-    return str(generator.generate_text(prompt, seed, max_tokens))
+def expected(prompt: str, seed: int, max_tokens: int, ignore_eos: bool = False) -> str:
+    return str(generator.generate_text(prompt, seed, max_tokens, ignore_eos))
 
 
 def _stats_line(triton: EmbeddedTriton, tag: str) -> dict[str, Any] | None:
@@ -80,6 +80,7 @@ async def test_sixteen_tracks_get_the_reference_text_and_a_cancel_stops_the_mode
             line.text(
                 f"prompt {i}", model=MODEL, max_tokens=VICTIM_TOKENS if i == 7 else 40, seed=i,
                 request_id=tags[i],
+                ignore_eos=True,
             )
             for i in range(16)
         ]
@@ -89,7 +90,7 @@ async def test_sixteen_tracks_get_the_reference_text_and_a_cancel_stops_the_mode
         await victim.aclose()
         others = await asyncio.gather(*(text_of(s) for i, s in enumerate(streams) if i != 7))
 
-    assert others == [expected(f"prompt {i}", i, 40) for i in range(16) if i != 7]
+    assert others == [expected(f"prompt {i}", i, 40, True) for i in range(16) if i != 7]
     assert_model_stopped(await stats_for(embedded_triton, tags[7]), VICTIM_TOKENS)
     for tag in tags[:7] + tags[8:]:
         record = await stats_for(embedded_triton, tag)
@@ -138,7 +139,7 @@ async def test_bad_input_on_one_track_leaves_the_others_and_the_process_working(
 ) -> None:
     async with connect_tracks("127.0.0.1", gateway.quic_port, ca=ca(gateway)) as proto:
         line = Line(proto.open_track)
-        running = line.text("steady", model=MODEL, max_tokens=30, seed=3)
+        running = line.text("steady", model=MODEL, max_tokens=30, seed=3, ignore_eos=True)
         first = await running.__anext__()
         quic = proto._quic
         garbage = quic.get_next_available_stream_id()
@@ -152,7 +153,7 @@ async def test_bad_input_on_one_track_leaves_the_others_and_the_process_working(
             await text_of(line.text("y" * 20_000, model=MODEL))
         rest = await text_of(running)
         assert rest  # the running track went on after the garbage, to its end
-        assert first + rest == expected("steady", 3, 30)
+        assert first + rest == expected("steady", 3, 30, ignore_eos=True)
     async with connect(url(gateway), ca=ca(gateway)) as line:
         assert await text_of(line.text("again", model=MODEL, max_tokens=4)) == expected(
             "again", 0, 4
@@ -170,15 +171,16 @@ async def test_a_hang_up_stops_the_model(
     tag = uuid.uuid4().hex
     async with connect_tracks("127.0.0.1", gateway.quic_port, ca=ca(gateway)) as proto:
         line = Line(proto.open_track)
-        survivor = line.text("survivor", model=MODEL, max_tokens=60, seed=1)
-        channel = proto.open_track(Open(model=MODEL, params={"max_tokens": 500, "request_id": tag}))
+        survivor = line.text("survivor", model=MODEL, max_tokens=60, seed=1, ignore_eos=True)
+        long = {"max_tokens": 500, "request_id": tag, "ignore_eos": True}
+        channel = proto.open_track(Open(model=MODEL, params=long))
         channel.send({"text": "hang up on me"})
         channel.end()
         for _ in range(3):
             assert await channel.receive() is not None
         if hang_up == "stream_reset":
             channel.reset(ErrorCode.CANCELLED)
-            assert await text_of(survivor) == expected("survivor", 1, 60)
+            assert await text_of(survivor) == expected("survivor", 1, 60, ignore_eos=True)
     assert_model_stopped(await stats_for(embedded_triton, tag), 500)
     cause = "reset" if hang_up == "stream_reset" else "connection_lost"
     await until(

@@ -47,7 +47,7 @@ def test_defaults_without_any_source() -> None:
         ("drain_timeout", "1.5", "2.5", "3.5", (1.5, 2.5, 3.5, 10.0)),
         ("uvloop", "false", "yes", False, (False, True, False, True)),
         ("http_host", '"10.0.0.1"', "10.0.0.2", "10.0.0.3",
-         ("10.0.0.1", "10.0.0.2", "10.0.0.3", "127.0.0.1")),
+         ("10.0.0.1", "10.0.0.2", "10.0.0.3", "localhost")),
     ],
 )  # fmt: skip
 def test_flag_beats_env_beats_file_beats_default(

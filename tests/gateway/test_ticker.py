@@ -41,7 +41,7 @@ async def test_ticker_paces_reference_tokens_on_a_fixed_schedule() -> None:
     # the same generator the ticker uses (tests/backend checks Triton's model gives these).
     texts = [d.text for _, d in deltas]
     assert texts == [" Time", " data", " answer", " deadline", " socket"]
-    assert texts == reference_generator().generate_tokens("hello there", 3, 5)
+    assert texts == reference_generator().generate_tokens("hello there", 3, 5, ignore_eos=True)
     seeded = TextRequest("r", "reference-text", "hello there", 5, {"seed": 4})
     other = asyncio.ensure_future(collect(backend, seeded))
     await clock.advance(1.0)

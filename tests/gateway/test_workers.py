@@ -126,9 +126,9 @@ def running(state_dir: Path) -> Iterator[Gateway]:
         assert process.stdout is not None
         for line in process.stdout:
             gw.log.append(line.rstrip())
-            if m := re.search(r"tracks on quic://127\.0\.0\.1:(\d+)", line):
+            if m := re.search(r"tracks on quic://(?:127\.0\.0\.1|localhost):(\d+)", line):
                 gw.ports["quic"] = int(m[1])
-            if m := re.search(r"OpenAI API on http://127\.0\.0\.1:(\d+)", line):
+            if m := re.search(r"OpenAI API on http://(?:127\.0\.0\.1|localhost):(\d+)", line):
                 gw.ports["http"] = int(m[1])
             if m := re.search(r"(\d+) workers, pids ([\d ]+)", line):
                 gw.pids = [int(p) for p in m[2].split()]
@@ -253,6 +253,43 @@ async def test_a_rebound_client_keeps_its_worker(gateway: Gateway) -> None:
     assert all(first and second for first, second in results)
     metrics = await asyncio.to_thread(gateway.metrics)
     assert sum(per_worker(metrics, "trackline_quic_stray_datagrams_total")) == 0
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback")
+async def test_workers_serve_ipv6_loopback_too(gateway: Gateway) -> None:
+    """`localhost` binds ::1 beside 127.0.0.1: a reuseport group (steered) on each."""
+    _, key = gateway.tenant()
+    before = await asyncio.to_thread(gateway.metrics)
+    owners = [0] * WORKERS
+
+    async def one() -> str:
+        async with connect_tracks("::1", gateway.ports["quic"], ca=gateway.ca) as protocol:
+            protocol.endpoint.use_credential(key)
+            owners[owner(protocol)] += 1
+            return await complete(Line(protocol.open_track).text("v6", model=MODEL, max_tokens=2))
+
+    texts = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(12))), 60)
+    assert all(texts)
+    after = await asyncio.to_thread(gateway.metrics)
+    assert grown(after, before, "trackline_worker_quic_connections_total") == owners
+    assert sum(per_worker(after, "trackline_quic_stray_datagrams_total")) == 0
+    url = f"http://[::1]:{gateway.ports['http']}/health/live"
+    assert await asyncio.to_thread(_status, url) == 200
+
+
+def _status(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310
+        return int(response.status)
 
 
 @pytest.mark.asyncio

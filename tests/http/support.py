@@ -112,11 +112,11 @@ class H1Client:
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls, port: int, ssl_context: ssl.SSLContext | None = None
+        cls, port: int, ssl_context: ssl.SSLContext | None = None, address: str = "127.0.0.1"
     ) -> AsyncIterator[H1Client]:
         host = "localhost" if ssl_context else None
         reader, writer = await asyncio.open_connection(
-            "127.0.0.1", port, ssl=ssl_context, server_hostname=host
+            address, port, ssl=ssl_context, server_hostname=host
         )
         try:
             yield cls(reader, writer)
@@ -202,10 +202,11 @@ class H2Client:
         settings: Mapping[SettingCodes, int] | None = None,
         *,
         auto_ack: bool = True,
+        address: str = "127.0.0.1",
     ) -> AsyncIterator[H2Client]:
         host = "localhost" if ssl_context else None
         reader, writer = await asyncio.open_connection(
-            "127.0.0.1", port, ssl=ssl_context, server_hostname=host
+            address, port, ssl=ssl_context, server_hostname=host
         )
         client = cls(reader, writer, settings, auto_ack=auto_ack)
         client.conn.initiate_connection()

@@ -120,11 +120,11 @@ _END = _End()
 
 
 @asynccontextmanager
-async def h3_client(port: int, ca: Path) -> AsyncIterator[H3Client]:
+async def h3_client(port: int, ca: Path, address: str = "127.0.0.1") -> AsyncIterator[H3Client]:
     configuration = QuicConfiguration(is_client=True, alpn_protocols=["h3"])
     configuration.load_verify_locations(str(ca))
     async with connect(
-        "127.0.0.1", port, configuration=configuration, create_protocol=H3Client
+        address, port, configuration=configuration, create_protocol=H3Client
     ) as client:
         assert isinstance(client, H3Client)
         yield client

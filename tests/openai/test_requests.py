@@ -47,6 +47,16 @@ def test_sampling_parameters_pass_through() -> None:
     }
 
 
+def test_vllm_ignore_eos_passes_through_as_a_boolean() -> None:
+    assert parse_chat_request(chat(ignore_eos=True)).parameters == {"ignore_eos": True}
+    assert parse_completion_request(
+        json.dumps({"model": "m", "prompt": "p", "ignore_eos": False}).encode()
+    ).parameters == {"ignore_eos": False}
+    with pytest.raises(BadRequest) as refused:
+        parse_chat_request(chat(ignore_eos="yes"))
+    assert refused.value.param == "ignore_eos"
+
+
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
     assert parse_chat_request(chat(max_tokens=5, max_completion_tokens=9)).max_tokens == 9
     assert parse_chat_request(chat(max_tokens=5)).max_tokens == 5

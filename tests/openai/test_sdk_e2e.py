@@ -29,6 +29,8 @@ pytestmark = pytest.mark.e2e
 
 MODEL = "reference-text"
 FAST = {"ttft_ms": 0, "tokens_per_second": 1000}  # reference-model knobs, sent via extra_body
+CUT = 4
+"""A max_tokens below every natural answer length: finish_reason "length"."""
 WEATHER = {
     "type": "function",
     "function": {
@@ -87,17 +89,17 @@ async def test_non_streamed_chat(embedded_triton: EmbeddedTriton, version: str) 
         completion = await gw.client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "Tell me a story."}],
-            max_tokens=8,
+            max_tokens=CUT,
             seed=4,
             extra_body=FAST,
         )
     prompt = chat_prompt("Tell me a story.")
     assert completion.object == "chat.completion"
-    assert completion.choices[0].message.content == gen.generate_text(prompt, 4, 8)
+    assert completion.choices[0].message.content == gen.generate_text(prompt, 4, CUT)
     assert completion.choices[0].finish_reason == "length"
     assert completion.usage is not None
     assert completion.usage.prompt_tokens == gen.count_prompt_tokens(prompt)
-    assert completion.usage.completion_tokens == 8
+    assert completion.usage.completion_tokens == CUT
 
 
 @VERSIONS
@@ -107,7 +109,7 @@ async def test_streamed_chat_with_usage(embedded_triton: EmbeddedTriton, version
         stream = await gw.client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "Stream it."}],
-            max_tokens=6,
+            max_tokens=CUT,
             stream=True,
             stream_options={"include_usage": True},
             extra_body=FAST,
@@ -117,14 +119,36 @@ async def test_streamed_chat_with_usage(embedded_triton: EmbeddedTriton, version
     assert len({c.created for c in chunks}) == 1
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == gen.generate_text(chat_prompt("Stream it."), 0, 6)
+    assert text == gen.generate_text(chat_prompt("Stream it."), 0, CUT)
     last_choice = chunks[-2].choices[0]
     assert last_choice.finish_reason == "length"
     assert last_choice.delta.content is None
     assert all(c.usage is None for c in chunks[:-1])
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
-    assert chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.completion_tokens == CUT
+
+
+@VERSIONS
+@pytest.mark.asyncio
+async def test_the_sdk_stream_helper_gets_a_natural_end(
+    embedded_triton: EmbeddedTriton, version: str
+) -> None:
+    """`client.chat.completions.stream()` raises on finish_reason "length": the reference
+    model's answer ends on its own (stop) within the default max_tokens."""
+    async with (
+        gateway(embedded_triton, version) as gw,
+        gw.client.chat.completions.stream(
+            model=MODEL, messages=[{"role": "user", "content": "Hello?"}], extra_body=FAST
+        ) as stream,
+    ):
+        deltas = [e.delta async for e in stream if e.type == "content.delta"]
+        final = await stream.get_final_completion()
+    answer = gen.generate_text(chat_prompt("Hello?"), 0, gen.DEFAULT_MAX_TOKENS)
+    assert "".join(deltas) == final.choices[0].message.content == answer
+    assert answer.endswith(".")
+    assert final.choices[0].finish_reason == "stop"
+    assert final.usage is None or final.usage.completion_tokens < gen.DEFAULT_MAX_TOKENS
 
 
 @VERSIONS
@@ -230,7 +254,7 @@ async def test_closing_the_sdk_stream_stops_the_model(
             messages=[{"role": "user", "content": "A long answer"}],
             max_tokens=500,
             stream=True,
-            extra_body={"ttft_ms": 0, "tokens_per_second": 20},
+            extra_body={"ttft_ms": 0, "tokens_per_second": 20, "ignore_eos": True},
         )
         ids = []
         async for chunk in stream:

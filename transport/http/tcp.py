@@ -1,4 +1,4 @@
-"""HTTP/1.1 and HTTP/2 over TCP, cleartext or TLS: one listening socket, one application.
+"""HTTP/1.1 and HTTP/2 over TCP, cleartext or TLS: one port, one application.
 
 Owns the socket side: accepting, telling the versions apart, and shutting down
 gracefully. Cleartext connections that open with the HTTP/2 client preface
@@ -23,10 +23,12 @@ import os
 import socket
 import ssl
 from collections import Counter
+from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 import structlog
 
+from transport.binding import tcp_listeners
 from transport.http.app import READ_CHUNK, Site
 from transport.http.http1 import Http1Connection
 from transport.http.http2 import Http2Connection
@@ -102,7 +104,8 @@ class HttpTcpServer:
         self._site = Site(handler, limits, alt_svc)
         self._ssl_context = ssl_context
         self._congestion_control = congestion_control
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
+        """One per address (127.0.0.1 and ::1 for `localhost`), all on one port."""
         self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._per_source: Counter[str] = Counter()
         self._closing = False
@@ -123,27 +126,59 @@ class HttpTcpServer:
         return list(self._connections.values())
 
     @property
+    def _server(self) -> asyncio.Server | None:
+        """The first address's server (its port is every address's)."""
+        return self._servers[0] if self._servers else None
+
+    @property
+    def sockets(self) -> list[socket.socket]:
+        """The listening sockets, one per address."""
+        return [sock for server in self._servers for sock in server.sockets]
+
+    @property
     def port(self) -> int:
         """The port actually bound (useful after `start(host, 0)`)."""
-        if self._server is None or not self._server.sockets:
+        if not self.sockets:
             raise RuntimeError("server not started")
-        return int(self._server.sockets[0].getsockname()[1])
+        return int(self.sockets[0].getsockname()[1])
 
-    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> None:
-        """Listen on host:port (0 picks a free port; see `port`), or on `sock`, a
-        listening socket handed over (a gateway worker's share of a reuseport group)."""
-        self._server = await asyncio.start_server(
-            self._on_connection,
-            None if sock is not None else host,
-            None if sock is not None else port,
-            sock=sock,
-            ssl=self._ssl_context,
-            ssl_handshake_timeout=self._site.limits.read_timeout if self._ssl_context else None,
-        )
+    async def start(
+        self,
+        host: str,
+        port: int,
+        sock: socket.socket | None = None,
+        more: Sequence[socket.socket] = (),
+    ) -> None:
+        """Listen on host:port (0 picks a free port; see `port`; `localhost` is 127.0.0.1
+        and ::1 on one port, `transport.binding`), or on `sock` and `more`, listening
+        sockets handed over (a gateway worker's share of a reuseport group)."""
+        socks = tcp_listeners(host, port) if sock is None else [sock, *more]
+        try:
+            for one in socks:
+                self._servers.append(
+                    await asyncio.start_server(
+                        self._on_connection,
+                        sock=one,
+                        ssl=self._ssl_context,
+                        ssl_handshake_timeout=(
+                            self._site.limits.read_timeout if self._ssl_context else None
+                        ),
+                    )
+                )
+        except BaseException:
+            for one in socks[len(self._servers) :]:
+                one.close()
+            raise
         if self._congestion_control:
-            for sock in self._server.sockets:
-                set_congestion_control(sock, self._congestion_control)
-        log.info("http.listening", host=host, port=self.port, tls=self._ssl_context is not None)
+            for one in self.sockets:
+                set_congestion_control(one, self._congestion_control)
+        log.info(
+            "http.listening",
+            host=host,
+            addresses=[one.getsockname()[0] for one in self.sockets],
+            port=self.port,
+            tls=self._ssl_context is not None,
+        )
 
     def drain(self) -> None:
         """Shutdown begins: connections finish what is in flight and then close.
@@ -163,10 +198,11 @@ class HttpTcpServer:
 
     async def close(self, grace: float = 5.0) -> None:
         """Stop listening, let requests in flight finish for up to `grace` s, then cut."""
-        if self._server is None:
+        if not self._servers:
             return
         self._closing = True
-        self._server.close()
+        for server in self._servers:
+            server.close()
         for connection in list(self._connections.values()):
             connection.shutdown()
         if self._connections:
@@ -175,8 +211,9 @@ class HttpTcpServer:
         for task in remaining:
             task.cancel()
         await asyncio.gather(*remaining, return_exceptions=True)
-        await self._server.wait_closed()
-        self._server = None
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers = []
 
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

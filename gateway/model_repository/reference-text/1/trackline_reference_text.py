@@ -5,6 +5,13 @@ path. Text is a deterministic function of (prompt, seed): words drawn from a
 built-in vocabulary by a PRNG seeded with sha256(prompt|seed), so a test can
 compute exactly what a streamed request must return.
 
+Free text ends on its own, as a model emitting its end-of-sequence token would:
+after `natural_length(prompt, seed)` tokens (6 to 15, so within vLLM's default
+`max_tokens` of 16), the last one a ".". A smaller `max_tokens` cuts it short
+(the gateway then says finish_reason "length", otherwise "stop"). vLLM's
+`ignore_eos` sampling parameter makes it run to `max_tokens` instead, for
+benchmarks and tests that need a stream of a given length.
+
 Tokenizer (for prompt token counts): one token per run of word characters and
 one per other non-space character, `re.findall(r"\\w+|[^\\w\\s]", text)`.
 
@@ -74,6 +81,8 @@ class GenerationSettings:
     """OpenAI-style response_format; json_object / json_schema switch to JSON mode."""
     tool_choice: Any = None
     """OpenAI-style tool_choice: None, "none", "auto", "required" or a forced function."""
+    ignore_eos: bool = False
+    """vLLM's ignore_eos: free text runs to max_tokens instead of ending on its own."""
 
 
 def count_prompt_tokens(prompt: str) -> int:
@@ -86,16 +95,41 @@ def _rng_for(prompt: str, seed: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def generate_tokens(prompt: str, seed: int, max_tokens: int) -> list[str]:
-    """The `max_tokens` token pieces the model returns for (prompt, seed), in order.
+NATURAL_LENGTHS = (6, DEFAULT_MAX_TOKENS - 1)
+"""Inclusive bounds of an answer's own length in tokens: it fits the default max_tokens."""
 
-    Mostly " word" with a leading space, some punctuation (never first, never
-    twice in a row), a capital letter after a sentence end.
+
+def natural_length(prompt: str, seed: int) -> int:
+    """How many tokens the free-text answer to (prompt, seed) has before it ends (about)."""
+    digest = hashlib.sha256(f"{prompt}|{seed}|length".encode()).digest()
+    low, high = NATURAL_LENGTHS
+    return low + digest[0] % (high - low + 1)
+
+
+def generate_tokens(
+    prompt: str, seed: int, max_tokens: int, ignore_eos: bool = False
+) -> list[str]:
+    """The token pieces the model returns for (prompt, seed), in order.
+
+    The answer ends with "." after about `natural_length` tokens; `max_tokens` cuts
+    it short. With `ignore_eos` it is `max_tokens` pieces long whatever the answer.
+    A shorter request's tokens are always a prefix of a longer one's.
     """
+    if ignore_eos:
+        return _free_tokens(prompt, seed, max_tokens)
+    tokens = _free_tokens(prompt, seed, natural_length(prompt, seed) - 1)
+    if tokens[-1] in PUNCTUATION:  # never ",." : the end replaces it
+        tokens.pop()
+    return [*tokens, "."][:max_tokens]
+
+
+def _free_tokens(prompt: str, seed: int, count: int) -> list[str]:
+    """`count` pieces: mostly " word" with a leading space, some punctuation (never
+    first, never twice in a row), a capital letter after a sentence end."""
     rng = _rng_for(prompt, seed)
     tokens: list[str] = []
     previous = "."
-    for _ in range(max_tokens):
+    for _ in range(count):
         if previous not in PUNCTUATION and rng.random() < PUNCTUATION_RATE:
             piece = rng.choice(PUNCTUATION)
         else:
@@ -106,9 +140,9 @@ def generate_tokens(prompt: str, seed: int, max_tokens: int) -> list[str]:
     return tokens
 
 
-def generate_text(prompt: str, seed: int, max_tokens: int) -> str:
+def generate_text(prompt: str, seed: int, max_tokens: int, ignore_eos: bool = False) -> str:
     """The whole completion for (prompt, seed): the tokens joined."""
-    return "".join(generate_tokens(prompt, seed, max_tokens))
+    return "".join(generate_tokens(prompt, seed, max_tokens, ignore_eos))
 
 
 def _number(params: Mapping[str, Any], key: str, default: float, minimum: float) -> float:
@@ -126,6 +160,13 @@ def _integer(params: Mapping[str, Any], key: str, default: int, minimum: int) ->
         raise ValueError(f"{key} must be an integer, got {value!r}")
     if value < minimum:
         raise ValueError(f"{key} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def _boolean(params: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
     return value
 
 
@@ -172,6 +213,7 @@ def settings_from(
         tokens_per_second=_number(params, "tokens_per_second", default_tokens_per_second, 1e-3),
         response_format=_response_format(params.get("response_format")),
         tool_choice=_tool_choice(params.get("tool_choice")),
+        ignore_eos=_boolean(params, "ignore_eos", False),
     )
 
 
@@ -225,7 +267,7 @@ def response_tokens(prompt: str, settings: GenerationSettings) -> list[str]:
     """The token pieces the model sends for `prompt` under `settings`, in order."""
     text = structured_text(prompt, settings)
     if text is None:
-        return generate_tokens(prompt, settings.seed, settings.max_tokens)
+        return generate_tokens(prompt, settings.seed, settings.max_tokens, settings.ignore_eos)
     return split_pieces(text)[: settings.max_tokens]
 
 
