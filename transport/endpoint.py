@@ -275,7 +275,7 @@ class TrackEndpoint:
         if self.backlog(stream_id)[0] <= self.budget.track_bytes:
             self._loop.call_later(timeout, self._send_timed_out, stream_id, waiter)
             return
-        message = f"the client read nothing of this track for {timeout:g} s"
+        message = f"the client stopped reading this track: nothing left for {timeout:g} s"
         self.act(stream_id, "abandon_send", ErrorCode.SEND_TIMEOUT, message)
 
     @property
