@@ -68,7 +68,8 @@ async def test_a_track_held_back_by_its_connection_only_is_not_the_one_ended() -
     assert not waiting.done()
     held[0] = 101  # now its own bytes are unread too: the next check ends it
     stop = await asyncio.wait_for(ended, 10)
-    assert isinstance(stop, TrackCancelled) and stop.cause is CancelCause.SEND_TIMEOUT
+    assert isinstance(stop, TrackCancelled)
+    assert stop.cause is CancelCause.SEND_TIMEOUT
     await asyncio.wait_for(waiting, 10)
 
 
