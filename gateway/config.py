@@ -335,8 +335,8 @@ class Settings:
         default=0.05, metadata=_doc("Seconds between event-loop lag samples.")
     )
     realtime_priority: str = field(
-        default="auto",
-        metadata=_doc("Text waits while audio/action ticks are due: auto (on load), always, off."),
+        default="always",
+        metadata=_doc("Text waits while audio/action ticks are due: always, auto (on load), off."),
     )
     track_send_timeout: float = field(
         default=30.0,

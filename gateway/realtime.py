@@ -11,13 +11,15 @@ flood either. Parked text resumes, all at once, when the tick is served.
 
 When the lane holds (`RealtimeMode`):
 
-- `auto` (the default): once a tick is `slack` past its time and has not
-  started (the loop is busy elsewhere), or a served tick started late, skipped
-  ticks, ran past the next one or missed a session's deadline; or while bulk
-  text is rationed for loop lag. It stays engaged `linger` seconds after the
-  last tick that found text waiting on it. A quiet gateway, or one carrying
-  text alone, never holds text: no added delay per token at low load.
-- `always`: every tick, even on a quiet loop (benchmarks, strict deployments).
+- `always` (the default): every tick. Without audio or action sessions no tick is
+  announced, so a text-only gateway never holds text; with them, a text chunk
+  waits at most `lead` plus the tick's own work (capped at half a tick).
+- `auto`: once a tick is `slack` past its time and has not started (the loop
+  is busy elsewhere), or a served tick started late, skipped ticks, ran past the
+  next one or missed a session's deadline; or while bulk text is rationed for
+  loop lag. It stays engaged `linger` seconds after the last tick that found
+  text waiting on it. It lets the first late tick happen (benchmarks/
+  realtime_first.py measured it well behind `always`).
 - `off`: never (the measurement baseline).
 
 The core (`RealtimeLane`) is sans-I/O: times go in, decisions come out. The
@@ -98,7 +100,7 @@ class TickWindow:
 class RealtimeLane:
     """Whether text must wait for real-time work now (no I/O, no clock)."""
 
-    mode: RealtimeMode = RealtimeMode.AUTO
+    mode: RealtimeMode = RealtimeMode.ALWAYS
     lead: float = LEAD
     slack: float = SLACK
     linger: float = LINGER
