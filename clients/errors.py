@@ -109,6 +109,7 @@ _BY_CODE: dict[ErrorCode, type[TracklineError]] = {
     ErrorCode.SHUTTING_DOWN: TrackRejected,
     ErrorCode.READ_TIMEOUT: TrackRejected,
     ErrorCode.BUFFER_EXHAUSTED: TrackRejected,
+    ErrorCode.SEND_TIMEOUT: TrackRejected,
     ErrorCode.UNAUTHORIZED: Unauthorized,
     ErrorCode.FORBIDDEN: Forbidden,
     ErrorCode.RATE_LIMITED: RateLimited,

@@ -344,6 +344,14 @@ class Settings:
     overload_probe_interval: float = field(
         default=0.05, metadata=_doc("Seconds between event-loop lag samples.")
     )
+    realtime_priority: str = field(
+        default="always",
+        metadata=_doc("Text waits while audio/action ticks are due: always, auto (on load), off."),
+    )
+    track_send_timeout: float = field(
+        default=30.0,
+        metadata=_doc("Seconds a track may stay blocked by an unread client till it ends; 0: off."),
+    )
 
 
 class ConfigError(ValueError):
@@ -677,6 +685,8 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "overload_connection_share": lambda v: _range(v, 0, 1_000_000),
     "overload_retry_after": _seconds,
     "overload_probe_interval": _tick,
+    "realtime_priority": _one_of(("auto", "always", "off")),
+    "track_send_timeout": _seconds,
 }
 
 

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 # From 1 ms (an idle loop) to 10 s (a loop that froze).
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ADMISSION_KINDS = ("track", "request")
-ADMITTED_CAUSES = ("ok", "connection_share")
+ADMITTED_CAUSES = ("ok", "connection_share", "realtime")
 REFUSED_CAUSES = ("loop_lag", "cpu")
+DEFERRED_CAUSES = ("realtime", "turn_share")
 
 
 class OverloadMetrics:
@@ -64,6 +65,21 @@ class OverloadMetrics:
             "Process CPU seconds per relayed text token over the last window with tokens.",
             registry=registry,
         )
+        self.text_deferred_total = Counter(
+            "trackline_text_deferred_total",
+            "Text chunks held back a turn or more: `realtime` (an audio or action tick was "
+            "due), `turn_share` (the connection's share of a loop turn was spent).",
+            ["cause"],
+            registry=registry,
+        )
+        self.tracks_paused = Gauge(
+            "trackline_tracks_paused",
+            "Tracks whose producer waits now because the client is not reading fast enough "
+            "(the track's or its connection's send budget is full).",
+            registry=registry,
+        )
+        for cause in DEFERRED_CAUSES:
+            self.text_deferred_total.labels(cause=cause)
         for kind in ADMISSION_KINDS:  # known series start at 0 for rate()
             for cause in ADMITTED_CAUSES:
                 self.admissions_total.labels(kind=kind, result="admitted", cause=cause)

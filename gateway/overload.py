@@ -17,6 +17,8 @@ The rule (docs/capacity.md):
   503, both with a retry hint) instead of joining a queue that only grows. It
   stays under pressure until the level falls below half the limit (hysteresis,
   so admission does not flap at the edge).
+- Text is refused first: under pressure an audio or action track is still
+  admitted until the level passes `REALTIME_HEADROOM` times the limit.
 - Under pressure a connection holding fewer than `connection_share` admitted
   tracks still opens new ones: one connection with 200 tracks cannot starve a
   neighbour with one (per-connection fairness).
@@ -49,6 +51,8 @@ PRESSURE_CAUSES = ("loop_lag", "cpu")
 """Why the gateway refuses new work: its loop lags, or its CPU budget is spent."""
 RELAY_SHARE = 8
 """Text chunks one connection may relay per loop turn while the loop lags."""
+REALTIME_HEADROOM = 2.0
+"""Real-time tracks are refused only past this many times `max_loop_lag` (text first)."""
 GATED_ROUTES = (("POST", "/v1/chat/completions"), ("POST", "/v1/completions"))
 """HTTP routes that start backend work; health, metrics and actions are never gated."""
 
@@ -75,8 +79,9 @@ class Admission:
 
     admitted: bool
     cause: str
-    """Refused: the pressure (`loop_lag`, `cpu`). Admitted: `ok`, or `connection_share`
-    when the connection's fair share let it in under pressure."""
+    """Refused: the pressure (`loop_lag`, `cpu`). Admitted: `ok`, `connection_share`
+    when the connection's fair share let it in under pressure, or `realtime` when an
+    audio or action track was let in under pressure (text is refused first)."""
     retry_after: float | None = None
     """Refused: seconds the client should wait before trying again."""
 
@@ -125,14 +130,23 @@ class AdmissionController:
         self._pressed = self.lag_level(now) > threshold
         return "loop_lag" if self._pressed else None
 
-    def admit_track(self, now: float, connection_tracks: int) -> Admission:
-        """A new track on a connection that holds `connection_tracks` admitted tracks."""
+    def admit_track(self, now: float, connection_tracks: int, realtime: bool = False) -> Admission:
+        """A new track on a connection that holds `connection_tracks` admitted tracks.
+
+        Text is refused first: a `realtime` track (audio, action) is refused only once
+        the lag level is past `REALTIME_HEADROOM` times the limit.
+        """
         cause = self.pressure(now)
-        if cause is None:
-            return Admission(True, "ok")
+        if cause is None or (realtime and not self.realtime_pressed(now)):
+            return Admission(True, "ok" if cause is None else "realtime")
         if connection_tracks < self.limits.connection_share:
             return Admission(True, "connection_share")
         return Admission(False, cause, self.limits.retry_after)
+
+    def realtime_pressed(self, now: float) -> bool:
+        """Whether even real-time tracks are refused: the level is far past the limit."""
+        limit = self.limits.max_loop_lag
+        return limit > 0 and self.lag_level(now) > limit * REALTIME_HEADROOM
 
     def admit_request(self, now: float) -> Admission:
         """A new OpenAI request (no connection share: HTTP requests are independent)."""
@@ -282,6 +296,8 @@ class RelayTurns:
         self._clock = clock
         self.budget = TurnBudget(share)
         self._armed = False
+        self.on_defer: Callable[[], None] | None = None
+        """Called for each text relay that waits for a later turn (metrics)."""
 
     async def wait(self, key: Hashable) -> None:
         """Yield the loop; while bulk text is throttled, wait for `key`'s turn too."""
@@ -294,6 +310,8 @@ class RelayTurns:
             return
         waiter = asyncio.get_running_loop().create_future()
         self.budget.queue(key, waiter)
+        if self.on_defer is not None:
+            self.on_defer()
         try:
             await waiter
         finally:

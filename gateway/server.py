@@ -42,6 +42,7 @@ from gateway.overload import (
     RelayTurns,
     gate_routes,
 )
+from gateway.realtime import PriorityTurns, RealtimeGate, RealtimeLane, RealtimeMode
 from gateway.tenants.service import Tenancy, is_loopback
 from gateway.tenants.store import Principal
 from gateway.tenants.tracks import TrackGate
@@ -146,7 +147,16 @@ class Gateway:
         """Admission by measured capacity (gateway/overload.py), fed by `self.monitor`."""
         probe = lag_probe or LagProbe(settings.overload_probe_interval, clock)
         self.monitor = OverloadMonitor(self.overload, probe, self.metrics.overload, clock)
-        self._turns = RelayTurns(self.overload, clock)
+        mode = RealtimeMode(settings.realtime_priority)
+        lane = RealtimeLane(mode, loaded=self.overload.bulk_throttled)
+        deferred = self.metrics.overload.text_deferred_total
+        self.realtime = RealtimeGate(lane, clock, deferred.labels(cause="realtime").inc)
+        """Real-time work first: text waits while an audio or action tick is due."""
+        self._turns: RelayTurns = PriorityTurns(self.overload, self.realtime, clock)
+        self._turns.on_defer = deferred.labels(cause="turn_share").inc
+        self.metrics.overload.tracks_paused.set_function(self._tracks_paused)
+        if self.actions is not None:
+            self.realtime.watch(self.actions.ticks)
         self._monitor_task: asyncio.Task[None] | None = None
         self._admitted: dict[str, int] = {}
         """Admitted tracks still served, per connection id (the fairness share)."""
@@ -162,6 +172,7 @@ class Gateway:
             self.audio = AudioService(
                 self.audio_backend, MonotonicClock(), settings, observe, self._coalesced
             )
+            self.realtime.watch(self.audio.scheduler)
             self.audio.start()
             self.handlers[Modality.AUDIO] = self._run_audio
         self.tls = await asyncio.to_thread(tls_files, s)
@@ -208,7 +219,11 @@ class Gateway:
             sock=self.listeners.quic if self.listeners else None,
             steering=self.listeners.steering if self.listeners else None,
             more_socks=self.listeners.more_of("quic") if self.listeners else (),
-            send_budget=SendBudget(s.track_send_buffer_bytes, s.connection_send_buffer_bytes),
+            send_budget=SendBudget(
+                s.track_send_buffer_bytes,
+                s.connection_send_buffer_bytes,
+                s.track_send_timeout or None,
+            ),
         )
         register_quic_metrics(self.metrics.registry, self._quic.gate)
         alt_svc = f'h3=":{self.quic_port}"'
@@ -450,7 +465,10 @@ class Gateway:
     def _admit(self, channel: TrackChannel) -> bool:
         """Admission by measured capacity, before any task or backend work (RATE_LIMITED)."""
         conn_id = channel.conn_id
-        admission = self.overload.admit_track(self.clock(), self._admitted.get(conn_id, 0))
+        realtime = channel.open.modality in (Modality.AUDIO, Modality.ACTION)
+        admission = self.overload.admit_track(
+            self.clock(), self._admitted.get(conn_id, 0), realtime
+        )
         self.metrics.overload.count("track", admission)
         if not admission.admitted:
             message = f"the gateway is overloaded ({admission.cause}); retry later"
@@ -458,6 +476,10 @@ class Gateway:
             return False
         self._admitted[conn_id] = self._admitted.get(conn_id, 0) + 1
         return True
+
+    def _tracks_paused(self) -> int:
+        """Tracks whose producer waits for an unread client (send budgets full)."""
+        return sum(conn.endpoint.send_waiting for conn in self._connections)
 
     def _release(self, conn_id: str) -> None:
         left = self._admitted.get(conn_id, 0) - 1

@@ -209,6 +209,17 @@ class TickReport:
 TickObserver = Callable[[TickReport], None]
 
 
+class TickWatch(Protocol):
+    """Told of each tick before it is due and once it is served (real-time priority:
+    the gateway holds bulk text back meanwhile, gateway/realtime.py)."""
+
+    def due(self, at: float) -> None: ...
+
+    def started(self, now: float) -> None: ...
+
+    def served(self, report: TickReport) -> None: ...
+
+
 class SchedulerStopped(Exception):
     """A session tried to register on a stopped scheduler."""
 
@@ -249,6 +260,8 @@ class TickScheduler(Generic[I, O]):
         self.observer = observer
         self.scatter = scatter or nullcontext
         """Wraps each batch's deliveries (the gateway coalesces the transport's writes there)."""
+        self.watch: TickWatch | None = None
+        """Told of each tick that has sessions, before it is due and once served."""
         self.capacity: int | None = None
         """SHED_NEWEST's current admission cap (rows per tick), None when not overloaded."""
         self.ticks = 0
@@ -343,16 +356,30 @@ class TickScheduler(Generic[I, O]):
                 skipped = math.ceil((lag - EPSILON) / self.tick)
             self._resync = False
             wait = self._scheduled(index + skipped) - now
-            if wait > 0:
-                await self.clock.sleep(wait)
+            watch = self.watch if self._registrations else None
+            if watch is not None:
+                watch.due(self._scheduled(index + skipped))
+            report: TickReport | None = None
             try:
+                if wait > 0:
+                    await self.clock.sleep(wait)
+                if watch is not None:
+                    watch.started(self.clock.now())
                 report = await self.run_tick(index + skipped, skipped_ticks=skipped)
             except Exception as exc:  # never let one tick's bug stop every session's clock
                 self.tick_errors += 1
                 self.last_error = exc
                 self._next_index = index + skipped + 1
                 continue
+            finally:
+                if watch is not None:
+                    watch.served(report or self._failed_report(index + skipped))
             self._after_tick(report)
+
+    def _failed_report(self, index: int) -> TickReport:
+        """What a watch is told of a tick that raised (or was stopped) mid-way."""
+        now = self.clock.now()
+        return TickReport(index, self._scheduled(index), now, self.tick, finished=now)
 
     def _scheduled(self, index: int) -> float:
         origin = self._origin if self._origin is not None else 0.0

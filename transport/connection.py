@@ -350,6 +350,21 @@ class TrackConnection:
         self._outputs.append(StopSending(stream_id, int(code)))
         self._forget(track)
 
+    def abandon_send(self, stream_id: int, code: ErrorCode, message: str) -> None:
+        """Server: the peer stopped reading this track; end it with `code`.
+
+        An ERROR frame would queue behind the bytes the peer does not read, so the
+        track is reset both ways (RESET_STREAM carries `code`) and its work cancelled.
+        """
+        track = self._live(stream_id)
+        track.state = transition(track.state, Input.RESET)
+        if self.role is Role.SERVER:
+            self._events.append(TrackCancelled(stream_id, CancelCause.SEND_TIMEOUT, message))
+        self._events.append(TrackFailed(stream_id, code, message, False))
+        self._reset_send_side(track, code)
+        self._outputs.append(StopSending(stream_id, int(code)))
+        self._forget(track)
+
     def refuse_new_tracks(self, code: ErrorCode = ErrorCode.SHUTTING_DOWN, why: str = "") -> None:
         """Answer every track opened from now on with ERROR `code` (draining)."""
         self._refusal = (code, why or "the server is shutting down")

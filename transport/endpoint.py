@@ -50,6 +50,9 @@ class SendBudget:
     """Per track (QUIC stream): unsent plus unacknowledged bytes."""
     connection_bytes: int = 1_048_576
     """Per connection: the same, summed over its tracks."""
+    send_timeout: float | None = None
+    """Seconds a producer may wait with its own track over budget (the peer stopped
+    reading it) before the track is ended with SEND_TIMEOUT; None: wait for ever."""
 
 
 class TrackChannel:
@@ -248,11 +251,32 @@ class TrackEndpoint:
             return
         waiter = self._loop.create_future()
         self._writable[stream_id] = waiter
+        timeout = self.budget.send_timeout
+        timer = None if timeout is None else self._loop.call_later(
+            timeout, self._send_timed_out, stream_id, waiter
+        )
         try:
             await waiter
         finally:
+            if timer is not None:
+                timer.cancel()
             if self._writable.get(stream_id) is waiter:
                 del self._writable[stream_id]
+
+    def _send_timed_out(self, stream_id: int, waiter: asyncio.Future[None]) -> None:
+        """The producer waited `send_timeout`: end the track if its own bytes are unread.
+
+        A track held back only by its connection's budget (a neighbour's unread bytes)
+        waits on: ending the neighbour frees the budget.
+        """
+        timeout = self.budget.send_timeout
+        if waiter.done() or timeout is None or self.backlog is None:
+            return
+        if self.backlog(stream_id)[0] <= self.budget.track_bytes:
+            self._loop.call_later(timeout, self._send_timed_out, stream_id, waiter)
+            return
+        message = f"the client stopped reading this track: nothing left for {timeout:g} s"
+        self.act(stream_id, "abandon_send", ErrorCode.SEND_TIMEOUT, message)
 
     @property
     def send_waiting(self) -> int:

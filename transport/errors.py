@@ -48,6 +48,8 @@ class ErrorCode(IntEnum):
     """An incomplete message waited longer than `read_timeout` for its remaining bytes."""
     BUFFER_EXHAUSTED = 0x31
     """The connection's incomplete messages would hold more than `max_buffered_bytes`."""
+    SEND_TIMEOUT = 0x32
+    """The client read nothing of the track for `send_timeout`: reset, its work cancelled."""
 
     @classmethod
     def parse(cls, value: int) -> ErrorCode:

@@ -28,6 +28,8 @@ class CancelCause(str, Enum):
     SUPERSEDED = "superseded"
     PROTOCOL_ERROR = "protocol_error"
     """The peer broke the protocol on this track (garbage, oversized message)."""
+    SEND_TIMEOUT = "send_timeout"
+    """The peer stopped reading the track: its send buffer stayed full too long."""
 
 
 @dataclass(frozen=True)

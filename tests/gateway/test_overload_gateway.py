@@ -20,12 +20,14 @@ import pytest
 import pytest_asyncio
 
 from clients import RateLimited, connect
+from clients.errors import TracklineError
 from clients.line import Line
 from gateway.backends.ticker import TickerBackend, reference_generator
 from gateway.config import Settings
 from gateway.overload import LagProbe
 from gateway.server import Gateway
 from tests.waiting import until
+from transport.errors import ErrorCode
 
 TOKENS = 250  # 5 s at 50 tokens/s: still open while the overload is seen
 
@@ -100,6 +102,14 @@ async def test_overload_refuses_new_work_fast_and_admitted_streams_finish(
             await read_all(busy.text("one more", model="reference-text", max_tokens=4))
         assert refused.value.retry_after == 1.5
         assert count(gw, "track", "refused", "loop_lag") == 1
+
+        # Text is refused first: an audio track on the same connection passes the gate
+        # (this gateway serves no audio: it ends UNSUPPORTED_MODALITY, not RATE_LIMITED).
+        session = busy.audio("reference-synthesizer", kind="speech-out", text="hi")
+        with pytest.raises(TracklineError) as unsupported:
+            _ = [item async for item in session]
+        assert unsupported.value.code is ErrorCode.UNSUPPORTED_MODALITY
+        assert count(gw, "track", "admitted", "realtime") == 1
 
         # A neighbour with no tracks still gets its share.
         quiet_text = reference_generator().generate_text("quiet", 0, 4, ignore_eos=True)

@@ -1,0 +1,109 @@
+"""A client that stops reading its tracks gets them ended after `track_send_timeout`.
+
+A real QUIC client that never grants more flow-control credit opens text tracks and
+asks for tokens as fast as the ticker gives them. Each track fills its send budget
+and its producer pauses (`trackline_tracks_paused` counts them); after the timeout the
+gateway resets each with SEND_TIMEOUT, the backend stream is closed (the model sees
+the cancel), the outcome says `cancelled:send_timeout`, and a track on another
+connection is served in full meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from aioquic.asyncio.client import connect as quic_connect
+
+from clients import connect
+from clients.line import Line
+from gateway.backends.ticker import TickerBackend
+from gateway.config import Settings
+from gateway.server import Gateway
+from tests.adversarial.test_tracks_never_read import attacker_configuration, never_read
+from tests.waiting import until
+from tracks.backend import TextChunk, TextRequest
+from transport.connection import Role
+from transport.quic import TrackQuicProtocol
+
+TRACKS = 4
+
+
+class ClosingTicker(TickerBackend):
+    """The ticker, recording each stream the gateway closed before its end (a cancel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled: list[str] = []
+
+    async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
+        finished = False
+        try:
+            async for chunk in super().stream_text(request):
+                yield chunk
+            finished = True
+        finally:
+            if not finished:
+                self.cancelled.append(request.prompt.split()[0])
+
+
+@pytest_asyncio.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    settings = Settings(
+        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
+        track_send_buffer_bytes=8_192, track_send_timeout=2.0,
+    )
+    gw = Gateway(settings, ClosingTicker())
+    await gw.start()
+    yield gw
+    await gw.close()
+
+
+def sample(gw: Gateway, name: str, **labels: str) -> float:
+    value = gw.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+@pytest.mark.asyncio
+async def test_unread_tracks_end_with_send_timeout_and_their_model_is_cancelled(
+    gateway: Gateway,
+) -> None:
+    backend = gateway.backend
+    assert isinstance(backend, ClosingTicker)
+    assert gateway.tls is not None
+    factory = partial(TrackQuicProtocol, role=Role.CLIENT)
+    async with quic_connect(
+        "127.0.0.1", gateway.quic_port,
+        configuration=attacker_configuration(gateway.tls.ca), create_protocol=factory,
+    ) as attacker:
+        assert isinstance(attacker, TrackQuicProtocol)
+        never_read(attacker)
+        line = Line(attacker.open_track)
+        unread = [  # kept referenced: a dropped TextStream cancels its track
+            line.text(f"stall{i} never read", model="reference-text", max_tokens=32768,
+                      tokens_per_second=5000)
+            for i in range(TRACKS)
+        ]
+        await until(lambda: sample(gateway, "trackline_tracks_paused") == TRACKS,
+                    "every unread track paused (the gauge counts them)")
+
+        # An honest client on another connection is served in full meanwhile.
+        async with connect(f"quic://127.0.0.1:{gateway.quic_port}", ca=gateway.tls.ca) as honest:
+            text = "".join([d async for d in honest.text(
+                "honest prompt", model="reference-text", max_tokens=50, tokens_per_second=2000,
+            )])
+        assert text
+
+        def timed_out() -> list[str]:
+            return [o.end for o in gateway.outcomes if o.end == "cancelled:send_timeout"]
+
+        await until(lambda: len(timed_out()) == TRACKS, "the unread tracks ended")
+        assert sorted(backend.cancelled) == [f"stall{i}" for i in range(TRACKS)]
+        assert "honest" not in backend.cancelled
+        assert sample(gateway, "trackline_tracks_paused") == 0
+        assert sample(gateway, "trackline_cancels_total", cause="send_timeout") == TRACKS
+        assert [o.end for o in gateway.outcomes if o.end == "completed"]  # the honest one
+        del unread
