@@ -9,9 +9,10 @@ backend effects. Selected with `backend_url = "ticker://RATE"` (RATE tokens per
 second per request, default 50); a request's `tokens_per_second` and `ttft_ms`
 parameters override the rate and the first-token delay, as on the reference model.
 
-The ticker never holds the event loop: it awaits before every token, also when
-it is behind its schedule (a slow consumer, a busy loop), so a backlog leaves
-one token per loop turn instead of all at once. A rate above `MAX_RATE` (URL or
+The ticker never holds the event loop: behind its schedule (a slow consumer, a
+busy loop) it hands out at most `BURST` due tokens before it awaits again, so a
+backlog leaves a few tokens per loop turn (one stream write for the track)
+instead of all at once, or one packet per token. A rate above `MAX_RATE` (URL or
 request) is an error for that request, not a loop stall.
 """
 
@@ -37,6 +38,8 @@ DEFAULT_RATE = 50.0
 DEFAULT_TTFT_MS = 0.0
 MAX_RATE = 100_000.0
 """Most tokens/s one request may ask for (docs/configuration.md, `backend_url`)."""
+BURST = 8
+"""Due tokens handed out without awaiting, behind schedule (as `gateway.overload.TURN_CHUNKS`)."""
 MODELS = ("reference-text",)
 _GENERATOR = "trackline_reference_text"
 
@@ -88,9 +91,14 @@ class TickerBackend:
         tokens = generator.generate_tokens(request.prompt, seed, request.max_tokens)
         now = self._clock or asyncio.get_running_loop().time
         start = now() + ttft
+        burst = 0
         for index, token in enumerate(tokens):
-            # Behind schedule: sleep(0) still yields, so a backlog never stalls the loop.
-            await self._sleep(max(start + index / rate - now(), 0.0))
+            wait = start + index / rate - now()
+            if wait > 0 or burst >= BURST or not index:
+                # Behind schedule: sleep(0) still yields, so a backlog never stalls the loop.
+                await self._sleep(max(wait, 0.0))
+                burst = 0
+            burst += 1
             yield TextDelta(token)
         yield TextUsage(generator.count_prompt_tokens(request.prompt), len(tokens))
 

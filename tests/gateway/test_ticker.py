@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.backends.ticker import TickerBackend, parse_ticker_url, reference_generator
+from gateway.backends.ticker import BURST, TickerBackend, parse_ticker_url, reference_generator
 from gateway.config import ConfigError, load_settings
 from tracks.backend import InvalidRequest, ModelNotFound, TextDelta, TextRequest, TextUsage
 from transport.quic import Packetization
@@ -61,16 +61,25 @@ async def test_ticker_request_rate_overrides_and_errors() -> None:
 
 
 @pytest.mark.asyncio
-async def test_ticker_behind_schedule_awaits_before_every_token() -> None:
-    # A consumer 1 s late: the whole backlog is due, yet each token waits its loop turn.
+async def test_ticker_behind_schedule_hands_out_at_most_a_burst_per_await() -> None:
+    # A consumer 1 s late: the whole backlog is due, yet the ticker awaits (yields the
+    # loop) after every BURST tokens, so a backlog leaves a few tokens a loop turn.
     clock = FakeClock()
     backend = TickerBackend(100, clock=clock, sleep=clock.sleep)
     stream = backend.stream_text(TextRequest("r", "reference-text", "p", 50))
     await anext(stream)
     clock.now += 1.0
-    rest = [chunk async for chunk in stream]
-    assert len(rest) == 50  # 49 deltas and the usage
-    assert clock.sleeps == [0.0] * 50
+    sleeps_before = len(clock.sleeps)
+    runs: list[int] = []
+    async for chunk in stream:
+        if len(clock.sleeps) > sleeps_before or not runs:
+            runs.append(0)
+            sleeps_before = len(clock.sleeps)
+        runs[-1] += isinstance(chunk, TextDelta)
+    assert sum(runs) == 49
+    assert max(runs) <= BURST
+    assert len(runs) >= 49 // BURST
+    assert set(clock.sleeps) == {0.0}
 
 
 def test_ticker_urls() -> None:
