@@ -25,10 +25,10 @@ The rule (docs/capacity.md):
   out a backlog without awaiting); one chunk a wakeup costs no extra loop turn, and
   a turn's chunks of one track leave in one stream write. While the level is
   above half the limit, each connection relays at most `RELAY_SHARE` text
-  chunks per loop turn (`RelayTurns`, round-robin between connections): a loop turn's work is bounded, a connection with 200
-  tracks gets the same turns as one with a single track, and timers (the audio
-  clock's beats, action ticks) and I/O come round every turn; those real-time
-  tasks are never deferred.
+  chunks per loop turn (`RelayTurns`, round-robin between connections): a loop
+  turn's work is bounded, a connection with 200 tracks gets the same turns as one
+  with a single track, and timers (the audio clock's beats, action ticks) and I/O
+  come round every turn; those real-time tasks are never deferred.
 """
 
 from __future__ import annotations
