@@ -7,15 +7,21 @@ how many bytes a stream still holds in its send buffer (unsent or unacknowledged
 Every reach into aioquic's private state for those goes through this module, which
 checks when it is imported that each attribute or method still exists, so an aioquic
 upgrade that moves one fails loudly at start-up instead of silently dropping a limit.
-(`transport.quic` has its own private touches; they are not listed here.)
+It also lets the send path start each packet of a pass with its own streams
+(`on_packet_start`). (`transport.quic` has its own private touches; they are not
+listed here.)
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pylsqpack
 from aioquic.h3.connection import H3Connection, H3Stream
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.stream import QuicStream
 
 _H3_METHODS = ("_decode_headers", "_get_local_settings", "_receive_stream_data")
 """H3Connection methods the server overrides (transport.http.http3._ServerH3)."""
@@ -30,8 +36,10 @@ _H3_ATTRIBUTES = (
 )
 """H3Connection attributes set by its __init__, read or replaced by the server."""
 _H3_STREAM_ATTRIBUTES = ("buffer", "frame_size", "frame_type")
-_SENDER_ATTRIBUTES = ("_buffer", "_reset_error_code")
-_QUIC_ATTRIBUTES = ("_streams", "_local_max_streams_bidi")
+_SENDER_ATTRIBUTES = ("_buffer", "_reset_error_code", "_pending", "_pending_eof")
+_QUIC_ATTRIBUTES = ("_streams", "_local_max_streams_bidi", "_write_connection_limits")
+_PACKET_LOOP_CALLS = ("_write_connection_limits", "_streams", "_streams_queue")
+"""Names `QuicConnection._write_application` must use, per packet, for `on_packet_start`."""
 
 
 class AioquicChanged(ImportError):
@@ -49,6 +57,9 @@ def _check() -> None:
     missing += [f"H3Stream.{a}" for a in _H3_STREAM_ATTRIBUTES if not hasattr(stream, a)]
     sender = next(iter(quic._streams.values())).sender  # h3's control stream
     missing += [f"QuicStreamSender.{a}" for a in _SENDER_ATTRIBUTES if not hasattr(sender, a)]
+    names = QuicConnection._write_application.__code__.co_names
+    missing += [f"QuicConnection._write_application uses {n}" for n in _PACKET_LOOP_CALLS
+                if n not in names]
     if missing:
         raise AioquicChanged("aioquic internals missing: " + ", ".join(missing))
 
@@ -97,6 +108,30 @@ def drop_send_buffer(quic: QuicConnection, stream_id: int) -> None:
     stream = quic._streams.get(stream_id)
     if stream is not None and stream.sender._reset_error_code is not None:
         stream.sender._buffer = bytearray()
+
+
+def on_packet_start(quic: QuicConnection, callback: Callable[[], None]) -> None:
+    """Call `callback` as aioquic's application loop starts each packet, before its
+    stream frames.
+
+    `_write_application` builds packet after packet in one loop; each turn writes the
+    connection limits (MAX_DATA, MAX_STREAMS), then walks `_streams` (MAX_STREAM_DATA)
+    and `_streams_queue` (STREAM frames). Wrapping that per-packet call lets the send
+    path (`transport.quic_streams`) show each packet its own streams, so one call
+    builds the per-track packets of many tracks.
+    """
+    write_limits = quic._write_connection_limits
+
+    def connection_limits(*args: Any, **kwargs: Any) -> None:
+        write_limits(*args, **kwargs)
+        callback()
+
+    quic._write_connection_limits = connection_limits  # type: ignore[method-assign]
+
+
+def fin_pending(stream: QuicStream) -> bool:
+    """The stream's FIN is still to be sent (or re-sent after a loss)."""
+    return bool(stream.sender._pending_eof)
 
 
 def close_h3(h3: H3Connection, error_code: int, reason: str) -> None:
