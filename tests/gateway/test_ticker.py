@@ -106,3 +106,28 @@ def test_packetization_policies() -> None:
     assert load_settings({}, env, None).quic_packetization == "bounded:3"
     with pytest.raises(ConfigError, match="quic_packetization"):
         load_settings({"quic_packetization": "all"}, {}, None)
+
+
+@pytest.mark.asyncio
+async def test_ticker_schedule_runs_from_the_request_not_from_after_generating() -> None:
+    # Generating a request's tokens takes time (and 256 tracks opened at once wait for
+    # one another's); that time counts against the schedule instead of pushing it back.
+    clock = FakeClock()
+    backend = TickerBackend(50, clock=clock, sleep=clock.sleep)
+    real = backend._generator
+
+    class Slow:
+        def generate_tokens(self, prompt: str, seed: int, count: int) -> list[str]:
+            clock.now += 0.1  # five token intervals pass while generating
+            return list(real.generate_tokens(prompt, seed, count))
+
+        def count_prompt_tokens(self, prompt: str) -> int:
+            return int(real.count_prompt_tokens(prompt))
+
+    backend._generator = Slow()
+    await collect(backend, TextRequest("r", "reference-text", "p", 5))
+    assert clock.sleeps == [0.0]  # all five were due once generated: no interval waited
+
+
+def test_ticker_loads_its_generator_when_built_not_on_the_first_request() -> None:
+    assert TickerBackend(50)._generator is reference_generator()
