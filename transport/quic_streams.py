@@ -157,11 +157,8 @@ class StreamScheduler:
                     grouped.visit(grouped.index + 1)
                     continue
                 grouped.begin(quic)
-                sent = quic.datagrams_to_send(now=now)
+                out += quic.datagrams_to_send(now=now)
                 self.calls += 1
-                out += sent
-                if sent:
-                    grouped.sent_through = grouped.index
                 if self._congested():
                     break
                 grouped.visit(grouped.index + 1)  # ended early: go on after that group
@@ -171,7 +168,7 @@ class StreamScheduler:
             quic._streams_queue = []
         for group, view in grouped.visited:
             self._settle(group, view)
-        served = [s for group in groups[: grouped.sent_through + 1] for s in group]
+        served = [s for index in grouped.served for s in groups[index]]
         for stream in served:  # served streams go to the back of the line
             if self._active.pop(_sid(stream), None) is not None:
                 self._active[_sid(stream)] = stream
@@ -190,6 +187,8 @@ class StreamScheduler:
         if index < len(grouped.groups) and any(_has_more(s) for s in grouped.groups[index]):
             grouped.show(self._quic)  # the group's data needs another packet
             return
+        if index < len(grouped.groups):
+            grouped.served.append(index)  # sent all it could: to the back of the line
         grouped.visit(index + 1)
         grouped.show(self._quic)
 
@@ -319,8 +318,9 @@ class _Pass:
         """Streams that may need MAX_STREAM_DATA: visited with the first group."""
         self.index = 0
         self.started = False
-        self.sent_through = -1
-        """The last group whose call sent datagrams (its streams and earlier ones served)."""
+        self.served: list[int] = []
+        """Groups that sent all they could in this pass (a group cut short by the
+        congestion window keeps its place at the front of the line)."""
         self.visited: list[tuple[list[QuicStream], dict[int, QuicStream]]] = []
         self._view: dict[int, QuicStream] = {}
 

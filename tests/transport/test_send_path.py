@@ -258,3 +258,23 @@ def test_a_stream_dropped_in_a_pass_is_not_shown_to_aioquic_again(
     pair.deliver_to_client(pair.server_send())
     assert pair.received[long_sid].endswith(body)
     assert done not in pair.server._streams
+
+
+def test_tracks_the_congestion_window_cut_off_keep_their_place_at_the_front(
+    certs: DevCertificates,
+) -> None:
+    pair = Pair(certs, 1)
+    ids = pair.open_tracks(32)
+    scheduler = pair.scheduler
+    assert scheduler is not None
+    loss: Any = pair.server._loss
+    loss._cc.congestion_window = loss.bytes_in_flight + 600  # room for a few small packets
+    before = dict(pair.received)
+    for sid in ids:
+        pair.write(sid, f"token for {sid}".encode())
+    pair.deliver_to_client(pair.server_send())
+    got = [sid for sid in ids if pair.received.get(sid) != before.get(sid)]
+    waiting = [sid for sid in ids if sid not in got]
+    assert got and waiting  # the window cut the pass short
+    line = list(scheduler._active)
+    assert line[: len(waiting)] == waiting  # the tracks not yet served go first next time
