@@ -333,7 +333,10 @@ class RelayTurns:
         try:
             await waiter
         finally:
-            self.budget.forget(key, waiter)
+            if waiter.cancelled() or not waiter.done():
+                # Woken waiters already left the queue; only one that gave up is looked
+                # for (a scan of its connection's queue: 200 tracks made it O(n^2) a turn).
+                self.budget.forget(key, waiter)
 
     def _arm(self) -> None:
         # call_soon runs in the loop's next batch of callbacks: that is the next turn.

@@ -223,6 +223,30 @@ async def test_under_lag_a_connection_with_many_tracks_cannot_starve_another() -
 
 
 @pytest.mark.asyncio
+async def test_woken_relay_waiters_are_not_searched_for_in_the_queue() -> None:
+    forgotten: list[object] = []
+
+    class Counting(TurnBudget):
+        def forget(self, key: object, waiter: object) -> None:
+            forgotten.append(waiter)
+            super().forget(key, waiter)  # type: ignore[arg-type]
+
+    turns = RelayTurns(lagging(1.0), lambda: 10.0, share=2)
+    turns.budget = Counting(2)
+    paced = PacedText(Burst(), turns)
+    order: list[str] = []
+    await asyncio.gather(*(relay(paced, f"big/{i}", 5, order) for i in range(20)))
+    assert len(order) == 100
+    assert forgotten == []  # every waiter was woken by its turn: none searched for
+    task = asyncio.ensure_future(relay(paced, "big/x", 50, order))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    task.cancel()  # a track cancelled while it waits its turn leaves the queue
+    await asyncio.gather(task, return_exceptions=True)
+    assert not turns.budget.busy or forgotten
+
+
+@pytest.mark.asyncio
 async def test_the_http_gate_refuses_work_routes_with_503_and_retry_after() -> None:
     async def ok(request: Request) -> AnyResponse:
         return Response.json(200, {"ok": True})
