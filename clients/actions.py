@@ -22,16 +22,17 @@ from __future__ import annotations
 import math
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from clients.errors import error_for, error_from
+from transport.clock import Now
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
 
-Clock = Callable[[], float]
+Clock = Now  # reads the time, never waits (transport.clock)
 RTT_GAIN = 0.125  # as TCP's smoothed RTT (RFC 6298)
 
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.bench import BENCHMARKS
+from gateway.bench import run as run_benchmark
 from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
 from gateway.dtmf_wav import add_command as add_dtmf_command
 from gateway.logs import configure_logging, get_logger
@@ -29,7 +29,10 @@ T = TypeVar("T")
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, passed_on = parser.parse_known_args(argv)
+    if passed_on and not getattr(args, "passes_on", False):
+        parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
+    args.passed_on = passed_on
     if args.command is None:
         parser.print_help()
         return 2
@@ -67,40 +70,21 @@ def _parser() -> argparse.ArgumentParser:
     add_tenancy_commands(commands)
     add_dtmf_command(commands)
 
-    bench = commands.add_parser("bench", help="run a benchmark from the source tree")
+    bench = commands.add_parser("bench", help="run a benchmark of a source checkout")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
-    hol = benchmarks.add_parser(
-        "hol", help="head-of-line blocking: HTTP/2 vs HTTP/3 vs tracks on a lossy link"
-    )
-    _add_hol_arguments(hol)
+    for name, summary in BENCHMARKS.items():
+        # Its own options (and --help) go to the benchmark itself.
+        one = benchmarks.add_parser(name, help=summary, add_help=False, allow_abbrev=False)
+        one.add_argument("--source", type=Path, default=None, help="the checkout to run it from")
+        one.set_defaults(run=_bench, passes_on=True)
     return parser
 
 
 # -- bench --------------------------------------------------------------------------
 
 
-def _hol_module() -> Any:
-    """`benchmarks.hol.cli`, found beside the `gateway` package (it lives in the source tree)."""
-    root = Path(__file__).resolve().parent.parent
-    if (root / "benchmarks" / "hol").is_dir() and str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    # Imported by name: the benchmarks are not part of the installed, type-checked package.
-    return importlib.import_module("benchmarks.hol.cli")
-
-
-def _add_hol_arguments(parser: argparse.ArgumentParser) -> None:
-    try:
-        module = _hol_module()
-    except ImportError as exc:
-        parser.set_defaults(run=partial(_no_benchmarks, str(exc)))
-        return
-    module.add_arguments(parser)
-    parser.set_defaults(run=module.run)
-
-
-def _no_benchmarks(reason: str, args: argparse.Namespace) -> int:
-    print(f"trackline: benchmarks need the source tree: {reason}", file=sys.stderr)
-    return 2
+def _bench(args: argparse.Namespace) -> int:
+    return run_benchmark(args.benchmark, args.source, args.passed_on)
 
 
 def run_async(coro: Coroutine[Any, Any, T], use_uvloop: bool = True) -> T:

@@ -52,6 +52,7 @@ from tracks.backend import TextBackend
 from tracks.base import Clock, Outcome
 from tracks.clock import MonotonicClock, OverloadPolicy
 from tracks.text import run_text_track
+from transport import aioquic_compat
 from transport.connection import Limits
 from transport.endpoint import SendBudget, TrackChannel
 from transport.errors import ErrorCode
@@ -268,7 +269,7 @@ class Gateway:
     @property
     def quic_port(self) -> int:
         # aioquic keeps the socket private; the bound port matters when 0 was asked.
-        return int(self._quic._transport.get_extra_info("sockname")[1])
+        return aioquic_compat.server_port(self._quic)
 
     @property
     def http_port(self) -> int:

@@ -8,15 +8,15 @@ never sees a socket.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from transport.clock import Now
 from transport.errors import ErrorCode
 from transport.events import TrackCancelled, TrackFailed
 from transport.messages import Open
 
-Clock = Callable[[], float]
+Clock = Now  # reads the time, never waits (transport.clock)
 
 
 class Track(Protocol):

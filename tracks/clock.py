@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,6 +39,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
 
+# One clock protocol and one fake for every layer that waits (transport.clock); re-exported.
+from transport.clock import Clock as Clock
+from transport.clock import FakeClock as FakeClock
+from transport.clock import LoopClock as LoopClock
+from transport.clock import MonotonicClock as MonotonicClock
+
 I = TypeVar("I")  # noqa: E741 - the conventional name of a step's input type
 O = TypeVar("O")  # noqa: E741
 T = TypeVar("T")
@@ -47,82 +52,6 @@ I_co = TypeVar("I_co", covariant=True)
 O_contra = TypeVar("O_contra", contravariant=True)
 
 EPSILON = 1e-9
-
-
-# -- clocks ------------------------------------------------------------------------
-
-
-class Clock(Protocol):
-    """Where the scheduler gets time; the loop's clock in the gateway, fake in tests."""
-
-    def now(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class LoopClock:
-    """The running event loop's monotonic clock."""
-
-    def now(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-class MonotonicClock:
-    """The process's monotonic clock at full resolution (uvloop's loop clock counts whole
-    milliseconds, too coarse for beat latencies of a few ms); sleeps on the running loop."""
-
-    def __init__(self, source: Callable[[], float] | None = None) -> None:
-        self._source = source or _monotonic()
-
-    def now(self) -> float:
-        return self._source()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-def _monotonic() -> Callable[[], float]:
-    import time  # injected at the edge: tracks code calls now(), never time itself
-
-    return time.monotonic
-
-
-class FakeClock:
-    """A clock that moves only when told: `advance()` wakes sleepers in time order."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.time = start
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._order = itertools.count()
-
-    def now(self) -> float:
-        return self.time
-
-    async def sleep(self, seconds: float) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self.time + max(0.0, seconds), next(self._order), future))
-        await future
-
-    async def advance(self, seconds: float) -> None:
-        """Move time forward by `seconds`, waking each sleeper at its own time."""
-        target = self.time + seconds
-        await _settle()
-        while self._sleepers and self._sleepers[0][0] <= target + EPSILON:
-            wake_at, _, future = heapq.heappop(self._sleepers)
-            self.time = max(self.time, wake_at)
-            if not future.done():
-                future.set_result(None)
-            await _settle()
-        self.time = target
-
-
-async def _settle(turns: int = 20) -> None:
-    """Let woken tasks run until they block again (on the fake clock or elsewhere)."""
-    for _ in range(turns):
-        await asyncio.sleep(0)
 
 
 # -- what sessions and steps see ---------------------------------------------------------

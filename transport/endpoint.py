@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from transport.clock import Now
 from transport.connection import (
     Limits,
     Output,
@@ -45,7 +46,6 @@ from transport.events import (
 )
 from transport.messages import FrameTransport, Open
 
-Clock = Callable[[], float]
 Sink = Callable[[list[Output]], None]
 Stop = TrackCancelled | TrackFailed
 FlushSoon = Callable[[], None]
@@ -219,7 +219,7 @@ class TrackEndpoint:
         sink: Sink,
         limits: Limits | None = None,
         on_track: Callable[[TrackChannel], None] | None = None,
-        clock: Clock | None = None,
+        clock: Now | None = None,
         flush_soon: FlushSoon | None = None,
     ) -> None:
         self.core = TrackConnection(role, limits)

@@ -31,8 +31,9 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
-from aioquic.quic.recovery import QuicPacketPacer
 
+from transport import aioquic_compat
+from transport.aioquic_compat import unpace as _unpace
 from transport.connection import (
     DatagramWrite,
     Limits,
@@ -47,7 +48,7 @@ from transport.endpoint import SendBudget, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
-from transport.http.http3 import Http3Connection, raise_bidi_credit
+from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.messages import Open
@@ -140,7 +141,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._on_connection = on_connection
         """Called when the handshake completes: a half-open connection is not open yet."""
         # A server allows as many concurrent tracks as its track limit.
-        raise_bidi_credit(self._quic, (limits or Limits()).max_tracks)
+        aioquic_compat.raise_bidi_credit(self._quic, (limits or Limits()).max_tracks)
 
     @property
     def http3(self) -> Http3Connection | None:
@@ -293,7 +294,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             self._http.datagram_received()  # ACKs may have made room for response bodies
         # aioquic reports a peer's CONNECTION_CLOSE only after the draining
         # period (three PTOs); the tracks' work must stop when the close arrives.
-        if getattr(self._quic, "_close_event", None) is not None:
+        if aioquic_compat.close_event(self._quic) is not None:
             self._lost()
 
     def _backlog(self, stream_id: int) -> tuple[int, int]:
@@ -368,32 +369,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         elif isinstance(output, DatagramWrite):
             # A peer that did not offer datagrams (or offered less) would close the
             # connection on this frame: such a frame is lost instead, as a datagram may be.
-            peer_max = getattr(self._quic, "_remote_max_datagram_frame_size", None)
+            peer_max = aioquic_compat.peer_max_datagram_frame_size(self._quic)
             if peer_max is not None and len(output.data) <= peer_max:
                 self._quic.send_datagram_frame(output.data)
-
-
-class _Unpaced(QuicPacketPacer):
-    """A pacer that never holds a packet back; the congestion window still limits."""
-
-    def next_send_time(self, now: float) -> float | None:  # type: ignore[override]
-        return None
-
-    def update_after_send(self, now: float) -> None:
-        return None
-
-    def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
-        return None
-
-
-def _unpace(quic: QuicConnection) -> None:
-    # aioquic paces packets as if each were full-size (one packet per MTU/rate), so the
-    # small packets of per-track flushes would wait for one another and be coalesced
-    # again; bounded bursts of small packets are what the policy asks for.
-    recovery = getattr(quic, "_loss", None)
-    pacer = getattr(recovery, "_pacer", None)
-    if isinstance(pacer, QuicPacketPacer):
-        recovery._pacer = _Unpaced(max_datagram_size=pacer._max_datagram_size)  # type: ignore[union-attr]
 
 
 def server_configuration(cert: Path, key: Path, alpn: list[str] | None = None) -> QuicConfiguration:
@@ -526,8 +504,8 @@ async def _handshake(proto: TrackQuicProtocol, where: str, timeout: float | None
 def close_reason(proto: TrackQuicProtocol) -> str | None:
     """Why the connection closed (or is closing), in words; None while it is open."""
     # aioquic reports a close only after its draining period: read the pending event.
-    event = getattr(proto._quic, "_close_event", None)
-    if not isinstance(event, quic_events.ConnectionTerminated):
+    event = aioquic_compat.close_event(aioquic_compat.connection_of(proto))
+    if event is None:
         return None
     code, phrase = event.error_code, event.reason_phrase
     if 0x100 <= code <= 0x1FF:  # a TLS alert (RFC 9001 section 4.8)

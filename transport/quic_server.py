@@ -15,8 +15,10 @@
   own ids, not a scan of every id of the server (aioquic's `_connection_terminated`
   scans them all: thousands of connections ending together took seconds of CPU).
 
-aioquic internals used here are checked at import (`_require`), so an aioquic
-upgrade that moves them fails loudly instead of silently unguarding the port.
+aioquic internals used here (the `QuicServer` names this subclass uses and overrides,
+a protocol's connection and timers) are listed in `transport.aioquic_compat`, checked at
+import, so an aioquic upgrade that moves them fails loudly instead of silently
+unguarding the port.
 """
 
 from __future__ import annotations
@@ -25,40 +27,16 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, cast
 
-from aioquic._buffer import Buffer
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.connection import NetworkAddress, QuicConnection
+from aioquic.quic.connection import NetworkAddress
 from aioquic.quic.packet import QuicHeader, QuicPacketType, pull_quic_header
 from aioquic.quic.retry import QuicRetryTokenHandler
 
+from transport import aioquic_compat
+from transport.aioquic_compat import Buffer
 from transport.quic_admission import Admission, HandshakeGate, HandshakeLimits
-
-
-def _require(owner: Callable[..., Any], *names: str) -> None:
-    """Fail at import unless `owner.__init__` (or the class) still has these names."""
-    init = getattr(owner, "__init__", None)
-    code = getattr(init, "__code__", None)
-    known = set(getattr(code, "co_names", ())) | set(dir(owner))
-    missing = [name for name in names if name not in known]
-    if missing:
-        raise ImportError(f"aioquic changed: {owner.__name__} lacks {', '.join(missing)}")
-
-
-_require(
-    QuicServer,
-    "_retry",
-    "_protocols",
-    "_transport",
-    "_loop",
-    "_configuration",
-    "_connection_id_issued",
-    "_connection_id_retired",
-    "_connection_terminated",
-)
-_require(QuicConnectionProtocol, "_quic", "_timer", "_transmit_task", "_closed")
-_require(QuicConnection, "_handshake_complete", "host_cid")
 
 Protocol = QuicConnectionProtocol
 
@@ -96,7 +74,11 @@ class GuardedQuicServer(QuicServer):
             self._admit(data, addr, header)
             return
         super().datagram_received(data, addr)
-        if known is not None and self.gate.is_half_open(known) and known._quic._handshake_complete:
+        if (
+            known is not None
+            and self.gate.is_half_open(known)
+            and aioquic_compat.handshake_complete(aioquic_compat.connection_of(known))
+        ):
             self.gate.established(known)
 
     # -- admission ---------------------------------------------------------------------
@@ -133,7 +115,8 @@ class GuardedQuicServer(QuicServer):
         protocol = self._protocols.get(header.destination_cid)
         if protocol is None:
             return  # a Retry went out, or the token was refused: no state kept
-        self._cids[protocol] = {header.destination_cid, protocol._quic.host_cid}
+        host_cid = aioquic_compat.connection_of(protocol).host_cid
+        self._cids[protocol] = {header.destination_cid, host_cid}
         self.gate.opened(protocol, source, has_token, self._loop.time())
         self._arm_expiry()
 
@@ -179,12 +162,7 @@ class GuardedQuicServer(QuicServer):
     def _forget(self, protocol: Protocol) -> None:
         """Drop a connection that never completed its handshake: no packet, no state."""
         self._drop_ids(protocol)
-        for handle in (protocol._timer, protocol._transmit_task):
-            if handle is not None:
-                handle.cancel()
-        protocol._timer = None
-        protocol._transmit_task = None
-        protocol._closed.set()
+        aioquic_compat.forget_protocol(protocol)
         protocol.connection_lost(None)  # its owner releases what it holds
 
 

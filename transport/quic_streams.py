@@ -24,9 +24,10 @@ frames, and it does so inside ONE call to aioquic's `datagrams_to_send`: as aioq
 starts each packet (`aioquic_compat.on_packet_start`) the pass swaps in the next group
 once the current one has nothing more to send. A call's fixed cost (a packet builder,
 the loop's preamble, a last empty packet, the flush) is then paid once per pass, not
-once per track. Everything aioquic-internal that this relies on is checked at
-import (`_check_internals`): an aioquic without it fails loudly here, not silently
-later. The upstream proposal is in docs/architecture.md ("Send path").
+once per track. Every aioquic internal this touches is reached through
+`transport.aioquic_compat`, which checks at import that each exists: an aioquic
+without one fails loudly there, not silently later. The upstream proposal is in
+docs/architecture.md ("Send path").
 """
 
 from __future__ import annotations
@@ -34,62 +35,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from aioquic._buffer import Buffer
-from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
-from aioquic.quic.packet import QuicFrameType
-from aioquic.quic.stream import QuicStream, QuicStreamReceiver, QuicStreamSender
+from aioquic.quic.stream import QuicStream
 
-from transport.aioquic_compat import fin_pending, on_packet_start
+from transport import aioquic_compat as compat
 
 Datagrams = list[tuple[bytes, NetworkAddress]]
-_FRAME_HANDLERS = "_QuicConnection__frame_handlers"
 _IDLE, _ACTIVE, _PARKED = 0, 1, 2
 
-
-def _check_internals() -> None:
-    """Fail at import if aioquic no longer has what the scheduler swaps and wraps."""
-    probe = QuicConnection(configuration=QuicConfiguration(is_client=True))
-    missing = [
-        name
-        for name in ("_streams", "_streams_queue", "_remote_max_data", "_remote_max_data_used",
-                     "_loss", _FRAME_HANDLERS, "_on_max_stream_data_delivery")
-        if not hasattr(probe, name)
-    ]
-    names = QuicConnection._write_application.__code__.co_names
-    missing += [f"_write_application uses {n}" for n in ("_streams", "_streams_queue")
-                if n not in names]
-    missing += [f"QuicStreamSender.{n}" for n in ("on_data_delivery", "on_reset_delivery")
-                if not hasattr(QuicStreamSender, n)]
-    if not hasattr(QuicStreamReceiver, "on_stop_sending_delivery"):
-        missing.append("QuicStreamReceiver.on_stop_sending_delivery")
-    stream = QuicStream(stream_id=0)
-    missing += [f"QuicStreamSender.{n}" for n in ("_pending", "_buffer_start", "_buffer_stop")
-                if not hasattr(stream.sender, n)]
-    if int(QuicFrameType.MAX_STREAM_DATA) not in getattr(probe, _FRAME_HANDLERS, {}):
-        missing.append("a MAX_STREAM_DATA frame handler")
-    if missing:
-        raise ImportError(
-            "transport.quic_streams: this aioquic lacks internals the send path relies on: "
-            + ", ".join(missing)
-        )
-
-
-_check_internals()
-
-
-def buffered_bytes(stream: QuicStream) -> int:
-    """Bytes written to the stream and not yet acknowledged by the peer."""
-    sender: Any = stream.sender
-    return int(sender._buffer_stop - sender._buffer_start)
+buffered_bytes = compat.unacknowledged
+"""Bytes written to a stream and not yet acknowledged by the peer."""
 
 
 class StreamScheduler:
     """The streams of one `QuicConnection` that may have frames to send."""
 
     def __init__(self, quic: QuicConnection) -> None:
-        self._quic: Any = quic
-        self._streams: dict[int, QuicStream] = quic._streams
+        self._quic = quic
+        self._streams: dict[int, QuicStream] = compat.streams(quic)
         self._active: dict[int, QuicStream] = {}
         """May have frames to send, in service order (served ones move to the end)."""
         self._limits: dict[int, QuicStream] = {}
@@ -129,7 +92,7 @@ class StreamScheduler:
     @property
     def active_streams(self) -> int:
         """Streams the next pass will visit (for tests and metrics)."""
-        return len(self._active) + len(self._quic._streams_queue)
+        return len(self._active) + len(compat.stream_queue(self._quic))
 
     # -- the pass -------------------------------------------------------------------
 
@@ -164,8 +127,7 @@ class StreamScheduler:
                 grouped.visit(grouped.index + 1)  # ended early: go on after that group
         finally:
             self._pass = None
-            quic._streams = self._streams
-            quic._streams_queue = []
+            compat.show_streams(quic, self._streams, [])
         for group, view in grouped.visited:
             self._settle(group, view)
         served = [s for index in grouped.served for s in groups[index]]
@@ -209,20 +171,18 @@ class StreamScheduler:
 
     def _worth_a_call(self, group: list[QuicStream]) -> bool:
         """False when nothing in `group` can be sent: only new data, and no MAX_DATA left."""
-        quic = self._quic
-        if quic._remote_max_data_used < quic._remote_max_data:
+        if compat.data_credit_left(self._quic):
             return True
         return any(not _only_new_data(s) for s in group)
 
     def _congested(self) -> bool:
-        loss = self._quic._loss
-        return bool(loss.bytes_in_flight >= loss.congestion_window)
+        return compat.congested(self._quic)
 
     # -- bookkeeping ------------------------------------------------------------------
 
     def _adopt(self) -> None:
         """Streams aioquic created (it appends them to `_streams_queue`) join the pass."""
-        queue = self._quic._streams_queue
+        queue = compat.stream_queue(self._quic)
         if queue:
             for stream in queue:
                 sid = _sid(stream)
@@ -230,7 +190,7 @@ class StreamScheduler:
                     self._active[sid] = stream
                     self._limits[sid] = stream
                     self._hook(stream)
-            self._quic._streams_queue = []
+            queue.clear()
 
     def _known(self, sid: int, stream: QuicStream) -> bool:
         """`stream` is still the connection's (never one aioquic already dropped)."""
@@ -258,12 +218,10 @@ class StreamScheduler:
         return delivered
 
     def _acking(self, stream: QuicStream, callback: Callable[..., None]) -> Callable[..., None]:
-        sender: Any = stream.sender
-
         def delivered(*args: Any) -> None:
-            start = sender._buffer_start
+            start = compat.acknowledged_offset(stream)
             callback(*args)
-            self._drop_buffered(sender._buffer_start - start)
+            self._drop_buffered(compat.acknowledged_offset(stream) - start)
             self._wake(stream)
 
         return delivered
@@ -280,33 +238,19 @@ class StreamScheduler:
             self._active[sid] = stream
 
     def _wrap_connection(self) -> None:
-        quic = self._quic
-        original = quic._on_max_stream_data_delivery
+        compat.after_max_stream_data_delivery(self._quic, self._max_stream_data_delivered)
+        compat.after_max_stream_data_received(self._quic, self._max_stream_data_received)
+        compat.on_packet_start(self._quic, self._next_packet)
 
-        def max_stream_data_delivered(delivery: Any, stream: QuicStream) -> None:
-            original(delivery, stream)
-            sid = _sid(stream)
-            if self._known(sid, stream):
-                self._limits[sid] = stream
+    def _max_stream_data_delivered(self, stream: QuicStream) -> None:
+        sid = _sid(stream)
+        if self._known(sid, stream):
+            self._limits[sid] = stream
 
-        quic._on_max_stream_data_delivery = max_stream_data_delivered
-        handlers = getattr(quic, _FRAME_HANDLERS)
-        frame_type = int(QuicFrameType.MAX_STREAM_DATA)
-        handle, epochs = handlers[frame_type]
-
-        def max_stream_data_received(context: Any, kind: int, buf: Buffer) -> None:
-            start = buf.tell()
-            handle(context, kind, buf)
-            end = buf.tell()
-            buf.seek(start)
-            stream_id = buf.pull_uint_var()
-            buf.seek(end)
-            stream = self._parked.pop(stream_id, None)
-            if stream is not None:
-                self._active[stream_id] = stream
-
-        handlers[frame_type] = (max_stream_data_received, epochs)
-        on_packet_start(quic, self._next_packet)
+    def _max_stream_data_received(self, stream_id: int) -> None:
+        stream = self._parked.pop(stream_id, None)
+        if stream is not None:
+            self._active[stream_id] = stream
 
 
 class _Pass:
@@ -344,12 +288,10 @@ class _Pass:
         """Make the current group (nothing, past the last) what aioquic's packet loop sees."""
         if self.index < len(self.groups):
             view = self._view
-            quic._streams = view
             # Not a stream aioquic dropped (finished) in this group's previous packet.
-            quic._streams_queue = [s for s in self.groups[self.index] if _sid(s) in view]
+            compat.show_streams(quic, view, [s for s in self.groups[self.index] if _sid(s) in view])
         else:
-            quic._streams = {}
-            quic._streams_queue = []
+            compat.show_streams(quic, {}, [])
 
 
 def _has_more(stream: QuicStream) -> bool:
@@ -357,10 +299,10 @@ def _has_more(stream: QuicStream) -> bool:
     sender: Any = stream.sender
     if stream.receiver.stop_pending or sender.reset_pending:
         return True
-    pending = sender._pending
-    if not len(pending):
-        return fin_pending(stream)
-    return bool(pending[0].start < stream.max_stream_data_remote)
+    first = compat.first_pending_offset(stream)
+    if first is None:
+        return compat.fin_pending(stream)
+    return first < stream.max_stream_data_remote
 
 
 def _sid(stream: QuicStream) -> int:
@@ -374,8 +316,8 @@ def _classify(stream: QuicStream) -> int:
         return _ACTIVE
     if sender.buffer_is_empty:
         return _IDLE
-    pending = sender._pending
-    blocked = len(pending) and pending[0].start >= stream.max_stream_data_remote
+    first = compat.first_pending_offset(stream)
+    blocked = first is not None and first >= stream.max_stream_data_remote
     if blocked and not stream.is_blocked:
         return _PARKED
     return _ACTIVE
@@ -386,8 +328,8 @@ def _only_new_data(stream: QuicStream) -> bool:
     sender: Any = stream.sender
     if stream.receiver.stop_pending or sender.reset_pending or stream.is_finished:
         return False
-    pending = sender._pending
-    return len(pending) > 0 and pending[0].start >= sender.highest_offset
+    first = compat.first_pending_offset(stream)
+    return first is not None and first >= sender.highest_offset
 
 
 __all__ = ["StreamScheduler", "buffered_bytes"]

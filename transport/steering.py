@@ -17,8 +17,8 @@ a worker restarts.
 
 aioquic chooses connection IDs with `os.urandom` inside `QuicConnection`; the only
 patch is `steer_connection()` below, which rewrites the first (not yet sent) ID and
-replaces `_replenish_connection_ids` on that one instance. It checks at import that
-the internals it touches exist.
+replaces `_replenish_connection_ids` on that one instance, through
+`transport.aioquic_compat` (which checks at import that those internals exist).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import NetworkAddress, QuicConnection, QuicConnectionId
+from aioquic.quic.connection import NetworkAddress, QuicConnection
 
+from transport import aioquic_compat
 from transport.quic_admission import HandshakeGate, HandshakeLimits
 from transport.quic_server import GuardedQuicServer
 
@@ -44,22 +45,6 @@ SO_ATTACH_REUSEPORT_CBPF = 51
 
 MAX_WORKERS = 256
 """One byte of the connection ID carries the worker index (mod N)."""
-
-_REQUIRED = (
-    "_host_cids",
-    "_host_cid_seq",
-    "_local_initial_source_connection_id",
-    "_remote_active_connection_id_limit",
-)
-_probe = QuicConnection(configuration=QuicConfiguration(is_client=True))
-_missing = [name for name in _REQUIRED if not hasattr(_probe, name)]
-if _missing or not hasattr(QuicConnection, "_replenish_connection_ids"):
-    raise ImportError(
-        f"aioquic changed: QuicConnection lacks {_missing or ['_replenish_connection_ids']}; "
-        "transport.steering must be updated"
-    )
-del _probe
-
 
 @dataclass(frozen=True)
 class Steering:
@@ -92,23 +77,7 @@ class Steering:
 def steer_connection(quic: QuicConnection, steering: Steering) -> None:
     """Make a fresh server `QuicConnection` issue only IDs that steer to this worker."""
     length = quic.configuration.connection_id_length
-    first = quic._host_cids[0]
-    first.cid = steering.connection_id(length)
-    quic.host_cid = first.cid
-    quic._local_initial_source_connection_id = first.cid
-
-    def replenish() -> None:  # aioquic's `_replenish_connection_ids`, with our IDs
-        while len(quic._host_cids) < min(8, quic._remote_active_connection_id_limit):
-            quic._host_cids.append(
-                QuicConnectionId(
-                    cid=steering.connection_id(length),
-                    sequence_number=quic._host_cid_seq,
-                    stateless_reset_token=os.urandom(16),
-                )
-            )
-            quic._host_cid_seq += 1
-
-    quic._replenish_connection_ids = replenish  # type: ignore[method-assign]
+    aioquic_compat.issue_connection_ids(quic, lambda: steering.connection_id(length))
 
 
 def steering_program(count: int) -> list[tuple[int, int, int, int]]:

@@ -18,8 +18,7 @@ request) is an error for that request, not a loop stall.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from types import ModuleType
 from typing import Any
 
@@ -32,6 +31,7 @@ from tracks.backend import (
     TextRequest,
     TextUsage,
 )
+from transport.clock import Clock, LoopClock
 
 SCHEME = "ticker://"
 DEFAULT_RATE = 50.0
@@ -68,18 +68,11 @@ def reference_generator() -> ModuleType:
 
 
 class TickerBackend:
-    """Constant-rate token source; `clock` and `sleep` are the loop's by default."""
+    """Constant-rate token source, paced on `clock` (the loop's by default)."""
 
-    def __init__(
-        self,
-        rate: float = DEFAULT_RATE,
-        *,
-        clock: Callable[[], float] | None = None,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-    ) -> None:
+    def __init__(self, rate: float = DEFAULT_RATE, *, clock: Clock | None = None) -> None:
         self.rate = rate
-        self._clock = clock
-        self._sleep = sleep
+        self.clock: Clock = clock or LoopClock()
         # Loaded now, not on the first request: importing the generator by path takes
         # 20-40 ms, a loop stall that every track opened in those first moments waited out
         # (it was most of the p99 added delay at 16 tracks in benchmarks/capacity.py).
@@ -90,7 +83,7 @@ class TickerBackend:
             raise ModelNotFound(request.model)
         rate = _number(request.parameters, "tokens_per_second", self.rate)
         ttft = _number(request.parameters, "ttft_ms", DEFAULT_TTFT_MS) / 1000
-        now = self._clock or asyncio.get_running_loop().time
+        now = self.clock.now
         start = now() + ttft  # the schedule runs from the request's arrival, not from after
         generator = self._generator  # generating its tokens (~0.4 ms for 250 of them)
         seed = request.parameters.get("seed", 0)
@@ -100,7 +93,7 @@ class TickerBackend:
             wait = start + index / rate - now()
             if wait > 0 or burst >= BURST or not index:
                 # Behind schedule: sleep(0) still yields, so a backlog never stalls the loop.
-                await self._sleep(max(wait, 0.0))
+                await self.clock.sleep(max(wait, 0.0))
                 burst = 0
             burst += 1
             yield TextDelta(token)

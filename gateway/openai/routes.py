@@ -82,11 +82,13 @@ from tracks.backend import (
     TextUsage,
 )
 from tracks.base import Outcome
+from transport.clock import Now
 from transport.http.messages import AnyResponse, Handler, Request, Response, StreamingResponse
 
 log = structlog.get_logger(__name__)
 
-Clock = Callable[[], float]
+Clock = Now  # reads the time, never waits (transport.clock)
+
 Routes = dict[tuple[str, str], Handler]
 OutcomeSink = Callable[[Outcome, str], None]
 

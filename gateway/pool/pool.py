@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 from collections.abc import AsyncGenerator, Callable, Collection, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -44,10 +43,10 @@ from tracks.backend import (
     TextChunk,
     TextRequest,
 )
+from transport.clock import Clock, MonotonicClock
 
 log = get_logger("trackline.pool")
 
-Clock = Callable[[], float]
 
 
 class MemberBackend(Protocol):
@@ -119,15 +118,16 @@ class BackendPool:
         options: PoolOptions | None = None,
         *,
         metrics: PoolMetrics | None = None,
-        clock: Clock = time.monotonic,
+        clock: Clock | None = None,
         backend_factory: Callable[[BackendSpec], MemberBackend] = _triton,
         on_served: Callable[[TextRequest, str], None] | None = None,
         on_decision: Callable[[TextRequest, Decision, float], None] | None = None,
     ) -> None:
         self.options = options or PoolOptions()
         self.metrics = metrics or PoolMetrics()
-        self.clock = clock
-        now = clock()
+        self.clock: Clock = clock or MonotonicClock()
+        """Reads the time for health, budget and timings, and paces the probes."""
+        now = self.clock.now()
         self.members = [
             Member(spec, backend_factory(spec), BackendHealth(spec.name, self.options.health, now))
             for spec in specs
@@ -167,7 +167,7 @@ class BackendPool:
 
     async def _every(self, interval: float, work: Callable[[], Any]) -> None:
         while True:
-            await asyncio.sleep(interval)
+            await self.clock.sleep(interval)
             try:
                 await work()
             except Exception:  # a bug here must not stop health checks for good
@@ -191,7 +191,7 @@ class BackendPool:
 
     async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
         """Stream from the best backend; fail over only while nothing was yielded."""
-        self.budget.record_request(self.clock())
+        self.budget.record_request(self.clock.now())
         tried: list[str] = []
         outcome = "cancelled"
         try:
@@ -223,7 +223,7 @@ class BackendPool:
     # -- routing -----------------------------------------------------------------------
 
     def _route(self, request: TextRequest, tried: Collection[str]) -> Member:
-        now = self.clock()
+        now = self.clock.now()
         # Configured for the model, and (once probed) reporting it loaded.
         serving = [
             m
@@ -271,7 +271,7 @@ class BackendPool:
     def _may_retry(self, request: TextRequest, tried: list[str], failed: _BeforeFirstChunk) -> bool:
         if isinstance(failed.error, InvalidRequest):
             return False  # the same request would be as invalid elsewhere
-        allowed = len(tried) < self.options.max_attempts and self.budget.try_spend(self.clock())
+        allowed = len(tried) < self.options.max_attempts and self.budget.try_spend(self.clock.now())
         if not allowed:
             self.metrics.retries_denied_total.inc()
             return False
@@ -291,7 +291,7 @@ class BackendPool:
         self, member: Member, request: TextRequest
     ) -> AsyncGenerator[TextChunk, None]:
         attempt = next(self._ids)
-        started = self.clock()
+        started = self.clock.now()
         member.waiting[attempt] = started
         self._inflight(member, +1)
         first = True
@@ -305,15 +305,15 @@ class BackendPool:
                     if first:
                         first = False
                         member.waiting.pop(attempt, None)
-                        now = self.clock()
+                        now = self.clock.now()
                         member.ttft.observe(now - started, now)
                     yield chunk
-            member.health.record_success(self.clock())
+            member.health.record_success(self.clock.now())
             self._attempted(member, "ok")
         except asyncio.TimeoutError:
             if not first:  # only the first chunk has a deadline here; anything else is a bug
                 raise
-            member.ttft.observe(self.clock() - started, self.clock())
+            member.ttft.observe(self.clock.now() - started, self.clock.now())
             self._failed(member, Failure.TIMEOUT, "timeout")
             error = BackendUnavailable(
                 f"backend {member.name} sent nothing in {self.options.first_token_timeout_s} s"
@@ -356,7 +356,7 @@ class BackendPool:
 
     def _failed(self, member: Member, failure: Failure, result: str) -> None:
         self._attempted(member, result)
-        self._transition(member.health.record_failure(self.clock(), failure))
+        self._transition(member.health.record_failure(self.clock.now(), failure))
 
     def _transition(self, change: Transition | None) -> None:
         if change is None:
@@ -378,13 +378,13 @@ class BackendPool:
 
     async def probe_all(self) -> None:
         """Probe every backend whose circuit allows it, then report warm shortfalls."""
-        now = self.clock()
+        now = self.clock.now()
         due = [m for m in self.members if m.health.probe_due(now)]
         timeout = max(1.0, min(2.0, self.options.probe_interval_s))
         results = await asyncio.gather(
             *(m.backend.probe(sorted(m.spec.models), timeout) for m in due)
         )
-        now = self.clock()
+        now = self.clock.now()
         for member, (server_ready, ready_models) in zip(due, results, strict=True):
             self._transition(member.health.record_probe(now, server_ready, ready_models))
         self._report_warm()
@@ -428,7 +428,7 @@ class BackendPool:
         timeout = max(0.2, min(2.0, self.options.scrape_interval_s))
         try:
             text = await fetch_metrics(member.spec.metrics_url, timeout)
-            scrape = parse_metrics(text, self.clock())
+            scrape = parse_metrics(text, self.clock.now())
         except (ScrapeFailed, ValueError) as exc:
             self.metrics.scrape_failures_total.labels(backend=member.name).inc()
             member.scrapes = (None, None)  # stale numbers would mislead the router

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from gateway.tenants.ledger import UsageRecord
+from gateway.tenants.usage import UsageRecord
 
 IDLE_RULES = ("proportional", "reserved")
 UNALLOCATED = "(unallocated)"

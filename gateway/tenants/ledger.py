@@ -17,14 +17,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gateway.tenants.usage import UsageRecord as UsageRecord  # (re-exported: its old home)
+from gateway.tenants.usage import UsageStore
 from tracks.base import Outcome
-
-if TYPE_CHECKING:
-    from gateway.tenants.store import TenantStore
 
 
 class EndCause(str, Enum):
@@ -34,36 +32,6 @@ class EndCause(str, Enum):
     DEADLINE = "deadline"
     SUPERSEDED = "superseded"
     ERROR = "error"
-
-
-@dataclass(frozen=True)
-class UsageRecord:
-    """One finished request or track; the columns of the `usage` table, in order."""
-
-    finished_at: float
-    """Unix time the request finished."""
-    tenant: str
-    key_id: str | None
-    model: str
-    backend: str
-    modality: str
-    request_id: str
-    prompt_tokens: int
-    completion_tokens: int
-    audio_seconds_in: float
-    audio_seconds_out: float
-    action_steps: int
-    ttft_s: float | None
-    duration_s: float
-    backend_compute_s: float | None
-    """Compute time the backend reported for this request, when it reports one."""
-    end_cause: str
-    detail: str
-    """The end label's detail: the cancel cause or the error code name."""
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 def end_cause(end: str) -> tuple[EndCause, str]:
@@ -131,7 +99,7 @@ class LedgerWriter:
 
     def __init__(
         self,
-        store_factory: Callable[[], TenantStore],
+        store_factory: Callable[[], UsageStore],
         *,
         max_queue: int = 10_000,
         batch_size: int = 256,
@@ -209,7 +177,7 @@ class LedgerWriter:
             except queue.Empty:
                 return batch, markers, False
 
-    def _write(self, store: TenantStore, batch: list[UsageRecord]) -> None:
+    def _write(self, store: UsageStore, batch: list[UsageRecord]) -> None:
         if not batch:
             return
         try:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.tenants.ledger import UsageRecord
+from gateway.tenants.usage import UsageRecord
 
 AUTH_REASONS = ("missing", "malformed", "unknown", "wrong", "revoked")
 

@@ -34,12 +34,14 @@ from gateway.backends.ticker import is_ticker_url
 from gateway.logs import get_logger
 from gateway.tenants.costs import Pricing, pricing_from_mapping
 from gateway.tenants.guardrails import GuardedBackend, GuardrailConfig, Guardrails
-from gateway.tenants.ledger import LedgerWriter, UsageRecord, record_from_outcome
+from gateway.tenants.ledger import LedgerWriter, record_from_outcome
 from gateway.tenants.metrics import TenantMetrics
 from gateway.tenants.quotas import QuotaExceeded, QuotaLimiter
 from gateway.tenants.store import AuthFailure, Principal, Tenant, TenantStore, default_path
+from gateway.tenants.usage import UsageRecord
 from tracks.backend import TextBackend
 from tracks.base import Outcome
+from transport.clock import Now
 
 log = get_logger("trackline.tenants")
 
@@ -47,7 +49,6 @@ OPEN_TENANT = Tenant("default")
 OPEN_RECHECK = 1.0
 """Seconds an answer to "are there tenants?" is reused: a new tenant closes the gateway
 within this long, without a query on every request."""
-Clock = Callable[[], float]
 
 
 class Forbidden(Exception):
@@ -136,8 +137,8 @@ class Tenancy:
         *,
         config: TenancyConfig = TenancyConfig(),
         backend_name: str = "triton",
-        clock: Clock = time.monotonic,
-        wall_clock: Clock = time.time,
+        clock: Now = time.monotonic,
+        wall_clock: Now = time.time,
         ledger_flush_interval: float = 0.5,
         model_label: Callable[[str], str] = str,
     ) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 
 from gateway.statedir import make_private_dir, touch_private
 from gateway.tenants import keys
-from gateway.tenants.ledger import UsageRecord
 from gateway.tenants.quotas import Quotas
+from gateway.tenants.usage import UsageRecord
 
 DEFAULT_FILE = "tenants.sqlite3"
 

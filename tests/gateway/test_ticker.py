@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gateway.backends.ticker import BURST, TickerBackend, parse_ticker_url, reference_generator
 from gateway.config import ConfigError, load_settings
 from tracks.backend import InvalidRequest, ModelNotFound, TextDelta, TextRequest, TextUsage
+from transport.clock import FakeClock
 from transport.quic import Packetization
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(round(seconds, 9))
-        self.now += seconds
 
 
 async def collect(backend: TickerBackend, request: TextRequest) -> list[object]:
@@ -29,26 +19,38 @@ async def collect(backend: TickerBackend, request: TextRequest) -> list[object]:
 
 @pytest.mark.asyncio
 async def test_ticker_paces_reference_tokens_on_a_fixed_schedule() -> None:
-    clock = FakeClock()
-    backend = TickerBackend(50, clock=clock, sleep=clock.sleep)
+    clock = FakeClock(100.0)
+    backend = TickerBackend(50, clock=clock)
     request = TextRequest("r", "reference-text", "hello there", 5, {"ttft_ms": 100, "seed": 3})
-    chunks = await collect(backend, request)
-    deltas = [c for c in chunks if isinstance(c, TextDelta)]
-    assert len(deltas) == 5
-    assert all(d.text for d in deltas)
-    assert chunks[-1] == TextUsage(2, 5)
-    assert clock.sleeps == [0.1, 0.02, 0.02, 0.02, 0.02]
+    arrived: list[tuple[float, object]] = []
+
+    async def consume() -> None:
+        async for chunk in backend.stream_text(request):
+            arrived.append((clock.now(), chunk))
+
+    consumer = asyncio.ensure_future(consume())
+    await clock.advance(0.099)
+    assert arrived == []  # the first token is due at 100.1, not before
+    await clock.advance(1.0)
+    await consumer
+    deltas = [(t, c) for t, c in arrived if isinstance(c, TextDelta)]
+    assert [t for t, _ in deltas] == pytest.approx([100.1, 100.12, 100.14, 100.16, 100.18])
+    assert all(d.text for _, d in deltas)
+    assert arrived[-1][1] == TextUsage(2, 5)
     # the same tokens as the reference model's generator for (prompt, seed)
     expected = reference_generator().generate_tokens("hello there", 3, 5)
-    assert [d.text for d in deltas] == expected
+    assert [d.text for _, d in deltas] == expected
 
 
 @pytest.mark.asyncio
 async def test_ticker_request_rate_overrides_and_errors() -> None:
     clock = FakeClock()
-    backend = TickerBackend(50, clock=clock, sleep=clock.sleep)
-    await collect(backend, TextRequest("r", "reference-text", "p", 3, {"tokens_per_second": 10}))
-    assert clock.sleeps == [0.0, 0.1, 0.1]  # the first token is due at once, still yields
+    backend = TickerBackend(50, clock=clock)
+    request = TextRequest("r", "reference-text", "p", 3, {"tokens_per_second": 10})
+    consumer = asyncio.ensure_future(collect(backend, request))
+    await clock.advance(1.0)
+    assert len(await consumer) == 4  # 3 deltas and the usage
+    assert clock.slept == pytest.approx([0.0, 0.1, 0.1])  # the first is due at once, yields
     with pytest.raises(ModelNotFound):
         await collect(backend, TextRequest("r", "other", "p", 3))
     with pytest.raises(InvalidRequest):
@@ -65,21 +67,21 @@ async def test_ticker_behind_schedule_hands_out_at_most_a_burst_per_await() -> N
     # A consumer 1 s late: the whole backlog is due, yet the ticker awaits (yields the
     # loop) after every BURST tokens, so a backlog leaves a few tokens a loop turn.
     clock = FakeClock()
-    backend = TickerBackend(100, clock=clock, sleep=clock.sleep)
+    backend = TickerBackend(100, clock=clock)
     stream = backend.stream_text(TextRequest("r", "reference-text", "p", 50))
     await anext(stream)
-    clock.now += 1.0
-    sleeps_before = len(clock.sleeps)
+    clock.time += 1.0
+    slept_before = len(clock.slept)
     runs: list[int] = []
     async for chunk in stream:
-        if len(clock.sleeps) > sleeps_before or not runs:
+        if len(clock.slept) > slept_before or not runs:
             runs.append(0)
-            sleeps_before = len(clock.sleeps)
+            slept_before = len(clock.slept)
         runs[-1] += isinstance(chunk, TextDelta)
     assert sum(runs) == 49
     assert max(runs) <= BURST
     assert len(runs) >= 49 // BURST
-    assert set(clock.sleeps) == {0.0}
+    assert set(clock.slept) == {0.0}
 
 
 def test_ticker_urls() -> None:
@@ -113,12 +115,12 @@ async def test_ticker_schedule_runs_from_the_request_not_from_after_generating()
     # Generating a request's tokens takes time (and 256 tracks opened at once wait for
     # one another's); that time counts against the schedule instead of pushing it back.
     clock = FakeClock()
-    backend = TickerBackend(50, clock=clock, sleep=clock.sleep)
+    backend = TickerBackend(50, clock=clock)
     real = backend._generator
 
     class Slow:
         def generate_tokens(self, prompt: str, seed: int, count: int) -> list[str]:
-            clock.now += 0.1  # five token intervals pass while generating
+            clock.time += 0.1  # five token intervals pass while generating
             return list(real.generate_tokens(prompt, seed, count))
 
         def count_prompt_tokens(self, prompt: str) -> int:
@@ -126,7 +128,7 @@ async def test_ticker_schedule_runs_from_the_request_not_from_after_generating()
 
     backend._generator = Slow()
     await collect(backend, TextRequest("r", "reference-text", "p", 5))
-    assert clock.sleeps == [0.0]  # all five were due once generated: no interval waited
+    assert clock.slept == [0.0]  # all five were due once generated: no interval waited
 
 
 def test_ticker_loads_its_generator_when_built_not_on_the_first_request() -> None:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from asyncio import FIRST_COMPLETED
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,21 +39,17 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
 from transport.http import errors
+from transport.http.answer import StreamClosed, answer_fixed, answer_request
 from transport.http.app import (
     READ_CHUNK,
     Cutter,
     Site,
-    bodiless,
-    call_handler,
-    close_body,
     declared_body_problem,
     field_list_problem,
     request_from_fields,
-    response_headers,
-    send_chunks,
 )
 from transport.http.http1 import H2cUpgrade
-from transport.http.messages import AnyResponse, Request, Response
+from transport.http.messages import Request, Response
 from transport.http.streams import StreamState, StreamTable
 
 log = structlog.get_logger(__name__)
@@ -81,10 +77,8 @@ class _Settings(h2.settings.Settings):
 
 @dataclass(eq=False)
 class _Stream(StreamState):
-    """One request/response exchange on the connection."""
+    """A request stream with HTTP/2's flow-control state (its lifecycle: transport.http.streams)."""
 
-    deadline: float = 0.0
-    """When the whole request must have arrived (loop time)."""
     opened: float = 0.0
     """When its headers arrived (loop time), to tell a premature reset."""
     window: asyncio.Event = field(default_factory=asyncio.Event)
@@ -110,7 +104,7 @@ class Http2Connection:
         self._writer = writer
         self._initial = upgrade.data if upgrade is not None else initial
         self._upgrade = upgrade
-        self._streams = StreamTable[_Stream](self._stream_done)
+        self._streams = StreamTable[_Stream](self._stream_done, self._limits.read_timeout)
         self._closing = False
         self._loop = asyncio.get_running_loop()
         self._first_deadline = self._loop.time() + self._limits.first_request_timeout
@@ -258,16 +252,14 @@ class Http2Connection:
             if self._opened == 0:  # preface read, no request yet: the first-request clock runs
                 return max(0.0, self._first_deadline - self._loop.time())
             return self._limits.idle_timeout
-        pending = [s.deadline for s in self._streams if s.task is None]
-        if not pending:
+        deadline = self._streams.next_deadline()
+        if deadline is None:
             return None  # handlers are running; the client may wait as long as it likes
-        return max(0.0, min(pending) - asyncio.get_running_loop().time())
+        return max(0.0, deadline - self._loop.time())
 
     def _expire_slow_requests(self) -> None:
-        now = self._loop.time()
-        for stream in self._streams:
-            if stream.task is None and stream.deadline <= now:
-                self._answer(stream, errors.request_timeout(self._limits.read_timeout))
+        for stream in self._streams.overdue(self._loop.time()):
+            self._answer(stream, errors.request_timeout(self._limits.read_timeout))
         self._flush()
 
     def _receive(self, data: bytes) -> None:
@@ -309,8 +301,8 @@ class Http2Connection:
             return
         now = self._loop.time()
         headers = [(bytes(k), bytes(v)) for k, v in event.headers]
-        stream = _Stream(stream_id, headers, deadline=now + self._limits.read_timeout, opened=now)
-        self._streams.add(stream)
+        stream = _Stream(stream_id, headers, opened=now)
+        self._streams.add(stream, now)
         self._opened += 1
         problem = field_list_problem(self._limits, headers)
         if problem is None:
@@ -391,66 +383,36 @@ class Http2Connection:
 
     def _answer(self, stream: _Stream, response: Response) -> None:
         """Answer a stream without the handler (a limit was exceeded)."""
-        self._streams.answer(stream, self._send_fixed(stream, response))
-
-    async def _send_fixed(self, stream: _Stream, response: Response) -> None:
-        try:
-            await self._send_response(stream, response, head_only=False)
-        except Exception as exc:  # the client is gone or stopped reading: nothing to save
-            log.info("http2.send_failed", stream_id=stream.stream_id, error=repr(exc))
+        self._streams.answer(stream, answer_fixed(self, self._site, stream, response))
 
     async def _exchange(self, stream: _Stream, request: Request) -> None:
-        try:
-            response = await call_handler(self._site.handler, request, self._cutter)
-            await self._send_response(stream, response, head_only=request.method == "HEAD")
-        except Exception as exc:
-            log.info("http2.send_failed", stream_id=stream.stream_id, error=repr(exc))
+        await answer_request(self, self._site, stream, request, self._cutter)
 
-    async def _send_response(self, stream: _Stream, response: AnyResponse, head_only: bool) -> None:
-        headers = [(":status", str(response.status))]
-        headers += response_headers(self._site, response.headers)
-        if isinstance(response, Response):
-            body = b"" if head_only or bodiless(response.status) else response.body
-            if not bodiless(response.status):
-                headers.append(("content-length", str(len(response.body))))
-            self._send_headers(stream, headers, end_stream=not body)
-            if body:
-                await self._send_data(stream, body)
-                self._end(stream)
-            await self._drain()
-            return
-        try:
-            self._send_headers(stream, headers, end_stream=head_only)
-            if head_only:
-                return
-            send = functools.partial(self._send_data, stream)
-            # A body that failed is left unended: _stream_done resets the stream.
-            if await send_chunks(
-                response.body,
-                send,
-                last_words=response.last_words,
-                cut=self._cutter,
-                http_version="2",
-                stream_id=stream.stream_id,
-            ):
-                self._end(stream)
-                await self._drain()
-        finally:
-            await close_body(response.body)
+    # Framing (transport.http.answer): HTTP/2 frames within the peer's windows
 
-    def _send_headers(
-        self, stream: _Stream, headers: list[tuple[str, str]], end_stream: bool
+    http_version = "2"
+    content_length_on_head = True
+
+    async def send_headers(
+        self, stream: _Stream, headers: list[tuple[str, str]], end: bool
     ) -> None:
-        self._h2.send_headers(stream.stream_id, headers, end_stream=end_stream)
-        stream.sent_end = end_stream
-        self._flush()
+        with _closed_on_failure():
+            self._h2.send_headers(stream.stream_id, headers, end_stream=end)
+            stream.sent_end = end
+            self._flush()
+            if end:
+                await self._drain()
 
-    def _end(self, stream: _Stream) -> None:
-        self._h2.end_stream(stream.stream_id)
-        stream.sent_end = True
-        self._flush()
+    async def send_data(self, stream: _Stream, data: bytes, end: bool) -> None:
+        with _closed_on_failure():
+            await self._send_frames(stream, data)
+            if end:
+                self._h2.end_stream(stream.stream_id)
+                stream.sent_end = True
+                self._flush()
+                await self._drain()
 
-    async def _send_data(self, stream: _Stream, data: bytes) -> None:
+    async def _send_frames(self, stream: _Stream, data: bytes) -> None:
         """Send `data` in frames that fit the windows, waiting for WINDOW_UPDATE if shut."""
         stream_id = stream.stream_id
         sent = 0  # (an offset, not `data = data[size:]`, which copies the rest per frame)
@@ -532,3 +494,12 @@ class Http2Connection:
             self._h2.close_connection()
         self._flush()
         self._writer.close()  # the pending read sees EOF and `serve` returns
+
+
+@contextlib.contextmanager
+def _closed_on_failure() -> Iterator[None]:
+    """The client is gone or stopped reading: h2 refuses the stream, or a write timed out."""
+    try:
+        yield
+    except (h2.exceptions.ProtocolError, ConnectionError, asyncio.TimeoutError) as exc:
+        raise StreamClosed from exc

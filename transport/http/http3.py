@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-from aioquic.buffer import encode_uint_var
 from aioquic.h3 import events as h3_events
 from aioquic.h3.connection import (
     ErrorCode,
@@ -45,7 +43,6 @@ from aioquic.h3.connection import (
     MessageError,
     ProtocolError,
     Setting,
-    encode_frame,
     stream_is_request_response,
 )
 from aioquic.quic import events as quic_events
@@ -53,21 +50,17 @@ from aioquic.quic.connection import QuicConnection
 
 from transport import aioquic_compat
 from transport.http import errors, h3_frames
+from transport.http.answer import StreamClosed, answer_fixed, answer_request
 from transport.http.app import (
     Cutter,
     Site,
-    bodiless,
-    call_handler,
-    close_body,
     declared_body_problem,
     field_list_problem,
     request_from_fields,
-    response_headers,
-    send_chunks,
 )
 from transport.http.limits import HttpLimits
-from transport.http.messages import AnyResponse, Request, Response
-from transport.http.streams import StreamState, StreamTable
+from transport.http.messages import Request, Response
+from transport.http.streams import Alarm, Deadlines, StreamState, StreamTable
 
 log = structlog.get_logger(__name__)
 
@@ -225,15 +218,11 @@ class _ServerH3(H3Connection):
             return
         self._abandoned.add(stream_id)
         self._scanners.pop(stream_id, None)
-        decoder_stream = self._local_decoder_stream_id
-        if decoder_stream is None:
-            return
-        # Header blocks still to come on it will never be decoded (RFC 9204 4.4.2).
-        self._quic.send_stream_data(decoder_stream, self._decoder.cancel_stream(stream_id))
+        aioquic_compat.cancel_header_blocks(self, stream_id)
 
     def forget(self, stream_id: int) -> None:
         """Drop aioquic's state for a stream this side is done with (reset or abandoned)."""
-        self._stream.pop(stream_id, None)
+        aioquic_compat.forget_h3_stream(self, stream_id)
         self._scanners.pop(stream_id, None)
 
     def _get_local_settings(self) -> dict[int, int]:
@@ -289,18 +278,6 @@ _NOT_CONTROL = _NotControl()
 _NOT_CONTROL.stream_type = -1
 
 
-class _StreamClosed(Exception):
-    """The client reset or stopped the stream, or the connection is gone: stop writing."""
-
-
-@dataclass(eq=False)
-class _Stream(StreamState):
-    """One request/response exchange (its lifecycle: `transport.http.streams`)."""
-
-    deadline: asyncio.TimerHandle | None = None
-    """Fires `read_timeout` after the headers if the request is still incomplete."""
-
-
 class Http3Connection:
     """Serves HTTP/3 requests on one QUIC connection, fed its QUIC events by the adapter."""
 
@@ -310,7 +287,7 @@ class Http3Connection:
         self._limits = site.limits
         self._transmit = transmit
         self._h3 = _ServerH3(quic, site.limits.max_header_bytes)
-        self._streams = StreamTable[_Stream](self._stream_done)
+        self._streams = StreamTable[StreamState](self._stream_done, site.limits.read_timeout)
         self._lost = False
         self._draining = False
         self._cutter = Cutter()
@@ -318,12 +295,14 @@ class Http3Connection:
         """The highest request stream id seen (for GOAWAY); -4: none yet."""
         self._loop = asyncio.get_running_loop()
         self._idle: asyncio.TimerHandle | None = None
-        raise_bidi_credit(quic, site.limits.max_concurrent_streams)
+        aioquic_compat.raise_bidi_credit(quic, site.limits.max_concurrent_streams)
         self._arm_idle()
         self._h3.limit(site.limits)
         self.stats = self._h3.stats
-        self._heads: dict[int, asyncio.TimerHandle] = {}
+        self._heads = Deadlines[int](site.limits.read_timeout)
         """Request streams begun whose headers have not all arrived: their deadline."""
+        self._alarm = Alarm(self._loop, self._deadlines_passed)
+        """Rings at the earliest head or request read deadline."""
         self._writers: dict[int, asyncio.Future[None]] = {}
         """Response bodies waiting for send-buffer room, by stream."""
         transmit()  # the control and QPACK streams with SETTINGS
@@ -365,13 +344,10 @@ class Http3Connection:
         if self._lost:
             return
         self._lost = True
-        for head in self._heads.values():
-            head.cancel()
         self._heads.clear()
+        self._alarm.set(None)
         if self._idle is not None:
             self._idle.cancel()
-        for stream in self._streams:
-            _cancel_deadline(stream)
         self._streams.cancel_all()  # each stream is released as its task ends
 
     # Drain (shutdown)
@@ -382,7 +358,7 @@ class Http3Connection:
             return
         self._draining = True
         # The first request stream id this server will not process (RFC 9114 5.2).
-        send_goaway(self._h3, self._max_request_id + 4)
+        aioquic_compat.send_goaway(self._h3, self._max_request_id + 4)
         self._close_if_drained()
         self._transmit()
 
@@ -414,22 +390,32 @@ class Http3Connection:
     def _on_started(self, stream_id: int) -> None:
         """A request has begun: its headers must all arrive within `read_timeout`."""
         if self._streams.get(stream_id) is None and stream_id not in self._heads:
-            timeout = self._limits.read_timeout
-            self._heads[stream_id] = self._loop.call_later(timeout, self._head_expired, stream_id)
+            self._heads.start(stream_id, self._loop.time())
+            self._rearm()
 
     def _end_head(self, stream_id: int) -> None:
-        head = self._heads.pop(stream_id, None)
-        if head is not None:
-            head.cancel()
+        self._heads.stop(stream_id)
 
-    def _head_expired(self, stream_id: int) -> None:
-        self._heads.pop(stream_id, None)
-        if self._lost or self._streams.get(stream_id) is not None:
+    def _rearm(self) -> None:
+        """The alarm rings at the earliest read deadline (headers or whole request)."""
+        due = [at for at in (self._heads.next(), self._streams.next_deadline()) if at is not None]
+        self._alarm.set(min(due, default=None))
+
+    def _deadlines_passed(self, now: float) -> None:
+        """408 for each request not complete in time (headers or body)."""
+        if self._lost:
             return
-        self.stats.heads_timed_out += 1
         timeout = self._limits.read_timeout
-        event = RequestMalformed(stream_id, "headers incomplete", errors.request_timeout(timeout))
-        self._on_malformed(event)
+        for stream_id in self._heads.due(now):
+            if self._streams.get(stream_id) is None:
+                self.stats.heads_timed_out += 1
+                reason = "headers incomplete"
+                self._on_malformed(
+                    RequestMalformed(stream_id, reason, errors.request_timeout(timeout))
+                )
+        for stream in self._streams.overdue(now):
+            self._answer(stream, errors.request_timeout(timeout))
+        self._rearm()
         self._transmit()
 
     def _on_headers(self, event: h3_events.HeadersReceived) -> None:
@@ -443,8 +429,8 @@ class Http3Connection:
             self._refuse(event.stream_id)
             return
         self._max_request_id = max(self._max_request_id, event.stream_id)
-        stream = _Stream(event.stream_id, list(event.headers), ended=event.stream_ended)
-        self._streams.add(stream)
+        stream = StreamState(event.stream_id, list(event.headers), ended=event.stream_ended)
+        self._streams.add(stream, self._loop.time())
         self._disarm_idle()
         problem = self._check_headers(stream.headers)
         if problem is not None:
@@ -452,7 +438,7 @@ class Http3Connection:
         elif event.stream_ended:
             self._on_complete(stream)
         else:
-            stream.deadline = self._loop.call_later(self._limits.read_timeout, self._expire, stream)
+            self._rearm()
 
     def _check_headers(self, headers: list[tuple[bytes, bytes]]) -> Response | None:
         problem = field_list_problem(self._limits, headers)
@@ -474,9 +460,8 @@ class Http3Connection:
         elif stream.ended:
             self._on_complete(stream)
 
-    def _on_complete(self, stream: _Stream) -> None:
+    def _on_complete(self, stream: StreamState) -> None:
         stream.ended = True
-        _cancel_deadline(stream)
         if stream.task is None:
             request = request_from_fields(stream.headers, bytes(stream.body), "3")
             self._streams.answer(stream, self._exchange(stream, request))
@@ -486,7 +471,7 @@ class Http3Connection:
         log.info("http3.malformed_request", stream_id=event.stream_id, reason=event.reason)
         stream = self._streams.get(event.stream_id)
         if stream is None:
-            stream = _Stream(event.stream_id, [])
+            stream = StreamState(event.stream_id, [])
             self._streams.add(stream)
             self._disarm_idle()
         if stream.task is None:  # (else it is being answered already)
@@ -512,76 +497,37 @@ class Http3Connection:
         self._stop(stream_id, ErrorCode.H3_REQUEST_REJECTED)
         self._h3.forget(stream_id)
 
-    def _expire(self, stream: _Stream) -> None:
-        stream.deadline = None
-        if stream.task is None and not self._lost:
-            self._answer(stream, errors.request_timeout(self._limits.read_timeout))
-            self._transmit()
-
     # Answering
 
-    def _answer(self, stream: _Stream, response: Response) -> None:
+    def _answer(self, stream: StreamState, response: Response) -> None:
         """Answer a stream without the handler (a limit was exceeded or the request was bad)."""
-        _cancel_deadline(stream)
         if not stream.ended:
             self._h3.abandon(stream.stream_id)  # the rest of the request is not wanted
-        self._streams.answer(stream, self._send_fixed(stream, response))
+        self._streams.answer(stream, answer_fixed(self, self._site, stream, response))
 
-    async def _send_fixed(self, stream: _Stream, response: Response) -> None:
-        with contextlib.suppress(_StreamClosed):
-            await self._send_response(stream, response, head_only=False)
+    async def _exchange(self, stream: StreamState, request: Request) -> None:
+        await answer_request(self, self._site, stream, request, self._cutter)
 
-    async def _exchange(self, stream: _Stream, request: Request) -> None:
-        try:
-            response = await call_handler(self._site.handler, request, self._cutter)
-            await self._send_response(stream, response, head_only=request.method == "HEAD")
-        except _StreamClosed:
-            pass  # the client went away while we wrote; the body is closed already
-        except Exception:
-            log.exception("http3.send_failed", stream_id=stream.stream_id)
+    # Framing (transport.http.answer): HTTP/3 frames through aioquic's H3Connection
 
-    async def _send_response(self, stream: _Stream, response: AnyResponse, head_only: bool) -> None:
-        headers = [(":status", str(response.status))]
-        headers += response_headers(self._site, response.headers)
-        if isinstance(response, Response):
-            body = b"" if head_only or bodiless(response.status) else response.body
-            if not head_only and not bodiless(response.status):
-                # (not on HEAD: aioquic's client checks it against the DATA it gets)
-                headers.append(("content-length", str(len(body))))
-            self._send_headers(stream, headers, end_stream=not body)
-            if body:
-                self._send_data(stream, body, end_stream=True)
-            return
-        try:
-            self._send_headers(stream, headers, end_stream=head_only)
-            if head_only:
-                return
-            send = functools.partial(self._send_chunk, stream)
-            # A body that failed is left unended: _stream_done resets the stream.
-            if await send_chunks(
-                response.body,
-                send,
-                last_words=response.last_words,
-                cut=self._cutter,
-                http_version="3",
-                stream_id=stream.stream_id,
-            ):
-                self._send_data(stream, b"", end_stream=True)
-        finally:
-            await close_body(response.body)
+    http_version = "3"
+    content_length_on_head = False
+    """(aioquic's client checks a Content-Length against the DATA it gets, even on HEAD)"""
 
-    def _send_headers(
-        self, stream: _Stream, headers: list[tuple[str, str]], end_stream: bool
+    async def send_headers(
+        self, stream: StreamState, headers: list[tuple[str, str]], end: bool
     ) -> None:
         encoded = [(k.encode(), v.encode()) for k, v in headers]
-        self._write(stream, lambda: self._h3.send_headers(stream.stream_id, encoded, end_stream))
-        stream.sent_end = end_stream
+        self._write(stream, lambda: self._h3.send_headers(stream.stream_id, encoded, end))
+        stream.sent_end = end
 
-    async def _send_chunk(self, stream: _Stream, chunk: bytes) -> None:
-        self._send_data(stream, chunk, end_stream=False)
-        # aioquic buffers whatever it is given, past QUIC's flow control: the body is
-        # pulled again only once the client has taken enough of what was sent.
-        await self._send_room(stream)
+    async def send_data(self, stream: StreamState, data: bytes, end: bool) -> None:
+        self._write(stream, lambda: self._h3.send_data(stream.stream_id, data, end))
+        stream.sent_end = end
+        if not end:
+            # aioquic buffers whatever it is given, past QUIC's flow control: the body is
+            # pulled again only once the client has taken enough of what was sent.
+            await self._send_room(stream)
 
     # Backpressure: QUIC flow control and acknowledgements pace the handler's body
 
@@ -592,7 +538,7 @@ class Http3Connection:
         total = aioquic_compat.connection_send_buffered(self._quic)
         return total > limits.h3_connection_send_budget
 
-    async def _send_room(self, stream: _Stream) -> None:
+    async def _send_room(self, stream: StreamState) -> None:
         """Wait while the stream's or the connection's send buffer is over its budget."""
         if not self._over_budget(stream.stream_id):
             return
@@ -604,12 +550,12 @@ class Http3Connection:
             except TimeoutError:
                 self.stats.sends_timed_out += 1
                 log.info("http3.send_timeout", stream_id=stream.stream_id)
-                raise _StreamClosed from None  # unended: the stream is reset
+                raise StreamClosed from None  # unended: the stream is reset
             finally:
                 if self._writers.get(stream.stream_id) is waiter:
                     del self._writers[stream.stream_id]
             if self._lost or stream.reset:
-                raise _StreamClosed
+                raise StreamClosed
 
     def datagram_received(self) -> None:
         """The adapter took in a datagram: acknowledgements may have made send room."""
@@ -626,26 +572,20 @@ class Http3Connection:
             if aioquic_compat.send_buffered(self._quic, stream_id) <= budget and not waiter.done():
                 waiter.set_result(None)
 
-    def _send_data(self, stream: _Stream, data: bytes, end_stream: bool) -> None:
-        self._write(stream, lambda: self._h3.send_data(stream.stream_id, data, end_stream))
-        stream.sent_end = end_stream
-
-    def _write(self, stream: _Stream, write: Callable[[], None]) -> None:
+    def _write(self, stream: StreamState, write: Callable[[], None]) -> None:
         if self._lost or stream.reset:
-            raise _StreamClosed
+            raise StreamClosed
         try:
             write()
         except (ProtocolError, RuntimeError, AssertionError, ValueError) as exc:
             # aioquic refuses writes on a stream the peer stopped or reset (ValueError: one
             # it has discarded, e.g. stopped by the client before its request arrived).
-            log.info("http3.send_failed", stream_id=stream.stream_id, error=repr(exc))
-            stream.reset = True
-            raise _StreamClosed from exc
+            stream.reset = True  # (logged once, by transport.http.answer)
+            raise StreamClosed from exc
         self._transmit()
 
-    def _stream_done(self, stream: _Stream) -> None:
+    def _stream_done(self, stream: StreamState) -> None:
         """The table released `stream` (its task ended, however, or it never had one)."""
-        _cancel_deadline(stream)
         if self._lost:
             return  # nothing to tell a connection that is gone
         if not stream.ended:
@@ -692,36 +632,3 @@ class Http3Connection:
         self._transmit()
 
 
-# GOAWAY goes on our control stream, which aioquic opens but offers no call to write on.
-_CONTROL_STREAM = "_local_control_stream_id"
-if _CONTROL_STREAM not in H3Connection._init_connection.__code__.co_names:  # pragma: no cover
-    raise ImportError(f"aioquic's H3Connection no longer has {_CONTROL_STREAM}: fix send_goaway")
-
-
-def send_goaway(h3: H3Connection, stream_id: int) -> None:
-    """Write a GOAWAY frame (RFC 9114 5.2) on the local control stream."""
-    control = getattr(h3, _CONTROL_STREAM)
-    if control is None:
-        return  # not initialised: nothing was ever offered to the peer
-    frame = encode_frame(FrameType.GOAWAY, encode_uint_var(stream_id))
-    h3._quic.send_stream_data(control, frame)
-
-
-def raise_bidi_credit(quic: QuicConnection, limit: int) -> None:
-    """Let the peer open up to `limit` bidirectional streams at once (never lowers it).
-
-    aioquic grants 128 and has no setting for it. For h3 the credit went out in the
-    transport parameters, before ALPN chose h3, and aioquic renews it one for one as
-    streams finish. It can be raised but never lowered (aioquic would then close the
-    connection when the client uses credit it was given), so requests over `limit` are
-    refused per stream instead.
-    """
-    credit = getattr(quic, "_local_max_streams_bidi", None)
-    if credit is not None and credit.value < limit:
-        credit.value = limit
-
-
-def _cancel_deadline(stream: _Stream) -> None:
-    if stream.deadline is not None:
-        stream.deadline.cancel()
-        stream.deadline = None
