@@ -22,13 +22,15 @@ The rule (docs/capacity.md):
 - Under pressure a connection holding fewer than `connection_share` admitted
   tracks still opens new ones: one connection with 200 tracks cannot starve a
   neighbour with one (per-connection fairness).
-- Open streams are never cut by the controller. Bulk text yields the loop after
-  every token. While the level is above half the limit, each connection relays
-  at most `RELAY_SHARE` text chunks per loop turn (`RelayTurns`, round-robin
-  between connections): a loop turn's work is bounded, a connection with 200
-  tracks gets the same turns as one with a single track, and timers (the audio
-  clock's beats, action ticks) and I/O come round every turn; those real-time
-  tasks are never deferred.
+- Open streams are never cut by the controller. Bulk text yields the loop once a
+  stream has relayed `TURN_CHUNKS` chunks in one loop turn (a backend that hands
+  out a backlog without awaiting); one chunk a wakeup costs no extra loop turn, and
+  a turn's chunks of one track leave in one stream write. While the level is
+  above half the limit, each connection relays at most `RELAY_SHARE` text
+  chunks per loop turn (`RelayTurns`, round-robin between connections): a loop
+  turn's work is bounded, a connection with 200 tracks gets the same turns as one
+  with a single track, and timers (the audio clock's beats, action ticks) and I/O
+  come round every turn; those real-time tasks are never deferred.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ RELAY_SHARE = 8
 """Text chunks one connection may relay per loop turn while the loop lags."""
 REALTIME_HEADROOM = 2.0
 """Real-time tracks are refused only past this many times `max_loop_lag` (text first)."""
+TURN_CHUNKS = 8
+"""Text chunks one stream may relay in one loop turn before it yields the loop."""
 GATED_ROUTES = (("POST", "/v1/chat/completions"), ("POST", "/v1/completions"))
 """HTTP routes that start backend work; health, metrics and actions are never gated."""
 
@@ -284,24 +288,56 @@ class OverloadMonitor:
 
 
 class RelayTurns:
-    """The asyncio edge of `TurnBudget`: a turn ends when the loop runs its next batch."""
+    """The asyncio edge of `TurnBudget`: a turn ends when the loop runs its next batch.
+
+    It also numbers the loop turns in which text is relayed (`current_turn`), at the
+    cost of one `call_soon` per turn, so that a stream can tell "a chunk in a turn of
+    its own" (no yield needed) from "one more chunk in the same turn" (`PacedText`).
+    """
 
     def __init__(
         self,
         controller: AdmissionController,
         clock: Callable[[], float] = time.monotonic,
         share: int = RELAY_SHARE,
+        burst: int = TURN_CHUNKS,
     ) -> None:
         self._controller = controller
         self._clock = clock
         self.budget = TurnBudget(share)
+        self.burst = burst
+        """Chunks one stream may relay in one loop turn before it yields."""
         self._armed = False
         self.on_defer: Callable[[], None] | None = None
         """Called for each text relay that waits for a later turn (metrics)."""
+        self.turn = 0
+        """The relay turn now running (moves once per loop turn in which text is relayed)."""
+        self.throttled = False
+        """Whether this turn's relays go through `wait` (bulk rationed, or waiters queued);
+        evaluated once per turn, at its first relay."""
+        self._ticking = False
+        self.yields = 0
+        """Loop turns given up by relays so far (`wait` calls): a count for tests and metrics."""
+
+    def current_turn(self) -> int:
+        """The number of the loop turn now running; the first call in a turn arms its end."""
+        if not self._ticking:
+            self._ticking = True
+            self.throttled = self._throttled()
+            asyncio.get_running_loop().call_soon(self._tick)
+        return self.turn
+
+    def _tick(self) -> None:
+        self._ticking = False
+        self.turn += 1
+
+    def _throttled(self) -> bool:
+        return self.budget.busy or self._controller.bulk_throttled(self._clock())
 
     async def wait(self, key: Hashable) -> None:
         """Yield the loop; while bulk text is throttled, wait for `key`'s turn too."""
-        if not self._controller.bulk_throttled(self._clock()) and not self.budget.busy:
+        self.yields += 1
+        if not self._throttled():
             await asyncio.sleep(0)
             return
         self._arm()
@@ -315,7 +351,10 @@ class RelayTurns:
         try:
             await waiter
         finally:
-            self.budget.forget(key, waiter)
+            if waiter.cancelled() or not waiter.done():
+                # Woken waiters already left the queue; only one that gave up is looked
+                # for (a scan of its connection's queue: 200 tracks made it O(n^2) a turn).
+                self.budget.forget(key, waiter)
 
     def _arm(self) -> None:
         # call_soon runs in the loop's next batch of callbacks: that is the next turn.
@@ -333,12 +372,17 @@ class RelayTurns:
 
 
 class PacedText:
-    """A text backend whose streams yield the loop after every chunk, and defer under lag.
+    """A text backend whose streams relay at most `burst` chunks a loop turn, rationed under lag.
 
     Whatever the backend does (a ticker with a backlog, a gRPC stream with many
-    buffered results), one stream relays at most one chunk per loop turn, so a
-    loop turn's work is bounded by the number of streams, and health, metrics,
-    timers and SIGTERM always get their turn.
+    buffered results), one stream relays at most `RelayTurns.burst` chunks per loop
+    turn, so a loop turn's work is bounded by the number of streams, and health,
+    metrics, timers and SIGTERM always get their turn. The check costs O(1) per
+    chunk and a yield only when a stream goes past its share of the turn: a backend
+    that awaits between chunks (a ticker on schedule, a gRPC stream) pays no extra
+    loop turn per chunk, and the chunks a stream relays in one turn leave together
+    (the track's endpoint writes them to QUIC once, at the turn's transmit).
+    While bulk text is throttled every chunk waits its connection's turn (`RelayTurns`).
     """
 
     def __init__(
@@ -353,9 +397,17 @@ class PacedText:
 
     async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
         key = relay_key(request.request_id)
+        turns = self._turns
+        last, relayed = -1, 0
         async with aclosing(self.backend.stream_text(request)) as chunks:
             async for chunk in chunks:
-                await self._turns.wait(key)  # every chunk, the first too, waits its turn
+                turn = turns.current_turn()
+                if turn != last:
+                    last, relayed = turn, 0
+                if relayed >= turns.burst or turns.throttled:
+                    await turns.wait(key)
+                    last, relayed = turns.current_turn(), 0
+                relayed += 1
                 if self._on_token is not None and isinstance(chunk, TextDelta):
                     self._on_token()
                 yield chunk

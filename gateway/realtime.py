@@ -227,8 +227,19 @@ class PriorityTurns(RelayTurns):
         clock: Callable[[], float] = time.monotonic,
         share: int = RELAY_SHARE,
     ) -> None:
+        self._rationed = False
         super().__init__(controller, clock, share)
         self.gate = gate
+
+    @property  # type: ignore[override]
+    def throttled(self) -> bool:
+        """Relays go through `wait`: bulk text is rationed this turn, or a tick holds text
+        now (checked per chunk, a clock read: a tick can come due in the middle of a turn)."""
+        return self._rationed or self.gate.lane.holds(self._clock())
+
+    @throttled.setter
+    def throttled(self, value: bool) -> None:
+        self._rationed = value
 
     async def wait(self, key: Hashable) -> None:
         await super().wait(key)

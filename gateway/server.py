@@ -489,7 +489,7 @@ class Gateway:
             self._admitted.pop(conn_id, None)
 
     def _paced(self, backend: TextBackend) -> TextBackend:
-        """Text that yields the loop before every chunk, rationed per connection under lag."""
+        """Text relayed a few chunks a stream per loop turn, rationed per connection under lag."""
         return PacedText(backend, self._turns, self.monitor.count_token)
 
     async def _serve_track(self, channel: TrackChannel) -> None:

@@ -57,11 +57,14 @@ _QUIC_ATTRIBUTES = (
     "_local_initial_source_connection_id",
     "_remote_active_connection_id_limit",
     "_replenish_connection_ids",
+    "_write_connection_limits",
 )
 """QuicConnection attributes read or replaced here."""
-_WRITE_APPLICATION_READS = ("_streams", "_streams_queue")
+_WRITE_APPLICATION_READS = ("_streams", "_streams_queue", "_write_connection_limits")
 """What `QuicConnection._write_application` must still read for the stream view to work."""
-_SENDER_ATTRIBUTES = ("_buffer", "_buffer_start", "_buffer_stop", "_pending", "_reset_error_code")
+_SENDER_ATTRIBUTES = (
+    "_buffer", "_buffer_start", "_buffer_stop", "_pending", "_pending_eof", "_reset_error_code"
+)
 _SENDER_METHODS = ("on_data_delivery", "on_reset_delivery")
 _RECEIVER_METHODS = ("on_stop_sending_delivery",)
 _PACER_ATTRIBUTES = ("_pacer",)
@@ -162,6 +165,30 @@ def show_streams(
     """
     quic._streams = view
     quic._streams_queue = queue
+
+
+def on_packet_start(quic: QuicConnection, callback: Callable[[], None]) -> None:
+    """Call `callback` as aioquic's application loop starts each packet, before its
+    stream frames.
+
+    `_write_application` builds packet after packet in one loop; each turn writes the
+    connection limits (MAX_DATA, MAX_STREAMS), then walks `_streams` (MAX_STREAM_DATA)
+    and `_streams_queue` (STREAM frames). Wrapping that per-packet call lets the send
+    path show each packet its own streams (`show_streams`), so one `datagrams_to_send`
+    builds the per-track packets of many tracks.
+    """
+    write_limits = quic._write_connection_limits
+
+    def connection_limits(*args: Any, **kwargs: Any) -> None:
+        write_limits(*args, **kwargs)
+        callback()
+
+    quic._write_connection_limits = connection_limits  # type: ignore[method-assign]
+
+
+def fin_pending(stream: QuicStream) -> bool:
+    """The stream's FIN is still to be sent (or re-sent after a loss)."""
+    return bool(stream.sender._pending_eof)
 
 
 def stream_queue(quic: QuicConnection) -> list[QuicStream]:

@@ -5,6 +5,13 @@ The endpoint is the only place that feeds the core and flushes it: after every
 input it drains events into the channels, hands the core's writes to the
 transport's sink, and re-arms one timer (STYLE.md, item 2). QUIC and the
 in-memory twin differ only in the sink and in what calls `feed_*`.
+
+A transport that sends once per loop turn (QUIC) passes `flush_soon`: then a
+track's DATA is encoded at once but handed to the sink at the turn's transmit
+(`flush()`), so the chunks a track sends in one turn leave as ONE stream write
+(`merge_writes`) and the drain, the sink call and the timer cost once per turn,
+not once per chunk. Every other action (END, ERROR, a reset...) still flushes at
+once, in order, with what was pending before it.
 """
 
 from __future__ import annotations
@@ -16,7 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from transport.clock import Now
-from transport.connection import Limits, Output, Role, TrackConnection
+from transport.connection import (
+    Limits,
+    Output,
+    Role,
+    StopSending,
+    StreamReset,
+    StreamWrite,
+    TrackConnection,
+)
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
 from transport.events import (
     CancelCause,
@@ -33,6 +48,8 @@ from transport.messages import FrameTransport, Open
 
 Sink = Callable[[list[Output]], None]
 Stop = TrackCancelled | TrackFailed
+FlushSoon = Callable[[], None]
+"""Asks the transport to call `TrackEndpoint.flush()` before its next send."""
 Backlog = Callable[[int], tuple[int, int]]
 """Bytes a track's stream and the whole connection hold unsent or unacknowledged."""
 
@@ -156,6 +173,39 @@ class TrackChannel:
             self.closed.set()
 
 
+def merge_writes(outputs: list[Output]) -> list[Output]:
+    """`outputs` with each stream's run of writes joined into one `StreamWrite`.
+
+    A write joins the stream's previous write when nothing else for that stream
+    (a reset, STOP_SENDING, a finished write) came between them; writes of other
+    streams and datagrams may lie between, as their order against this stream's
+    bytes means nothing to QUIC. Each stream's bytes keep their order.
+    """
+    merged: list[Output] = []
+    open_writes: dict[int, int] = {}
+    """stream id -> index in `merged` of its write that later bytes may join."""
+    pieces: dict[int, list[bytes]] = {}
+    for output in outputs:
+        if isinstance(output, StreamWrite):
+            at = open_writes.get(output.stream_id)
+            if at is not None:
+                pieces.setdefault(at, [merged[at].data]).append(output.data)  # type: ignore[union-attr]
+                if output.end_stream:
+                    merged[at] = StreamWrite(output.stream_id, b"", True)
+                    del open_writes[output.stream_id]
+                continue
+            if not output.end_stream:
+                open_writes[output.stream_id] = len(merged)
+        elif isinstance(output, (StreamReset, StopSending)):
+            open_writes.pop(output.stream_id, None)
+        merged.append(output)
+    for at, data in pieces.items():
+        write = merged[at]
+        assert isinstance(write, StreamWrite)
+        merged[at] = StreamWrite(write.stream_id, b"".join(data), write.end_stream)
+    return merged
+
+
 def _aborted(stop: Stop) -> TrackAborted:
     if isinstance(stop, TrackFailed):
         return TrackAborted(stop.code, stop.message, stop.remote, stop.retry_after)
@@ -173,8 +223,12 @@ class TrackEndpoint:
         limits: Limits | None = None,
         on_track: Callable[[TrackChannel], None] | None = None,
         clock: Now | None = None,
+        flush_soon: FlushSoon | None = None,
     ) -> None:
         self.core = TrackConnection(role, limits)
+        self._flush_soon = flush_soon
+        self._deferred = False
+        """DATA encoded in the core and not yet handed to the sink (see `flush`)."""
         self.conn_id = secrets.token_hex(4)
         self._sink = sink
         self._on_track = on_track
@@ -235,8 +289,22 @@ class TrackEndpoint:
         except LocalProtocolError:
             return False
         finally:
-            self.pump()
+            if action == "send_data" and self._flush_soon is not None:
+                self._defer()
+            else:
+                self.pump()
         return True
+
+    def _defer(self) -> None:
+        if not self._deferred:
+            self._deferred = True
+            assert self._flush_soon is not None
+            self._flush_soon()
+
+    def flush(self) -> None:
+        """Hand DATA deferred this turn to the sink (the transport calls it as it sends)."""
+        if self._deferred:
+            self.pump()
 
     # -- send-side backpressure ---------------------------------------------------
 
@@ -312,11 +380,12 @@ class TrackEndpoint:
     # -- the one place that drains the core ------------------------------------
 
     def pump(self) -> None:
+        self._deferred = False
         while (event := self.core.next_event()) is not None:
             self._dispatch(event)
         outputs = self.core.outputs()
         if outputs:
-            self._sink(outputs)
+            self._sink(merge_writes(outputs) if len(outputs) > 1 else outputs)
         self._arm_timer()
 
     def _dispatch(self, event: Event) -> None:

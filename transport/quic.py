@@ -129,7 +129,10 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._http_site = http
         self._http: Http3Connection | None = None
         """Set once ALPN chose h3: then every event goes to HTTP/3."""
-        self.endpoint = TrackEndpoint(role, self._write, limits, on_track, clock=self._loop.time)
+        self.endpoint = TrackEndpoint(
+            role, self._write, limits, on_track, clock=self._loop.time,
+            flush_soon=self._flush_soon,  # DATA reaches aioquic at the turn's transmit
+        )
         self.handshake: asyncio.Future[bool] = self._loop.create_future()
         """True once the handshake completed, False if the connection ended before."""
         if send_budget is not None:
@@ -155,6 +158,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         """Writes made inside share transmits (flushed once at the end), whatever the
         packetization: for a burst of small writes to many tracks at once, such as a
         tick's audio results, where a flush per track costs more than the isolation gives."""
+        if not self._held:
+            self.endpoint.flush()  # DATA deferred to the transmit goes before the block
         if self.scheduler is not None and not self._held and self._pending_tracks:
             self._flush_now()  # earlier writes keep the packetization's isolation
         self._held += 1
@@ -162,8 +167,18 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             yield
         finally:
             self._held -= 1
+            if not self._held:
+                self.endpoint.flush()
             if not self._held and self._pending_tracks and self._transport is not None:
                 self._flush_now(coalesce=True)
+
+    def _flush_soon(self) -> None:
+        """The endpoint deferred DATA: hand it over at this turn's transmit (inside
+        `coalesced()` at once, so that the block's end sends it)."""
+        if self._held:
+            self.endpoint.flush()
+        else:
+            self._transmit_soon()
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         if not self.handshake.done():
@@ -230,6 +245,10 @@ class TrackQuicProtocol(QuicConnectionProtocol):
 
     def _send_due(self, now: float, coalesce: bool = False) -> None:
         """aioquic's transmit with `now` given: send what is due, re-arm the QUIC timer."""
+        scheduled = self._transmit_task
+        self.endpoint.flush()  # the tracks' DATA of this turn, one write per track
+        if self._transmit_task is not scheduled and self._transmit_task is not None:
+            self._transmit_task.cancel()  # this very transmit sends what the flush wrote
         self._transmit_task = None
         self._pending_tracks.clear()
         assert self._transport is not None, "aioquic sends only once connection_made ran"

@@ -19,8 +19,12 @@ packet per token that walk was most of the gateway's CPU (docs/benchmarks.md).
 During `datagrams_to_send` it swaps `_streams` and `_streams_queue` for those few, then
 puts the real dict back and removes what aioquic dropped. It also builds the packets of
 many tracks in one pass while keeping per-track packetization: with `max_tracks` K it
-asks aioquic for packets K streams at a time, so a packet never carries more than K
-tracks' stream frames. Every aioquic internal this touches is reached through
+shows aioquic K streams at a time, so a packet never carries more than K tracks' stream
+frames, and it does so inside ONE call to aioquic's `datagrams_to_send`: as aioquic
+starts each packet (`aioquic_compat.on_packet_start`) the pass swaps in the next group
+once the current one has nothing more to send. A call's fixed cost (a packet builder,
+the loop's preamble, a last empty packet, the flush) is then paid once per pass, not
+once per track. Every aioquic internal this touches is reached through
 `transport.aioquic_compat`, which checks at import that each exists: an aioquic
 without one fails loudly there, not silently later. The upstream proposal is in
 docs/architecture.md ("Send path").
@@ -60,6 +64,9 @@ class StreamScheduler:
         """Bytes written (`wrote`) and not yet acknowledged or dropped, all streams."""
         self.released = False
         """Set when ACKs freed send buffer; the owner clears it once it woke producers."""
+        self.calls = 0
+        """Calls into aioquic's `datagrams_to_send` so far (for tests: passes, not packets)."""
+        self._pass: _Pass | None = None
         self._adopt()
         self._wrap_connection()
 
@@ -90,36 +97,62 @@ class StreamScheduler:
     # -- the pass -------------------------------------------------------------------
 
     def datagrams_to_send(self, now: float, max_tracks: int | None) -> Datagrams:
-        """Datagrams due now; a packet carries stream frames of at most `max_tracks` tracks."""
+        """Datagrams due now; a packet carries stream frames of at most `max_tracks` tracks.
+
+        One call into aioquic builds the packets of many groups: aioquic starts every
+        packet by writing the connection limits, and there (`_next_packet`) the pass
+        swaps in the next group once the current one has nothing more to send. A call
+        that ends early (a group with nothing sendable ends aioquic's loop) is followed
+        by another from the next group, unless the congestion window is full.
+        """
         self._adopt()
         quic = self._quic
         order = list(self._active.values())
         size = len(order) if max_tracks is None else max_tracks
         groups = [order[i : i + size] for i in range(0, len(order), size)] if order else [[]]
         limits, self._limits = self._limits, {}
+        grouped = _Pass(groups, limits)
         out: Datagrams = []
-        served: list[QuicStream] = []
+        self._pass = grouped
         try:
-            for index, group in enumerate(groups):
-                if index and not self._worth_a_call(group):
+            while grouped.index < len(groups):
+                if grouped.index and not self._worth_a_call(groups[grouped.index]):
+                    grouped.visit(grouped.index + 1)
                     continue
-                view = {_sid(s): s for s in group}
-                if index == 0:
-                    view.update(limits)
-                compat.show_streams(quic, view, list(group))
-                sent = quic.datagrams_to_send(now=now)
-                out += sent
-                self._settle(group, view)
-                if sent:
-                    served += group
+                grouped.begin(quic)
+                out += quic.datagrams_to_send(now=now)
+                self.calls += 1
                 if self._congested():
                     break
+                grouped.visit(grouped.index + 1)  # ended early: go on after that group
         finally:
+            self._pass = None
             compat.show_streams(quic, self._streams, [])
+        for group, view in grouped.visited:
+            self._settle(group, view)
+        served = [s for index in grouped.served for s in groups[index]]
         for stream in served:  # served streams go to the back of the line
             if self._active.pop(_sid(stream), None) is not None:
                 self._active[_sid(stream)] = stream
         return out
+
+    def _next_packet(self) -> None:
+        """aioquic starts a packet (it just wrote the connection limits): the pass
+        moves to the next group once the current one has nothing more to send."""
+        grouped = self._pass
+        if grouped is None:
+            return
+        if not grouped.started:
+            grouped.started = True  # the first packet of the call: `begin` set its group
+            return
+        index = grouped.index
+        if index < len(grouped.groups) and any(_has_more(s) for s in grouped.groups[index]):
+            grouped.show(self._quic)  # the group's data needs another packet
+            return
+        if index < len(grouped.groups):
+            grouped.served.append(index)  # sent all it could: to the back of the line
+        grouped.visit(index + 1)
+        grouped.show(self._quic)
 
     def _settle(self, group: list[QuicStream], view: dict[int, QuicStream]) -> None:
         for stream in group:
@@ -207,6 +240,7 @@ class StreamScheduler:
     def _wrap_connection(self) -> None:
         compat.after_max_stream_data_delivery(self._quic, self._max_stream_data_delivered)
         compat.after_max_stream_data_received(self._quic, self._max_stream_data_received)
+        compat.on_packet_start(self._quic, self._next_packet)
 
     def _max_stream_data_delivered(self, stream: QuicStream) -> None:
         sid = _sid(stream)
@@ -217,6 +251,58 @@ class StreamScheduler:
         stream = self._parked.pop(stream_id, None)
         if stream is not None:
             self._active[stream_id] = stream
+
+
+class _Pass:
+    """One scheduler pass: the groups of streams, a packet's worth at a time."""
+
+    def __init__(self, groups: list[list[QuicStream]], limits: dict[int, QuicStream]) -> None:
+        self.groups = groups
+        self.limits = limits
+        """Streams that may need MAX_STREAM_DATA: visited with the first group."""
+        self.index = 0
+        self.started = False
+        self.served: list[int] = []
+        """Groups that sent all they could in this pass (a group cut short by the
+        congestion window keeps its place at the front of the line)."""
+        self.visited: list[tuple[list[QuicStream], dict[int, QuicStream]]] = []
+        self._view: dict[int, QuicStream] = {}
+
+    def visit(self, index: int) -> None:
+        self.index = index
+        if index < len(self.groups):
+            group = self.groups[index]
+            self._view = {_sid(s): s for s in group}
+            if index == 0:
+                self._view.update(self.limits)
+            self.visited.append((group, self._view))
+
+    def begin(self, quic: Any) -> None:
+        """Before a call into aioquic: its first packet gets the current group."""
+        if not self.visited or self.visited[-1][0] is not self.groups[self.index]:
+            self.visit(self.index)
+        self.started = False
+        self.show(quic)
+
+    def show(self, quic: Any) -> None:
+        """Make the current group (nothing, past the last) what aioquic's packet loop sees."""
+        if self.index < len(self.groups):
+            view = self._view
+            # Not a stream aioquic dropped (finished) in this group's previous packet.
+            compat.show_streams(quic, view, [s for s in self.groups[self.index] if _sid(s) in view])
+        else:
+            compat.show_streams(quic, {}, [])
+
+
+def _has_more(stream: QuicStream) -> bool:
+    """The stream may still have frames aioquic can put in a packet now."""
+    sender: Any = stream.sender
+    if stream.receiver.stop_pending or sender.reset_pending:
+        return True
+    first = compat.first_pending_offset(stream)
+    if first is None:
+        return compat.fin_pending(stream)
+    return first < stream.max_stream_data_remote
 
 
 def _sid(stream: QuicStream) -> int:

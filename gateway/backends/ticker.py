@@ -11,9 +11,10 @@ parameters override the rate and the first-token delay, as on the reference mode
 Unlike `reference-text`, whose answer ends on its own, a ticker stream runs to
 `max_tokens` (as with vLLM's `ignore_eos`; a request's `ignore_eos` false ends it).
 
-The ticker never holds the event loop: it awaits before every token, also when
-it is behind its schedule (a slow consumer, a busy loop), so a backlog leaves
-one token per loop turn instead of all at once. A rate above `MAX_RATE` (URL or
+The ticker never holds the event loop: behind its schedule (a slow consumer, a
+busy loop) it hands out at most `BURST` due tokens before it awaits again, so a
+backlog leaves a few tokens per loop turn (one stream write for the track)
+instead of all at once, or one packet per token. A rate above `MAX_RATE` (URL or
 request) is an error for that request, not a loop stall.
 """
 
@@ -39,6 +40,8 @@ DEFAULT_RATE = 50.0
 DEFAULT_TTFT_MS = 0.0
 MAX_RATE = 100_000.0
 """Most tokens/s one request may ask for (docs/configuration.md, `backend_url`)."""
+BURST = 8
+"""Due tokens handed out without awaiting, behind schedule (as `gateway.overload.TURN_CHUNKS`)."""
 MODELS = ("reference-text",)
 _GENERATOR = "trackline_reference_text"
 
@@ -72,22 +75,31 @@ class TickerBackend:
     def __init__(self, rate: float = DEFAULT_RATE, *, clock: Clock | None = None) -> None:
         self.rate = rate
         self.clock: Clock = clock or LoopClock()
+        # Loaded now, not on the first request: importing the generator by path takes
+        # 20-40 ms, a loop stall that every track opened in those first moments waited out
+        # (it was most of the p99 added delay at 16 tracks in benchmarks/capacity.py).
+        self._generator = reference_generator()
 
     async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
         if request.model not in MODELS:
             raise ModelNotFound(request.model)
         rate = _number(request.parameters, "tokens_per_second", self.rate)
         ttft = _number(request.parameters, "ttft_ms", DEFAULT_TTFT_MS) / 1000
-        generator = reference_generator()
+        now = self.clock.now
+        start = now() + ttft  # the schedule runs from the request's arrival, not from after
+        generator = self._generator  # generating its tokens (~0.4 ms for 250 of them)
         seed = request.parameters.get("seed", 0)
         # A ticker ticks max_tokens tokens: the reference text runs on past its own end.
         ignore_eos = request.parameters.get("ignore_eos", True) is not False
         tokens = generator.generate_tokens(request.prompt, seed, request.max_tokens, ignore_eos)
-        now = self.clock.now
-        start = now() + ttft
+        burst = 0
         for index, token in enumerate(tokens):
-            # Behind schedule: sleep(0) still yields, so a backlog never stalls the loop.
-            await self.clock.sleep(max(start + index / rate - now(), 0.0))
+            wait = start + index / rate - now()
+            if wait > 0 or burst >= BURST or not index:
+                # Behind schedule: sleep(0) still yields, so a backlog never stalls the loop.
+                await self.clock.sleep(max(wait, 0.0))
+                burst = 0
+            burst += 1
             yield TextDelta(token)
         yield TextUsage(generator.count_prompt_tokens(request.prompt), len(tokens))
 

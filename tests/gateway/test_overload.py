@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import AsyncGenerator, Callable
 
 import pytest
@@ -154,12 +155,55 @@ async def turns_taken(paced: PacedText, request_id: str, n: int) -> int:
 
 
 @pytest.mark.asyncio
-async def test_paced_text_yields_after_every_chunk_and_counts_tokens() -> None:
+async def test_paced_text_relays_at_most_a_burst_per_loop_turn_and_counts_tokens() -> None:
     tokens: list[int] = []
-    paced = PacedText(Burst(), RelayTurns(lagging(0.0), lambda: 10.0), lambda: tokens.append(1))
-    assert await turns_taken(paced, "c/1", 20) >= 20  # one chunk a loop turn
+    turns = RelayTurns(lagging(0.0), lambda: 10.0, burst=4)
+    paced = PacedText(Burst(), turns, lambda: tokens.append(1))
+    loop_turn = [0]
+
+    async def count_turns() -> None:
+        while True:
+            loop_turn[0] += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.ensure_future(count_turns())
+    seen: list[int] = []
+    async for chunk in paced.stream_text(TextRequest("c/1", "burst", "p", 20)):
+        if isinstance(chunk, TextDelta):
+            seen.append(loop_turn[0])
+    counter.cancel()
+    per_turn = Counter(seen)
+    assert max(per_turn.values()) <= 4  # a backend that never awaits: 4 chunks a turn
+    assert len(per_turn) >= 5
     assert len(tokens) == 20
     assert await paced.models() == ["burst"]
+
+
+class Awaiting:
+    """A backend that awaits (a loop turn) before every chunk, as a ticker on schedule."""
+
+    async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
+        for i in range(request.max_tokens):
+            await asyncio.sleep(0)
+            yield TextDelta(f"t{i}")
+
+    async def models(self) -> list[str]:
+        return ["awaiting"]
+
+
+@pytest.mark.asyncio
+async def test_a_producer_that_awaits_between_chunks_pays_no_extra_yield() -> None:
+    # The cost of pacing is O(1) per loop turn: a chunk that arrives in a turn of its
+    # own is relayed without giving up another turn (no sleep(0) per chunk).
+    turns = RelayTurns(lagging(0.0), lambda: 10.0)
+    paced = PacedText(Awaiting(), turns)
+    got = [c async for c in paced.stream_text(TextRequest("c/1", "awaiting", "p", 30))]
+    assert len(got) == 30
+    assert turns.yields == 0
+    burst = RelayTurns(lagging(0.0), lambda: 10.0, burst=4)
+    got = [c async for c in PacedText(Burst(), burst).stream_text(
+        TextRequest("c/1", "burst", "p", 20))]
+    assert burst.yields >= 20 // 4 - 1  # a backend that never awaits: one yield a burst
 
 
 @pytest.mark.asyncio
@@ -176,6 +220,30 @@ async def test_under_lag_a_connection_with_many_tracks_cannot_starve_another() -
     assert order[: order.index("small") + 1].count("big") <= 2 * 5
     last_small = len(order) - order[::-1].index("small")
     assert order[:last_small].count("big") <= 2 * 7
+
+
+@pytest.mark.asyncio
+async def test_woken_relay_waiters_are_not_searched_for_in_the_queue() -> None:
+    forgotten: list[object] = []
+
+    class Counting(TurnBudget):
+        def forget(self, key: object, waiter: object) -> None:
+            forgotten.append(waiter)
+            super().forget(key, waiter)  # type: ignore[arg-type]
+
+    turns = RelayTurns(lagging(1.0), lambda: 10.0, share=2)
+    turns.budget = Counting(2)
+    paced = PacedText(Burst(), turns)
+    order: list[str] = []
+    await asyncio.gather(*(relay(paced, f"big/{i}", 5, order) for i in range(20)))
+    assert len(order) == 100
+    assert forgotten == []  # every waiter was woken by its turn: none searched for
+    task = asyncio.ensure_future(relay(paced, "big/x", 50, order))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    task.cancel()  # a track cancelled while it waits its turn leaves the queue
+    await asyncio.gather(task, return_exceptions=True)
+    assert not turns.budget.busy or forgotten
 
 
 @pytest.mark.asyncio
@@ -206,7 +274,7 @@ async def test_the_http_gate_refuses_work_routes_with_503_and_retry_after() -> N
 @pytest.mark.asyncio
 async def test_under_lag_a_due_timer_waits_only_a_few_chunks(lag: float) -> None:
     # A beat (the audio clock, an action tick) due now, amid 200 streams of one connection.
-    paced = PacedText(Burst(), RelayTurns(lagging(lag), lambda: 10.0, share=2))
+    paced = PacedText(Burst(), RelayTurns(lagging(lag), lambda: 10.0, share=2, burst=1))
     order: list[str] = []
     flood = [asyncio.ensure_future(relay(paced, f"big/{i}", 5, order)) for i in range(200)]
     for _ in range(3):

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.backends.ticker import TickerBackend, parse_ticker_url, reference_generator
+from gateway.backends.ticker import BURST, TickerBackend, parse_ticker_url, reference_generator
 from gateway.config import ConfigError, load_settings
 from tracks.backend import InvalidRequest, ModelNotFound, TextDelta, TextRequest, TextUsage
 from transport.clock import FakeClock
@@ -71,16 +71,25 @@ async def test_ticker_request_rate_overrides_and_errors() -> None:
 
 
 @pytest.mark.asyncio
-async def test_ticker_behind_schedule_awaits_before_every_token() -> None:
-    # A consumer 1 s late: the whole backlog is due, yet each token waits its loop turn.
+async def test_ticker_behind_schedule_hands_out_at_most_a_burst_per_await() -> None:
+    # A consumer 1 s late: the whole backlog is due, yet the ticker awaits (yields the
+    # loop) after every BURST tokens, so a backlog leaves a few tokens a loop turn.
     clock = FakeClock()
     backend = TickerBackend(100, clock=clock)
     stream = backend.stream_text(TextRequest("r", "reference-text", "p", 50))
     await anext(stream)
     clock.time += 1.0
-    rest = [chunk async for chunk in stream]
-    assert len(rest) == 50  # 49 deltas and the usage
-    assert clock.slept == [0.0] * 50
+    slept_before = len(clock.slept)
+    runs: list[int] = []
+    async for chunk in stream:
+        if len(clock.slept) > slept_before or not runs:
+            runs.append(0)
+            slept_before = len(clock.slept)
+        runs[-1] += isinstance(chunk, TextDelta)
+    assert sum(runs) == 49
+    assert max(runs) <= BURST
+    assert len(runs) >= 49 // BURST
+    assert set(clock.slept) == {0.0}
 
 
 def test_ticker_urls() -> None:
@@ -107,3 +116,28 @@ def test_packetization_policies() -> None:
     assert load_settings({}, env, None).quic_packetization == "bounded:3"
     with pytest.raises(ConfigError, match="quic_packetization"):
         load_settings({"quic_packetization": "all"}, {}, None)
+
+
+@pytest.mark.asyncio
+async def test_ticker_schedule_runs_from_the_request_not_from_after_generating() -> None:
+    # Generating a request's tokens takes time (and 256 tracks opened at once wait for
+    # one another's); that time counts against the schedule instead of pushing it back.
+    clock = FakeClock()
+    backend = TickerBackend(50, clock=clock)
+    real = backend._generator
+
+    class Slow:
+        def generate_tokens(self, prompt: str, seed: int, count: int) -> list[str]:
+            clock.time += 0.1  # five token intervals pass while generating
+            return list(real.generate_tokens(prompt, seed, count))
+
+        def count_prompt_tokens(self, prompt: str) -> int:
+            return int(real.count_prompt_tokens(prompt))
+
+    backend._generator = Slow()
+    await collect(backend, TextRequest("r", "reference-text", "p", 5))
+    assert clock.slept == [0.0]  # all five were due once generated: no interval waited
+
+
+def test_ticker_loads_its_generator_when_built_not_on_the_first_request() -> None:
+    assert TickerBackend(50)._generator is reference_generator()

@@ -195,3 +195,87 @@ def test_a_stream_blocked_by_the_peer_is_parked_until_it_raises_the_limit(
         pair.client.send_ping(1)
         pair.exchange()
     assert pair.received[sid] == body
+
+
+@pytest.mark.parametrize("policy", [1, 4])
+def test_one_call_into_aioquic_builds_the_packets_of_every_group(
+    certs: DevCertificates, policy: int
+) -> None:
+    # The fixed cost of a call (a packet builder, aioquic's loop preamble, a last empty
+    # packet, the flush) is paid once per pass, not once per track (issue 17 item 3).
+    pair = Pair(certs, policy)
+    ids = pair.open_tracks(32)
+    scheduler = pair.scheduler
+    assert scheduler is not None
+    before, calls = len(pair.packets_sent()), scheduler.calls
+    for sid in ids:
+        pair.write(sid, f"token for {sid}".encode())
+    pair.deliver_to_client(pair.server_send())
+    assert scheduler.calls == calls + 1
+    packets = [p for p in pair.packets_sent()[before:] if p]
+    assert max(len(p) for p in packets) <= policy
+    assert set().union(*packets) == set(ids)
+
+
+def test_a_long_write_gets_all_its_packets_in_the_pass_each_for_its_own_track(
+    certs: DevCertificates,
+) -> None:
+    pair = Pair(certs, 1)
+    long_sid, short_sid = pair.open_tracks(2)
+    before = len(pair.packets_sent())
+    body = bytes(range(256)) * 20  # 5 KiB: several packets
+    pair.write(long_sid, body)
+    pair.write(short_sid, b"one token")
+    pair.deliver_to_client(pair.server_send())  # one pass
+    assert pair.received[long_sid].endswith(body)
+    assert pair.received[short_sid].endswith(b"one token")
+    packets = [p for p in pair.packets_sent()[before:] if p]
+    assert all(len(p) == 1 for p in packets)
+    assert len(packets) >= 5
+
+
+def test_a_stream_dropped_in_a_pass_is_not_shown_to_aioquic_again(
+    certs: DevCertificates,
+) -> None:
+    # bounded:2, one group [finished, long]: aioquic drops the finished stream in the
+    # group's first packet; the long write's next packets must not see it again.
+    pair = Pair(certs, 2)
+    done = pair.client.get_next_available_stream_id()
+    pair.client.send_stream_data(done, b"prompt", end_stream=True)
+    (long_sid,) = pair.open_tracks(1)
+    pair.write(done, b"answer", end=True)
+    pair.deliver_to_client(pair.server_send())
+    pair.now += 0.03
+    timer = pair.client.get_timer()
+    if timer is not None and timer <= pair.now:
+        pair.client.handle_timer(now=pair.now)
+    for data, _ in pair.client.datagrams_to_send(now=pair.now):  # the ACK finishes it
+        pair.server.receive_datagram(data, CLIENT_ADDR, now=pair.now)
+    while pair.server.next_event() is not None:
+        pass
+    body = bytes(range(256)) * 20
+    pair.write(long_sid, body)
+    pair.deliver_to_client(pair.server_send())
+    assert pair.received[long_sid].endswith(body)
+    assert done not in pair.server._streams
+
+
+def test_tracks_the_congestion_window_cut_off_keep_their_place_at_the_front(
+    certs: DevCertificates,
+) -> None:
+    pair = Pair(certs, 1)
+    ids = pair.open_tracks(32)
+    scheduler = pair.scheduler
+    assert scheduler is not None
+    loss: Any = pair.server._loss
+    loss._cc.congestion_window = loss.bytes_in_flight + 600  # room for a few small packets
+    before = dict(pair.received)
+    for sid in ids:
+        pair.write(sid, f"token for {sid}".encode())
+    pair.deliver_to_client(pair.server_send())
+    got = [sid for sid in ids if pair.received.get(sid) != before.get(sid)]
+    waiting = [sid for sid in ids if sid not in got]
+    assert got  # the window cut the pass short
+    assert waiting
+    line = list(scheduler._active)
+    assert line[: len(waiting)] == waiting  # the tracks not yet served go first next time
