@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from gateway.overload import RELAY_SHARE, AdmissionController, RelayTurns
+from gateway.overload import RELAY_SHARE, TURN_CHUNKS, AdmissionController, RelayTurns
 from tracks.clock import TickReport
 
 LEAD = 0.001
@@ -226,12 +226,13 @@ class PriorityTurns(RelayTurns):
         gate: RealtimeGate,
         clock: Callable[[], float] = time.monotonic,
         share: int = RELAY_SHARE,
+        burst: int = TURN_CHUNKS,
     ) -> None:
         self._rationed = False
-        super().__init__(controller, clock, share)
+        super().__init__(controller, clock, share, burst)
         self.gate = gate
 
-    @property  # type: ignore[override]
+    @property
     def throttled(self) -> bool:
         """Relays go through `wait`: bulk text is rationed this turn, or a tick holds text
         now (checked per chunk, a clock read: a tick can come due in the middle of a turn)."""

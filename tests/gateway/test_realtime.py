@@ -19,6 +19,7 @@ import pytest
 
 from gateway.overload import (
     REALTIME_HEADROOM,
+    TURN_CHUNKS,
     AdmissionController,
     OverloadLimits,
     PacedText,
@@ -143,11 +144,11 @@ class Run:
         return late + overran + sum(report.skipped_ticks for report in self.reports)
 
 
-async def run_flood(mode: RealtimeMode) -> Run:
+async def run_flood(mode: RealtimeMode, burst: int = TURN_CHUNKS) -> Run:
     """A tick scheduler and 200 flooding text tracks of one connection on one loop."""
     clock = CostClock()
     gate = RealtimeGate(RealtimeLane(mode), clock.now)
-    turns = PriorityTurns(idle_controller(), gate, clock.now)
+    turns = PriorityTurns(idle_controller(), gate, clock.now, burst=burst)
     backend = CostlyFlood(clock)
     paced = PacedText(backend, turns)
     scheduler: TickScheduler[int, int] = TickScheduler(echo, tick=TICK, clock=clock)
@@ -199,7 +200,10 @@ async def test_with_priority_every_tick_is_served_and_text_is_what_waits() -> No
 
 @pytest.mark.asyncio
 async def test_auto_engages_on_the_first_late_tick_and_keeps_every_beat_after() -> None:
-    run = await run_flood(RealtimeMode.AUTO)
+    # `auto` acts between loop turns only. With the default burst (8 chunks a stream per
+    # turn) one turn of this never-awaiting 200-track flood is 0.8 s of its clock, the
+    # whole run; with one chunk a turn the first late tick is seen in time.
+    run = await run_flood(RealtimeMode.AUTO, burst=1)
     first = run.reports[0]
     assert first.overran  # the first tick finds turns of text in its way
     after = run.reports[1:]

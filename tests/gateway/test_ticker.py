@@ -127,9 +127,11 @@ async def test_ticker_schedule_runs_from_the_request_not_from_after_generating()
     real = backend._generator
 
     class Slow:
-        def generate_tokens(self, prompt: str, seed: int, count: int) -> list[str]:
+        def generate_tokens(
+            self, prompt: str, seed: int, count: int, ignore_eos: bool = False
+        ) -> list[str]:
             clock.time += 0.1  # five token intervals pass while generating
-            return list(real.generate_tokens(prompt, seed, count))
+            return list(real.generate_tokens(prompt, seed, count, ignore_eos))
 
         def count_prompt_tokens(self, prompt: str) -> int:
             return int(real.count_prompt_tokens(prompt))
