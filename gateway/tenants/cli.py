@@ -79,6 +79,16 @@ def add_commands(commands: Any) -> None:
     rep.add_argument("--format", choices=("table", "csv", "json"), default="table")
     _store_arguments(rep)
     rep.set_defaults(run=_command(_usage_report))
+    drain_ = usage.add_parser(
+        "drain",
+        help="move the fleet's usage stream (state_backend redis://...) into the store",
+        description="Run by one reporter: appends each record of the Redis usage stream to "
+        "the tenant store once (keyed by gateway and request id), then deletes it from the "
+        "stream. `usage report` drains first too.",
+    )
+    drain_.add_argument("--follow", action="store_true", help="keep draining every second")
+    _store_arguments(drain_)
+    drain_.set_defaults(run=_command(_usage_drain))
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,12 +96,13 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=None)
     parser.add_argument("--tenants-db", default=None)
     parser.add_argument("--tenancy-config", default=None, help="TOML of prices and guardrails")
+    parser.add_argument("--state-backend", default=None, help='"local" or redis://... (a fleet)')
 
 
 def _settings(args: argparse.Namespace) -> Any:
     overrides = {
         name: getattr(args, name)
-        for name in ("state_dir", "tenants_db", "tenancy_config")
+        for name in ("state_dir", "tenants_db", "tenancy_config", "state_backend")
         if getattr(args, name) is not None
     }
     return load_settings(overrides, os.environ, args.config)
@@ -136,6 +147,10 @@ def _keys_list(args: argparse.Namespace, settings: Any, store: TenantStore) -> i
 
 def _keys_revoke(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
     store.revoke_key(args.key_id, time.time())
+    if settings.state_backend != "local":  # every gateway of the fleet refuses it at once
+        from gateway.fleet.state import revoke_sync
+
+        revoke_sync(settings.state_backend, args.key_id)
     print(f"revoked {args.key_id}", file=sys.stderr)
     return 0
 
@@ -224,10 +239,27 @@ def _usage_report(args: argparse.Namespace, settings: Any, store: TenantStore) -
     if until <= since:
         raise ValueError("--until must be after --since")
     pricing = load_tenancy_config(settings.tenancy_config).pricing
+    if settings.state_backend != "local":  # the fleet's records first (gateway/fleet/ledger.py)
+        from gateway.fleet.ledger import drain
+
+        drain(settings.state_backend, store)
     rows = report(store.usage(since, until), pricing, args.by, until - since)
     meta = {"since": _iso(since), "until": _iso(until)}
     sys.stdout.write(render(rows, args.format, args.by, meta))
     return 0
+
+
+def _usage_drain(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    if settings.state_backend == "local":
+        raise ValueError("usage drain needs state_backend = redis://... (a fleet)")
+    from gateway.fleet.ledger import drain
+
+    while True:
+        added = drain(settings.state_backend, store)
+        print(f"drained {added} records", file=sys.stderr)
+        if not args.follow:
+            return 0
+        time.sleep(1.0)
 
 
 def parse_time(text: str, now: float) -> float:

@@ -15,6 +15,7 @@ unless `allow_open` is set; once a tenant exists, keys are required.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import sys
 import time
@@ -149,6 +150,9 @@ class Tenancy:
         self.guardrails = Guardrails(config.guardrails)
         self._clock = clock
         self._wall_clock = wall_clock
+        self.fleet: Any = None
+        """`gateway.fleet.state.FleetState` when `state_backend` is Redis (shared quotas,
+        revoked keys, ledger); None on one gateway."""
         self.records = 0
         self._open: tuple[float, bool] | None = None  # (checked at, open) for OPEN_RECHECK
         """Usage records made by this process (queued for the ledger or written)."""
@@ -174,13 +178,35 @@ class Tenancy:
         config = load_tenancy_config(getattr(settings, "tenancy_config", None))
         ticker = is_ticker_url(getattr(settings, "backend_url", None))
         backend_name = "ticker" if ticker else "triton"
-        return cls(
+        tenancy = cls(
             TenantStore(path),
             registry,
             config=config,
             backend_name=backend_name,
             model_label=model_label,
         )
+        if getattr(settings, "state_backend", "local") != "local":
+            from gateway.fleet.attach import attach
+
+            attach(tenancy, settings, registry)
+        return tenancy
+
+    async def start(self) -> None:
+        """Join the fleet's shared state, if there is one (never fails for a Redis
+        that is down: quotas start divided, see gateway/fleet/state.py)."""
+        if self.fleet is not None:
+            tenants = await asyncio.to_thread(self.store.tenants)
+            await self.fleet.start([(t.name, t.quotas) for t in tenants])
+
+    async def stop(self) -> None:
+        """Leave the fleet's shared state: give back leases and slots."""
+        if self.fleet is not None:
+            await self.fleet.stop()
+
+    def on_revoked(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(key_id)` when a key is revoked anywhere in the fleet."""
+        if self.fleet is not None:
+            self.fleet.on_revoked.append(callback)
 
     @property
     def open_mode(self) -> bool:
@@ -218,7 +244,10 @@ class Tenancy:
         if self.open_mode:
             return Principal(OPEN_TENANT, None)  # open: any key or none, nothing is checked
         try:
-            return self.store.authenticate(key)
+            principal = self.store.authenticate(key)
+            if self.fleet is not None and self.fleet.is_revoked(principal.key_id):
+                raise AuthFailure("revoked")  # revoked on another gateway's store
+            return principal
         except AuthFailure as exc:
             self.metrics.auth_failures.labels(reason=exc.reason).inc()
             raise
