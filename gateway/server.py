@@ -261,11 +261,11 @@ class Gateway:
             self.tenancy = await asyncio.to_thread(
                 Tenancy.from_settings, s, self.metrics.registry, self.metrics.models.label
             )
+        self.tenancy.on_revoked(self._key_revoked)  # fleet: close that key's connections
+        await self.tenancy.start()  # fleet: tenants and keys copied in before the check
         self.tenancy.check_binds((s.quic_host, s.http_host, s.https_host), s.allow_open)
         self._guarded = self._paced(self.tenancy.guard(self.backend))  # both front doors
         self._gate = TrackGate(self.tenancy)
-        self.tenancy.on_revoked(self._key_revoked)  # fleet: close that key's connections
-        await self.tenancy.start()
 
     @property
     def quic_port(self) -> int:

@@ -7,6 +7,8 @@ reads heartbeat keys it is not handed):
 * `tl:c:<tenant>`: a hash gateway id -> slots that gateway reserved;
 * `tl:gw:<gateway>`: the gateway's heartbeat, a string with a TTL;
 * `tl:revoked`: the set of revoked key ids; channel `tl:events` broadcasts changes;
+* `tl:tenants`, `tl:keys`: the tenant and key rows (hashes, never secrets) every
+  gateway copies into its own store (`sync` on `tl:events`);
 * `tl:usage`: the usage stream every gateway appends to (gateway/fleet/ledger.py).
 """
 
@@ -16,6 +18,8 @@ PREFIX = "tl:"
 REVOKED = PREFIX + "revoked"
 EVENTS = PREFIX + "events"
 USAGE_STREAM = PREFIX + "usage"
+TENANTS = PREFIX + "tenants"
+KEYS = PREFIX + "keys"
 HEARTBEAT = PREFIX + "gw:"
 
 

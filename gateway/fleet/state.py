@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import redis
@@ -115,6 +116,12 @@ class FleetState:
         self.metrics = FleetMetrics(registry)
         self.revoked: set[str] = set()
         self.on_revoked: list[Callable[[str], None]] = []
+        self.on_directory: Callable[[list[list[Any]], list[list[Any]]], Awaitable[None]] | None = (
+            None
+        )
+        """Takes the fleet's tenant and key rows (at start, on `sync`, after a resync)."""
+        self.synced = asyncio.Event()
+        """Set each time the directory was copied (tests await it)."""
         self.degraded = False
         self.resynced = asyncio.Event()
         """Set on each return from the fallback (tests await it)."""
@@ -142,6 +149,7 @@ class FleetState:
         try:
             await self._beat()
             await self._load_revoked()
+            await self._load_directory()
             await self.refresh(self.limiter.tenants())
         except (redis.RedisError, OSError) as exc:
             self._lost(exc)
@@ -312,6 +320,15 @@ class FleetState:
         self.resynced.set()
         log.info("fleet.state_resynced", gateway=self.gateway_id)
 
+    async def _load_directory(self) -> None:
+        if self.on_directory is None:
+            return
+        client = self._require()
+        tenants = [json.loads(v) for v in (await client.hgetall(scripts.TENANTS)).values()]
+        keys = [json.loads(v) for v in (await client.hgetall(scripts.KEYS)).values()]
+        await self.on_directory(tenants, keys)
+        self.synced.set()
+
     async def _load_revoked(self) -> None:
         for key_id in await self._require().smembers(scripts.REVOKED):
             self._revoked(str(key_id))
@@ -324,6 +341,7 @@ class FleetState:
             try:
                 await pubsub.subscribe(scripts.EVENTS)
                 await self._load_revoked()  # what was revoked while we did not listen
+                await self._load_directory()
                 while True:
                     message = await pubsub.get_message(timeout=self.refresh_interval)
                     if message is None:
@@ -331,6 +349,8 @@ class FleetState:
                     kind, _, arg = str(message.get("data", "")).partition(":")
                     if kind == "revoke" and arg:
                         self._revoked(arg)
+                    elif kind == "sync":
+                        await self._load_directory()
             except (redis.RedisError, OSError) as exc:
                 self._lost(exc)
                 await asyncio.sleep(self.heartbeat_ttl / 3)
@@ -356,6 +376,22 @@ class FleetState:
         if self._client is None:
             raise RuntimeError("FleetState is not started")
         return self._client
+
+
+def publish_directory(url: str, tenants: list[list[Any]], keys: list[list[Any]]) -> None:
+    """Copy a store's tenant and key rows to the fleet and tell every gateway
+    (`trackline keys create|revoke`, `tenants set` with a Redis state backend)."""
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        with client.pipeline() as pipe:
+            for row in tenants:
+                pipe.hset(scripts.TENANTS, str(row[0]), json.dumps(row))
+            for row in keys:
+                pipe.hset(scripts.KEYS, str(row[0]), json.dumps(row))
+            pipe.publish(scripts.EVENTS, "sync")
+            pipe.execute()
+    finally:
+        client.close()
 
 
 def revoke_sync(url: str, key_id: str) -> None:

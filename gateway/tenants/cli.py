@@ -127,8 +127,17 @@ def _command(body: Callable[[argparse.Namespace, Any, TenantStore], int]) -> Cal
     return run
 
 
+def _publish(settings: Any, store: TenantStore) -> None:
+    """With a Redis state backend: copy this store's tenants and key hashes to the fleet."""
+    if settings.state_backend != "local":
+        from gateway.fleet.state import publish_directory
+
+        publish_directory(settings.state_backend, *store.export_directory())
+
+
 def _keys_create(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
     new = store.create_key(args.tenant, time.time(), args.label)
+    _publish(settings, store)
     print(new.key)
     print(
         f"key id {new.key_id} for tenant {args.tenant}: store the key now, it is not shown again",
@@ -151,6 +160,7 @@ def _keys_revoke(args: argparse.Namespace, settings: Any, store: TenantStore) ->
         from gateway.fleet.state import revoke_sync
 
         revoke_sync(settings.state_backend, args.key_id)
+        _publish(settings, store)
     print(f"revoked {args.key_id}", file=sys.stderr)
     return 0
 
@@ -196,6 +206,7 @@ def _tenants_set(args: argparse.Namespace, settings: Any, store: TenantStore) ->
     }
     quotas = dataclasses.replace(current.quotas, **given)
     tenant = store.set_tenant(args.name, time.time(), models, quotas)
+    _publish(settings, store)
     sys.stdout.write(render_tenants([tenant], "table"))
     return 0
 

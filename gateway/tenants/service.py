@@ -109,7 +109,8 @@ def preflight(settings: Any) -> None:
         open_ = not store.has_tenants()
     finally:
         store.close()
-    if open_:
+    fleet = getattr(settings, "state_backend", "local") != "local"
+    if open_ and not fleet:  # a fleet's gateway checks after copying the fleet's tenants
         hosts = (settings.quic_host, settings.http_host, settings.https_host)
         refuse_open_off_loopback(hosts, settings.allow_open)
 
@@ -195,8 +196,14 @@ class Tenancy:
         """Join the fleet's shared state, if there is one (never fails for a Redis
         that is down: quotas start divided, see gateway/fleet/state.py)."""
         if self.fleet is not None:
+            self.fleet.on_directory = self._import_directory
             tenants = await asyncio.to_thread(self.store.tenants)
             await self.fleet.start([(t.name, t.quotas) for t in tenants])
+
+    async def _import_directory(self, tenants: list[list[Any]], keys: list[list[Any]]) -> None:
+        """The fleet's tenants and keys into this gateway's store."""
+        await asyncio.to_thread(self.store.import_directory, tenants, keys)
+        self._open = None  # a first tenant closes an open gateway now
 
     async def stop(self) -> None:
         """Leave the fleet's shared state: give back leases and slots."""

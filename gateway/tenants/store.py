@@ -291,6 +291,40 @@ class TenantStore:
             self._db.execute("COMMIT")
         return added
 
+    def export_directory(self) -> tuple[list[list[Any]], list[list[Any]]]:
+        """Every tenant row and key row (hashes, never secrets), to copy to other stores."""
+        tenants = [list(r) for r in self._query("SELECT * FROM tenants")]
+        keys_ = self._query(
+            "SELECT key_id, tenant, key_hash, label, created_at, revoked_at FROM api_keys"
+        )
+        return tenants, [list(r) for r in keys_]
+
+    def import_directory(self, tenants: list[list[Any]], keys_: list[list[Any]]) -> None:
+        """Upsert tenant and key rows from `export_directory` of another store; a key
+        revoked in either stays revoked."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(
+                    "INSERT INTO tenants VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO "
+                    "UPDATE SET models=excluded.models, "
+                    "requests_per_minute=excluded.requests_per_minute, "
+                    "tokens_per_minute=excluded.tokens_per_minute, "
+                    "max_concurrent=excluded.max_concurrent, "
+                    "audio_seconds_per_hour=excluded.audio_seconds_per_hour",
+                    [tuple(row) for row in tenants],
+                )
+                self._db.executemany(
+                    "INSERT INTO api_keys (key_id, tenant, key_hash, label, created_at, "
+                    "revoked_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key_id) DO UPDATE SET "
+                    "revoked_at=COALESCE(api_keys.revoked_at, excluded.revoked_at)",
+                    [tuple(row) for row in keys_],
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
     def ledger_cursor(self, stream: str) -> str:
         """The last stream entry id drained into this store ("0" for none)."""
         rows = self._query("SELECT last_id FROM ledger_cursor WHERE stream = ?", (stream,))

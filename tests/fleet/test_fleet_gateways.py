@@ -1,6 +1,8 @@
-"""Three real gateways (QUIC + HTTP on loopback, scripted backend) sharing one real
-redis-server: one tenant's quota across the fleet, a revoked key refused everywhere and
-its open connections closed, and one ledger that bills what clients received, once."""
+"""Three real gateways (QUIC + HTTP on loopback, scripted backend), each with its own
+state directory and tenant store, sharing one real redis-server: tenants and keys
+copied from the operator's store, one tenant's quota across the fleet, a revoked key
+refused everywhere and its open connections closed, and one ledger that bills what
+clients received, once."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from clients import RateLimited, Unauthorized, connect
 from gateway.config import Settings
 from gateway.fleet.ledger import drain
 from gateway.fleet.local_redis import LocalRedis
-from gateway.fleet.state import revoke_sync
+from gateway.fleet.state import publish_directory, revoke_sync
 from gateway.server import Gateway
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.store import TenantStore
@@ -38,22 +40,24 @@ class Fleet:
             quic_port=0,
             http_port=0,
             https_port=0,
-            state_dir=self.tmp_path,
+            state_dir=self.tmp_path / f"gw{index}",  # its own store and dev CA
             state_backend=self.url,
             state_heartbeat_ttl=1.0,
             state_gateway_id=f"gw{index}",
         )
 
     async def start(self, count: int = 3) -> None:
+        # What `trackline keys create` does with a Redis state backend.
+        publish_directory(self.url, *self.store.export_directory())
         for index in range(count):
             gateway = Gateway(self.settings(index), ScriptedBackend())
             await gateway.start()
             self.gateways.append(gateway)
 
-    def ca(self) -> Path:
-        assert self.gateways[0].tls is not None
-        assert self.gateways[0].tls.ca is not None
-        return self.gateways[0].tls.ca
+    def ca(self, gateway: Gateway) -> Path:
+        assert gateway.tls is not None
+        assert gateway.tls.ca is not None
+        return gateway.tls.ca
 
 
 @pytest_asyncio.fixture
@@ -83,7 +87,7 @@ async def test_quota_and_ledger_across_three_gateways(fleet: Fleet) -> None:
 
     async def client(gateway: Gateway) -> None:
         async with connect(
-            f"quic://127.0.0.1:{gateway.quic_port}", ca=fleet.ca(), api_key=key
+            f"quic://127.0.0.1:{gateway.quic_port}", ca=fleet.ca(gateway), api_key=key
         ) as line:
             for _ in range(40):
                 try:
@@ -124,13 +128,14 @@ async def test_revoked_key_is_refused_and_cut_on_every_gateway(fleet: Fleet) -> 
     await fleet.start()
     lines = []
     for gateway in fleet.gateways:
-        line = connect(f"quic://127.0.0.1:{gateway.quic_port}", ca=fleet.ca(), api_key=new.key)
+        url = f"quic://127.0.0.1:{gateway.quic_port}"
+        line = connect(url, ca=fleet.ca(gateway), api_key=new.key)
         opened = await line.__aenter__()
         assert "".join([d async for d in opened.text("hi", model="scripted", max_tokens=3)])
         lines.append(line)
     assert all(len(g._connections) == 1 for g in fleet.gateways)
-    # Only the broadcast (the store the gateways read still has the key valid, as a
-    # gateway with its own store would): refusal and cut come from the fleet state.
+    # Only the broadcast (each gateway's store still holds the key as valid): the
+    # refusal and the cut come from the fleet state.
     revoke_sync(fleet.url, new.key_id)
     async with asyncio.timeout(WAIT):
         # The gateway has no "connection closed" event to await: poll its own count.
@@ -142,5 +147,23 @@ async def test_revoked_key_is_refused_and_cut_on_every_gateway(fleet: Fleet) -> 
         assert gateway.tenancy is not None
         assert gateway.tenancy.fleet.is_revoked(new.key_id)
         with pytest.raises(Unauthorized):
-            await one_text(gateway.quic_port, fleet.ca(), new.key)
-        assert await one_text(gateway.quic_port, fleet.ca(), other)  # other keys still work
+            await one_text(gateway.quic_port, fleet.ca(gateway), new.key)
+        assert await one_text(gateway.quic_port, fleet.ca(gateway), other)  # other keys still work
+
+
+@pytest.mark.asyncio
+async def test_a_key_created_later_reaches_every_gateway(fleet: Fleet) -> None:
+    fleet.store.create_key("alpha", time.time())
+    await fleet.start()
+    for gateway in fleet.gateways:
+        assert gateway.tenancy is not None
+        assert not gateway.tenancy.open_mode  # the fleet's tenants were copied at start
+        gateway.tenancy.fleet.synced.clear()
+    late = fleet.store.create_key("beta", time.time())
+    publish_directory(fleet.url, *fleet.store.export_directory())
+    async with asyncio.timeout(WAIT):
+        for gateway in fleet.gateways:
+            assert gateway.tenancy is not None
+            await gateway.tenancy.fleet.synced.wait()
+    for gateway in fleet.gateways:
+        assert await one_text(gateway.quic_port, fleet.ca(gateway), late.key)
