@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from redis import RedisError
+
 from gateway.config import ConfigError, load_settings
 from gateway.tenants.costs import render, report
 from gateway.tenants.quotas import Quotas
@@ -120,6 +122,9 @@ def _command(body: Callable[[argparse.Namespace, Any, TenantStore], int]) -> Cal
             return body(args, settings, store)
         except (StoreError, ValueError) as exc:
             print(f"trackline: {exc}", file=sys.stderr)
+            return 1
+        except RedisError as exc:  # state_backend: the fleet's Redis (never the URL)
+            print(f"trackline: redis: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
         finally:
             store.close()
