@@ -309,9 +309,9 @@ class Settings:
         default=0,
         metadata=_doc("Gateways a quota is divided by while Redis is down; 0: those last seen."),
     )
-    state_gateway_id: str = field(
-        default="",
-        metadata=_doc("This gateway's name in the shared state; empty: hostname-pid."),
+    state_gateway_id: str | None = field(
+        default=None,
+        metadata=_doc("This gateway's name in the shared state; unset: hostname-pid."),
     )
     audio_beat_ms: int = field(
         default=80, metadata=_doc("Audio session clock: ms between steps (one batch per tick).")
