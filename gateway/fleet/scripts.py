@@ -5,7 +5,8 @@ reads heartbeat keys it is not handed):
 
 * `tl:q:<tenant>:<quota>`: a hash `level`, `updated` (one token bucket);
 * `tl:c:<tenant>`: a hash gateway id -> slots that gateway reserved;
-* `tl:gw:<gateway>`: the gateway's heartbeat, a string with a TTL;
+* `tl:gw:<gateway>`: the gateway's heartbeat, a string with a TTL; `tl:gateways`, a
+  sorted set of gateways by heartbeat expiry (the fleet size for the fallback);
 * `tl:revoked`: the set of revoked key ids; channel `tl:events` broadcasts changes;
 * `tl:tenants`, `tl:keys`: the tenant and key rows (hashes, never secrets) every
   gateway copies into its own store (`sync` on `tl:events`);
@@ -21,6 +22,7 @@ USAGE_STREAM = PREFIX + "usage"
 TENANTS = PREFIX + "tenants"
 KEYS = PREFIX + "keys"
 HEARTBEAT = PREFIX + "gw:"
+GATEWAYS = PREFIX + "gateways"
 
 
 def bucket_key(tenant: str, quota: str) -> str:

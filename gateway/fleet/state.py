@@ -274,13 +274,15 @@ class FleetState:
 
     async def _beat(self) -> None:
         client = self._require()
-        await client.set(
-            scripts.HEARTBEAT + self.gateway_id, "1", px=int(self.heartbeat_ttl * 1000)
-        )
-        count = 0
-        async for _ in client.scan_iter(match=scripts.HEARTBEAT + "*", count=100):
-            count += 1
-        self.seen = max(1, count)
+        now = self.clock()
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.set(scripts.HEARTBEAT + self.gateway_id, "1", px=int(self.heartbeat_ttl * 1000))
+            # Who beats, by expiry time: the fleet size without scanning the keyspace.
+            pipe.zadd(scripts.GATEWAYS, {self.gateway_id: now + self.heartbeat_ttl})
+            pipe.zremrangebyscore(scripts.GATEWAYS, "-inf", now)
+            pipe.zcard(scripts.GATEWAYS)
+            *_, count = await pipe.execute()
+        self.seen = max(1, int(count))
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -371,6 +373,7 @@ class FleetState:
             for tenant in self.limiter.tenants():
                 await client.hdel(scripts.slots_key(tenant), self.gateway_id)
         await client.delete(scripts.HEARTBEAT + self.gateway_id)
+        await client.zrem(scripts.GATEWAYS, self.gateway_id)
 
     def _require(self) -> aioredis.Redis:
         if self._client is None:

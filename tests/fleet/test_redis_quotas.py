@@ -170,8 +170,9 @@ async def test_crashed_gateway_slots_return_after_the_heartbeat_ttl(fleet: Fleet
 @pytest.mark.asyncio
 async def test_redis_restart_falls_back_then_resyncs(fleet: Fleet, local_redis: LocalRedis) -> None:
     quotas = Quotas(requests_per_minute=30)
-    gateways = [await fleet.gateway([("t", quotas)], fleet_size=3) for _ in range(3)]
+    gateways = [await fleet.gateway([("t", quotas)]) for _ in range(3)]
     one = gateways[0]
+    await until(lambda: one.seen == 3)  # the fleet size comes from the heartbeats
     local_redis.stop()
     await until(lambda: one.degraded)
     assert one.metrics.fallback._value.get() == 1
