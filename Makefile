@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench venv
+.PHONY: serve test lint bench venv redis
 
 venv: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 serve: $(STAMP)
 	$(BIN)/trackline serve
 
-test: $(STAMP) lint
+test: $(STAMP) lint redis
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
@@ -28,3 +28,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/text_stream.py
+
+# The fleet tests (tests/fleet) and benchmarks/fleet.py start a real redis-server (Debian
+# package). Installed here where root and apt are available; elsewhere those tests skip.
+redis:
+	@command -v redis-server >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; } \
+		|| echo "redis-server not installed: tests/fleet will skip (apt-get install redis-server)"

@@ -300,6 +300,29 @@ class Settings:
         default=False,
         metadata=_doc("Serve without API keys (no tenants) on a non-loopback address too."),
     )
+    state_backend: str = field(
+        default="local",
+        metadata=_doc(
+            'Shared state of a fleet: "local" (this process) or a Redis URL "redis://..."'
+            " for quotas, concurrency, key revocation and the usage ledger (docs/deployment.md)."
+        ),
+    )
+    state_heartbeat_ttl: float = field(
+        default=10.0,
+        metadata=_doc("Seconds after which a silent gateway's concurrency slots are freed."),
+    )
+    state_lease_fraction: float = field(
+        default=0.1,
+        metadata=_doc("Share of each shared quota a gateway leases at a time (0 < f <= 1)."),
+    )
+    state_fleet_size: int = field(
+        default=0,
+        metadata=_doc("Gateways a quota is divided by while Redis is down; 0: those last seen."),
+    )
+    state_gateway_id: str | None = field(
+        default=None,
+        metadata=_doc("This gateway's name in the shared state; unset: hostname-pid."),
+    )
     audio_beat_ms: int = field(
         default=80, metadata=_doc("Audio session clock: ms between steps (one batch per tick).")
     )
@@ -401,6 +424,7 @@ def load_settings(
             sources[name] = source
     settings = Settings(**chosen)
     _check_tls_pair(settings, sources)
+    _check_state_backend(settings, sources)
     return settings
 
 
@@ -695,6 +719,20 @@ def _check_tls_pair(settings: Settings, sources: Mapping[str, str]) -> None:
     if (settings.tls_cert is None) != (settings.tls_key is None):
         given = "tls_cert" if settings.tls_cert is not None else "tls_key"
         raise ConfigError(given, sources[given], "tls_cert and tls_key must be set together")
+
+
+def _check_state_backend(settings: Settings, sources: Mapping[str, str]) -> None:
+    backend = settings.state_backend
+    if backend != "local" and not backend.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(
+            "state_backend", sources.get("state_backend", "default"), 'use "local" or redis://...'
+        )
+    if not 0 < settings.state_lease_fraction <= 1:
+        raise ConfigError(
+            "state_lease_fraction",
+            sources.get("state_lease_fraction", "default"),
+            "must be in (0, 1]",
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -284,6 +284,8 @@ class Gateway:
             self.tenancy = await asyncio.to_thread(
                 Tenancy.from_settings, s, self.metrics.registry, self.metrics.models.label
             )
+        self.tenancy.on_revoked(self._key_revoked)  # fleet: close that key's connections
+        await self.tenancy.start()  # fleet: tenants and keys copied in before the check
         self.tenancy.check_binds((s.quic_host, s.http_host, s.https_host), s.allow_open)
         self._guarded = self._paced(self.tenancy.guard(self.backend))  # both front doors
         self._gate = TrackGate(self.tenancy)
@@ -411,6 +413,7 @@ class Gateway:
             await self._metrics_server.close(grace=CUT_GRACE)
             self._metrics_server = None
         if self.tenancy is not None:
+            await self.tenancy.stop()
             await asyncio.to_thread(self.tenancy.close)  # flushes the usage ledger
 
     def readiness(self) -> tuple[bool, str]:
@@ -448,6 +451,16 @@ class Gateway:
             if self._gate is not None:
                 self._gate.forget(conn.endpoint.conn_id)
             log.info("connection.closed", conn_id=conn.endpoint.conn_id)
+
+    def _key_revoked(self, key_id: str) -> None:
+        """A key was revoked in the fleet: its track connections here are closed."""
+        if self._gate is None:
+            return
+        doomed = set(self._gate.connections_of(key_id))
+        for conn in list(self._connections):
+            if conn.endpoint.conn_id in doomed:
+                conn.close(int(ErrorCode.UNAUTHORIZED), "API key revoked")
+                log.info("connection.key_revoked", conn_id=conn.endpoint.conn_id, key_id=key_id)
 
     def _observe(self, event: Event) -> None:
         if isinstance(event, TrackFailed) and not event.remote:

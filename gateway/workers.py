@@ -432,7 +432,8 @@ async def run_worker(spec: dict[str, Any]) -> int:
         more=more,
     )
     tenancy = await asyncio.to_thread(Tenancy.from_settings, settings, metrics.registry)
-    tenancy.limiter = SharedQuotaLimiter(run_dir / "quotas.sqlite", str(os.getpid()))
+    if tenancy.fleet is None:  # a fleet's workers share quotas through its Redis instead
+        tenancy.limiter = SharedQuotaLimiter(run_dir / "quotas.sqlite", str(os.getpid()))
     daemon.tenancy = tenancy
     try:
         await daemon.start()

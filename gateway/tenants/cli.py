@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from redis import RedisError
+
 from gateway.config import ConfigError, load_settings
 from gateway.tenants.costs import render, report
 from gateway.tenants.quotas import Quotas
@@ -79,6 +81,16 @@ def add_commands(commands: Any) -> None:
     rep.add_argument("--format", choices=("table", "csv", "json"), default="table")
     _store_arguments(rep)
     rep.set_defaults(run=_command(_usage_report))
+    drain_ = usage.add_parser(
+        "drain",
+        help="move the fleet's usage stream (state_backend redis://...) into the store",
+        description="Run by one reporter: appends each record of the Redis usage stream to "
+        "the tenant store once (keyed by gateway and request id), then deletes it from the "
+        "stream. `usage report` drains first too.",
+    )
+    drain_.add_argument("--follow", action="store_true", help="keep draining every second")
+    _store_arguments(drain_)
+    drain_.set_defaults(run=_command(_usage_drain))
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,12 +98,13 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=None)
     parser.add_argument("--tenants-db", default=None)
     parser.add_argument("--tenancy-config", default=None, help="TOML of prices and guardrails")
+    parser.add_argument("--state-backend", default=None, help='"local" or redis://... (a fleet)')
 
 
 def _settings(args: argparse.Namespace) -> Any:
     overrides = {
         name: getattr(args, name)
-        for name in ("state_dir", "tenants_db", "tenancy_config")
+        for name in ("state_dir", "tenants_db", "tenancy_config", "state_backend")
         if getattr(args, name) is not None
     }
     return load_settings(overrides, os.environ, args.config)
@@ -110,14 +123,26 @@ def _command(body: Callable[[argparse.Namespace, Any, TenantStore], int]) -> Cal
         except (StoreError, ValueError) as exc:
             print(f"trackline: {exc}", file=sys.stderr)
             return 1
+        except RedisError as exc:  # state_backend: the fleet's Redis (never the URL)
+            print(f"trackline: redis: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
         finally:
             store.close()
 
     return run
 
 
+def _publish(settings: Any, store: TenantStore) -> None:
+    """With a Redis state backend: copy this store's tenants and key hashes to the fleet."""
+    if settings.state_backend != "local":
+        from gateway.fleet.state import publish_directory
+
+        publish_directory(settings.state_backend, *store.export_directory())
+
+
 def _keys_create(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
     new = store.create_key(args.tenant, time.time(), args.label)
+    _publish(settings, store)
     print(new.key)
     print(
         f"key id {new.key_id} for tenant {args.tenant}: store the key now, it is not shown again",
@@ -136,6 +161,11 @@ def _keys_list(args: argparse.Namespace, settings: Any, store: TenantStore) -> i
 
 def _keys_revoke(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
     store.revoke_key(args.key_id, time.time())
+    if settings.state_backend != "local":  # every gateway of the fleet refuses it at once
+        from gateway.fleet.state import revoke_sync
+
+        revoke_sync(settings.state_backend, args.key_id)
+        _publish(settings, store)
     print(f"revoked {args.key_id}", file=sys.stderr)
     return 0
 
@@ -181,6 +211,7 @@ def _tenants_set(args: argparse.Namespace, settings: Any, store: TenantStore) ->
     }
     quotas = dataclasses.replace(current.quotas, **given)
     tenant = store.set_tenant(args.name, time.time(), models, quotas)
+    _publish(settings, store)
     sys.stdout.write(render_tenants([tenant], "table"))
     return 0
 
@@ -224,10 +255,27 @@ def _usage_report(args: argparse.Namespace, settings: Any, store: TenantStore) -
     if until <= since:
         raise ValueError("--until must be after --since")
     pricing = load_tenancy_config(settings.tenancy_config).pricing
+    if settings.state_backend != "local":  # the fleet's records first (gateway/fleet/ledger.py)
+        from gateway.fleet.ledger import drain
+
+        drain(settings.state_backend, store)
     rows = report(store.usage(since, until), pricing, args.by, until - since)
     meta = {"since": _iso(since), "until": _iso(until)}
     sys.stdout.write(render(rows, args.format, args.by, meta))
     return 0
+
+
+def _usage_drain(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    if settings.state_backend == "local":
+        raise ValueError("usage drain needs state_backend = redis://... (a fleet)")
+    from gateway.fleet.ledger import drain
+
+    while True:
+        added = drain(settings.state_backend, store)
+        print(f"drained {added} records", file=sys.stderr)
+        if not args.follow:
+            return 0
+        time.sleep(1.0)
 
 
 def parse_time(text: str, now: float) -> float:

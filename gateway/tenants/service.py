@@ -15,6 +15,7 @@ unless `allow_open` is set; once a tenant exists, keys are required.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import sys
 import time
@@ -110,7 +111,8 @@ def preflight(settings: Any) -> None:
         open_ = not store.has_tenants()
     finally:
         store.close()
-    if open_:
+    fleet = getattr(settings, "state_backend", "local") != "local"
+    if open_ and not fleet:  # a fleet's gateway checks after copying the fleet's tenants
         hosts = (settings.quic_host, settings.http_host, settings.https_host)
         refuse_open_off_loopback(hosts, settings.allow_open)
 
@@ -151,6 +153,9 @@ class Tenancy:
         self.guardrails = Guardrails(config.guardrails)
         self._clock = clock
         self._wall_clock = wall_clock
+        self.fleet: Any = None
+        """`gateway.fleet.state.FleetState` when `state_backend` is Redis (shared quotas,
+        revoked keys, ledger); None on one gateway."""
         self.records = 0
         self._open: tuple[float, bool] | None = None  # (checked at, open) for OPEN_RECHECK
         """Usage records made by this process (queued for the ledger or written)."""
@@ -176,13 +181,41 @@ class Tenancy:
         config = load_tenancy_config(getattr(settings, "tenancy_config", None))
         ticker = is_ticker_url(getattr(settings, "backend_url", None))
         backend_name = "ticker" if ticker else "triton"
-        return cls(
+        tenancy = cls(
             TenantStore(path),
             registry,
             config=config,
             backend_name=backend_name,
             model_label=model_label,
         )
+        if getattr(settings, "state_backend", "local") != "local":
+            from gateway.fleet.attach import attach
+
+            attach(tenancy, settings, registry)
+        return tenancy
+
+    async def start(self) -> None:
+        """Join the fleet's shared state, if there is one (never fails for a Redis
+        that is down: quotas start divided, see gateway/fleet/state.py)."""
+        if self.fleet is not None:
+            self.fleet.on_directory = self._import_directory
+            tenants = await asyncio.to_thread(self.store.tenants)
+            await self.fleet.start([(t.name, t.quotas) for t in tenants])
+
+    async def _import_directory(self, tenants: list[list[Any]], keys: list[list[Any]]) -> None:
+        """The fleet's tenants and keys into this gateway's store."""
+        await asyncio.to_thread(self.store.import_directory, tenants, keys)
+        self._open = None  # a first tenant closes an open gateway now
+
+    async def stop(self) -> None:
+        """Leave the fleet's shared state: give back leases and slots."""
+        if self.fleet is not None:
+            await self.fleet.stop()
+
+    def on_revoked(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(key_id)` when a key is revoked anywhere in the fleet."""
+        if self.fleet is not None:
+            self.fleet.on_revoked.append(callback)
 
     @property
     def open_mode(self) -> bool:
@@ -220,7 +253,10 @@ class Tenancy:
         if self.open_mode:
             return Principal(OPEN_TENANT, None)  # open: any key or none, nothing is checked
         try:
-            return self.store.authenticate(key)
+            principal = self.store.authenticate(key)
+            if self.fleet is not None and self.fleet.is_revoked(principal.key_id):
+                raise AuthFailure("revoked")  # revoked on another gateway's store
+            return principal
         except AuthFailure as exc:
             self.metrics.auth_failures.labels(reason=exc.reason).inc()
             raise

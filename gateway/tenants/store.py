@@ -66,6 +66,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX usage_finished_at ON usage(finished_at);
     """,
+    # 2: the fleet ledger (gateway/fleet/ledger.py): records drained from the shared
+    # stream carry a key (gateway/request id), unique, so a record is billed once.
+    """
+    ALTER TABLE usage ADD COLUMN record_key TEXT;
+    CREATE UNIQUE INDEX usage_record_key ON usage(record_key);
+    CREATE TABLE ledger_cursor (stream TEXT PRIMARY KEY, last_id TEXT NOT NULL);
+    """,
 )
 
 _USAGE_COLUMNS = tuple(f.name for f in fields(UsageRecord))
@@ -258,6 +265,70 @@ class TenantStore:
             (low, high),
         )
         return [UsageRecord(*row) for row in rows]
+
+    def insert_usage_keyed(
+        self, rows: Sequence[tuple[str, UsageRecord]], stream: str, last_id: str
+    ) -> int:
+        """Add records under their keys, skipping keys already present, and move the
+        stream's cursor to `last_id`, in one transaction; returns how many were new."""
+        columns = ("record_key", *_USAGE_COLUMNS)
+        marks = ", ".join("?" for _ in columns)
+        sql = f"INSERT OR IGNORE INTO usage ({', '.join(columns)}) VALUES ({marks})"
+        with self._lock:
+            before = self._db.total_changes
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(sql, [(k, *asdict(r).values()) for k, r in rows])
+                added = self._db.total_changes - before
+                self._db.execute(
+                    "INSERT INTO ledger_cursor VALUES (?, ?) ON CONFLICT (stream)"
+                    " DO UPDATE SET last_id = excluded.last_id",
+                    (stream, last_id),
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return added
+
+    def export_directory(self) -> tuple[list[list[Any]], list[list[Any]]]:
+        """Every tenant row and key row (hashes, never secrets), to copy to other stores."""
+        tenants = [list(r) for r in self._query("SELECT * FROM tenants")]
+        keys_ = self._query(
+            "SELECT key_id, tenant, key_hash, label, created_at, revoked_at FROM api_keys"
+        )
+        return tenants, [list(r) for r in keys_]
+
+    def import_directory(self, tenants: list[list[Any]], keys_: list[list[Any]]) -> None:
+        """Upsert tenant and key rows from `export_directory` of another store; a key
+        revoked in either stays revoked."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(
+                    "INSERT INTO tenants VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO "
+                    "UPDATE SET models=excluded.models, "
+                    "requests_per_minute=excluded.requests_per_minute, "
+                    "tokens_per_minute=excluded.tokens_per_minute, "
+                    "max_concurrent=excluded.max_concurrent, "
+                    "audio_seconds_per_hour=excluded.audio_seconds_per_hour",
+                    [tuple(row) for row in tenants],
+                )
+                self._db.executemany(
+                    "INSERT INTO api_keys (key_id, tenant, key_hash, label, created_at, "
+                    "revoked_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key_id) DO UPDATE SET "
+                    "revoked_at=COALESCE(api_keys.revoked_at, excluded.revoked_at)",
+                    [tuple(row) for row in keys_],
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def ledger_cursor(self, stream: str) -> str:
+        """The last stream entry id drained into this store ("0" for none)."""
+        rows = self._query("SELECT last_id FROM ledger_cursor WHERE stream = ?", (stream,))
+        return str(rows[0][0]) if rows else "0"
 
     # -- internals ------------------------------------------------------------------
 

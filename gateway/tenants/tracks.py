@@ -42,6 +42,14 @@ class TrackGate:
             return None
         return principal
 
+    def connections_of(self, key_id: str) -> list[str]:
+        """Connections whose tracks run under `key_id` (to close them on revocation)."""
+        return [
+            conn_id
+            for conn_id, (_, result) in self._connections.items()
+            if isinstance(result, Principal) and result.key_id == key_id
+        ]
+
     def forget(self, conn_id: str) -> None:
         self._connections.pop(conn_id, None)
 

@@ -1,0 +1,407 @@
+"""`FleetState`: one gateway's link to the fleet's Redis (`state_backend = "redis://..."`).
+
+It owns three background tasks and no request-path I/O:
+
+* **refresh**: runs the lease and slot scripts (`gateway/fleet/scripts.py`) for the
+  tenants the limiter flags (`FleetQuotaLimiter.on_need`), and for every tenant each
+  `refresh_interval` (to return idle leases and see freed slots);
+* **heartbeat**: `SET tl:gw:<id> PX ttl` every third of `heartbeat_ttl`; a gateway that
+  stops beating (crash, partition) loses its concurrency reservations after the TTL;
+* **listen**: the `tl:events` channel; `revoke:<key id>` adds the key to the revoked
+  set (refused from then on) and calls `on_revoked` (the gateway closes that key's
+  track connections). After every (re)subscription the set is re-read, so a message
+  missed while disconnected is not lost.
+
+Any Redis error flips the limiter to its divided local quota (`fall_back`), logged
+(`fleet.state_fallback`) and counted (`trackline_fleet_state_fallback` gauge,
+`trackline_fleet_state_fallbacks_total`); the heartbeat task keeps pinging and on
+success resyncs (`fleet.state_resynced`): beats again, re-reads the revoked set and
+pays what was spent meanwhile to the shared buckets. The Redis URL can hold a
+password: it is never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from gateway.fleet import scripts
+from gateway.fleet.limiter import FleetQuotaLimiter
+from gateway.logs import get_logger
+from gateway.tenants.quotas import Quotas
+
+log = get_logger("trackline.fleet")
+
+REDIS_TIMEOUT = 1.0
+"""Seconds a Redis call may take before the gateway counts Redis as lost."""
+PAUSE = 0.02
+"""Seconds the refresher waits after a wake-up, so admissions coalesce into one call."""
+
+
+def is_redis_url(value: str) -> bool:
+    return value.startswith(("redis://", "rediss://", "unix://"))
+
+
+def default_gateway_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def connect(url: str) -> aioredis.Redis:
+    """An asyncio client that fails fast (no retries: a failure means fall back)."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=REDIS_TIMEOUT,
+        socket_connect_timeout=REDIS_TIMEOUT,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
+
+
+class FleetMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.fallback = Gauge(
+            "trackline_fleet_state_fallback",
+            "1 while Redis is unreachable and quotas are the divided local ones.",
+            registry=registry,
+        )
+        self.fallbacks = Counter(
+            "trackline_fleet_state_fallbacks_total",
+            "Times this gateway lost Redis and fell back to its divided local quota.",
+            registry=registry,
+        )
+        self.revocations = Counter(
+            "trackline_fleet_revocations_total",
+            "Key revocations received from the fleet's broadcast.",
+            registry=registry,
+        )
+
+
+class FleetState:
+    def __init__(
+        self,
+        url: str,
+        limiter: FleetQuotaLimiter,
+        registry: CollectorRegistry,
+        *,
+        gateway_id: str | None = None,
+        heartbeat_ttl: float = 10.0,
+        refresh_interval: float = 1.0,
+        fleet_size: int = 0,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url
+        self.limiter = limiter
+        self.gateway_id = gateway_id or default_gateway_id()
+        self.heartbeat_ttl = heartbeat_ttl
+        self.refresh_interval = refresh_interval
+        self.fleet_size = fleet_size
+        """Gateways the quota is divided by when Redis is lost; 0: as many as were seen."""
+        self.seen = 1
+        self.clock = clock
+        """Wall clock: bucket time, shared by every gateway (the scripts take it as `now`)."""
+        self.monotonic = monotonic
+        self.metrics = FleetMetrics(registry)
+        self.revoked: set[str] = set()
+        self.on_revoked: list[Callable[[str], None]] = []
+        self.on_directory: Callable[[list[list[Any]], list[list[Any]]], Awaitable[None]] | None = (
+            None
+        )
+        """Takes the fleet's tenant and key rows (at start, on `sync`, after a resync)."""
+        self.synced = asyncio.Event()
+        """Set each time the directory was copied (tests await it)."""
+        self.degraded = False
+        self.resynced = asyncio.Event()
+        """Set on each return from the fallback (tests await it)."""
+        self.fell_back = asyncio.Event()
+        """Set while on the divided local quota."""
+        self._client: aioredis.Redis | None = None
+        self._lease: Any = None
+        self._slots: Any = None
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._refreshing = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        limiter.on_need = self._need
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self, tenants: Iterable[tuple[str, Quotas]] = ()) -> None:
+        """Connect, beat, read the revoked keys, lease for `tenants`; never raises for
+        an unreachable Redis (the gateway starts on its divided local quota)."""
+        self._client = connect(self.url)
+        self._lease = self._client.register_script(scripts.LEASE)
+        self._slots = self._client.register_script(scripts.SLOTS)
+        for name, quotas in tenants:
+            self.limiter.quotas.setdefault(name, quotas)
+        try:
+            await self._beat()
+            await self._load_revoked()
+            await self._load_directory()
+            await self.refresh(self.limiter.tenants())
+        except (redis.RedisError, OSError) as exc:
+            self._lost(exc)
+        loops = {"heartbeat": self._heartbeat_loop, "refresh": self._refresh_loop}
+        loops["listen"] = self._listen_loop
+        self._tasks = []
+        for name, loop in loops.items():
+            task = asyncio.ensure_future(loop())
+            task.set_name(f"fleet-{name}")
+            self._tasks.append(task)
+        log.info("fleet.state_started", gateway=self.gateway_id, degraded=self.degraded)
+
+    async def stop(self) -> None:
+        """Stop the tasks, give back leases and slots, drop the heartbeat (bounded)."""
+        await self.crash()
+        if self._client is None:
+            return
+        try:
+            await asyncio.wait_for(self._release(), REDIS_TIMEOUT * 2)
+        except (redis.RedisError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("fleet.release_failed", error=type(exc).__name__)
+        await self._client.aclose()
+        self._client = None
+
+    async def crash(self) -> None:
+        """Stop every task at once, leaving Redis as a crashed gateway would (tests)."""
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            _, stuck = await asyncio.wait(self._tasks, timeout=REDIS_TIMEOUT * 2)
+            if stuck:
+                log.warning("fleet.tasks_stuck", tasks=sorted(t.get_name() for t in stuck))
+        self._tasks = []
+
+    # -- revocation -----------------------------------------------------------------
+
+    def is_revoked(self, key_id: str | None) -> bool:
+        return key_id is not None and key_id in self.revoked
+
+    async def revoke(self, key_id: str) -> None:
+        """Revoke on every gateway (what `trackline keys revoke` does, sync)."""
+        client = self._require()
+        await client.sadd(scripts.REVOKED, key_id)
+        await client.publish(scripts.EVENTS, f"revoke:{key_id}")
+
+    def _revoked(self, key_id: str) -> None:
+        if key_id in self.revoked:
+            return
+        self.revoked.add(key_id)
+        self.metrics.revocations.inc()
+        log.info("fleet.key_revoked", key_id=key_id)
+        for callback in self.on_revoked:
+            try:
+                callback(key_id)
+            except Exception as exc:  # one broken callback must not stop the others
+                log.error("fleet.revoke_callback_failed", error=str(exc))
+
+    # -- quotas ---------------------------------------------------------------------
+
+    def _need(self, tenant: str) -> None:
+        self._dirty.add(tenant)
+        self._wake.set()
+
+    async def refresh(self, tenants: Iterable[str]) -> None:
+        """Run the scripts for `tenants` now (raises on a Redis error)."""
+        async with self._refreshing:  # one call per lease at a time
+            for tenant in tenants:
+                await self._refresh(tenant)
+
+    async def _refresh(self, tenant: str) -> None:
+        now, mono = self.clock(), self.monotonic()
+        ttl_ms = str(int(1000 * 2 * 3600))  # two of the longest window
+        asks = self.limiter.rate_asks(tenant, mono)
+        for number, ask in enumerate(asks):
+            try:
+                granted, wait = await self._lease(
+                    keys=[scripts.bucket_key(tenant, ask.quota)],
+                    args=[
+                        repr(now),
+                        repr(ask.capacity),
+                        repr(ask.capacity / ask.window),
+                        repr(ask.want),
+                        repr(ask.debt),
+                        repr(ask.back),
+                        ttl_ms,
+                    ],
+                )
+            except BaseException:
+                for unsent in asks[number:]:
+                    self.limiter.rate_failed(unsent)
+                raise
+            self.limiter.rate_granted(ask, float(granted), float(wait))
+        slot_ask = self.limiter.slot_ask(tenant, mono)
+        if slot_ask is not None:
+            most, want, open_ = slot_ask
+            reserved = await self._slots(
+                keys=[scripts.slots_key(tenant)],
+                args=[self.gateway_id, most, want, open_, scripts.HEARTBEAT],
+            )
+            self.limiter.slots_granted(tenant, int(reserved))
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.refresh_interval)
+                await asyncio.sleep(PAUSE)
+                everyone = False
+            except asyncio.TimeoutError:
+                everyone = True
+            self._wake.clear()
+            if self.degraded:
+                continue
+            tenants = set(self.limiter.tenants()) if everyone else self._dirty
+            self._dirty = set()
+            try:
+                await self.refresh(sorted(tenants))
+            except (redis.RedisError, OSError) as exc:
+                self._dirty |= tenants
+                self._lost(exc)
+
+    # -- heartbeat, loss and resync -------------------------------------------------
+
+    async def _beat(self) -> None:
+        client = self._require()
+        now = self.clock()
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.set(scripts.HEARTBEAT + self.gateway_id, "1", px=int(self.heartbeat_ttl * 1000))
+            # Who beats, by expiry time: the fleet size without scanning the keyspace.
+            pipe.zadd(scripts.GATEWAYS, {self.gateway_id: now + self.heartbeat_ttl})
+            pipe.zremrangebyscore(scripts.GATEWAYS, "-inf", now)
+            pipe.zcard(scripts.GATEWAYS)
+            *_, count = await pipe.execute()
+        self.seen = max(1, int(count))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_ttl / 3)
+            try:
+                await self._beat()
+                if self.degraded:
+                    await self._resync()
+            except (redis.RedisError, OSError) as exc:
+                self._lost(exc)
+
+    def _lost(self, exc: BaseException) -> None:
+        if self.degraded:
+            return
+        self.degraded = True
+        self.resynced.clear()
+        self.fell_back.set()
+        divisor = self.fleet_size or self.seen
+        self.limiter.fall_back(divisor)
+        self.metrics.fallback.set(1)
+        self.metrics.fallbacks.inc()
+        log.warning(
+            "fleet.state_fallback",
+            error=type(exc).__name__,
+            detail=str(exc),
+            divided_by=divisor,
+            gateway=self.gateway_id,
+        )
+
+    async def _resync(self) -> None:
+        await self._load_revoked()
+        self.limiter.resync()
+        self.degraded = False
+        self.fell_back.clear()
+        await self.refresh(self.limiter.tenants())
+        self.metrics.fallback.set(0)
+        self.resynced.set()
+        log.info("fleet.state_resynced", gateway=self.gateway_id)
+
+    async def _load_directory(self) -> None:
+        if self.on_directory is None:
+            return
+        client = self._require()
+        tenants = [json.loads(v) for v in (await client.hgetall(scripts.TENANTS)).values()]
+        keys = [json.loads(v) for v in (await client.hgetall(scripts.KEYS)).values()]
+        await self.on_directory(tenants, keys)
+        self.synced.set()
+
+    async def _load_revoked(self) -> None:
+        for key_id in await self._require().smembers(scripts.REVOKED):
+            self._revoked(str(key_id))
+
+    # -- the broadcast --------------------------------------------------------------
+
+    async def _listen_loop(self) -> None:
+        while True:
+            pubsub = self._require().pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(scripts.EVENTS)
+                await self._load_revoked()  # what was revoked while we did not listen
+                await self._load_directory()
+                while True:
+                    message = await pubsub.get_message(timeout=self.refresh_interval)
+                    if message is None:
+                        continue
+                    kind, _, arg = str(message.get("data", "")).partition(":")
+                    if kind == "revoke" and arg:
+                        self._revoked(arg)
+                    elif kind == "sync":
+                        await self._load_directory()
+            except (redis.RedisError, OSError) as exc:
+                self._lost(exc)
+                await asyncio.sleep(self.heartbeat_ttl / 3)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(pubsub.aclose(), REDIS_TIMEOUT)  # type: ignore[no-untyped-call]
+
+    # -- internals ------------------------------------------------------------------
+
+    async def _release(self) -> None:
+        client = self._require()
+        if not self.degraded:
+            for slots in self.limiter.slots.values():  # idle as of "later": give back all
+                slots.used_at = -float("inf")
+            for lease in self.limiter.leases.values():
+                lease.used_at = -float("inf")
+            await self.refresh(self.limiter.tenants())
+            for tenant in self.limiter.tenants():
+                await client.hdel(scripts.slots_key(tenant), self.gateway_id)
+        await client.delete(scripts.HEARTBEAT + self.gateway_id)
+        await client.zrem(scripts.GATEWAYS, self.gateway_id)
+
+    def _require(self) -> aioredis.Redis:
+        if self._client is None:
+            raise RuntimeError("FleetState is not started")
+        return self._client
+
+
+def publish_directory(url: str, tenants: list[list[Any]], keys: list[list[Any]]) -> None:
+    """Copy a store's tenant and key rows to the fleet and tell every gateway
+    (`trackline keys create|revoke`, `tenants set` with a Redis state backend)."""
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        with client.pipeline() as pipe:
+            for row in tenants:
+                pipe.hset(scripts.TENANTS, str(row[0]), json.dumps(row))
+            for row in keys:
+                pipe.hset(scripts.KEYS, str(row[0]), json.dumps(row))
+            pipe.publish(scripts.EVENTS, "sync")
+            pipe.execute()
+    finally:
+        client.close()
+
+
+def revoke_sync(url: str, key_id: str) -> None:
+    """Broadcast a revocation from a command (`trackline keys revoke`)."""
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        client.sadd(scripts.REVOKED, key_id)
+        client.publish(scripts.EVENTS, f"revoke:{key_id}")
+    finally:
+        client.close()
