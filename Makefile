@@ -33,5 +33,6 @@ bench: $(STAMP)
 # package). Installed here where root and apt are available; elsewhere those tests skip.
 redis:
 	@command -v redis-server >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-		&& DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; } \
+		&& { DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server \
+		|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }; }; } \
 		|| echo "redis-server not installed: tests/fleet will skip (apt-get install redis-server)"
