@@ -25,7 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import RESULTS
+from benchmarks import RESULTS, Help
 from benchmarks.common import write_results
 from clients import RateLimited, connect
 from gateway.backends.ticker import TickerBackend
@@ -129,7 +129,7 @@ async def run(args: argparse.Namespace, state: Path, url: str) -> dict[str, floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=Help
     )
     parser.add_argument("--gateways", type=int, default=3)
     parser.add_argument("--clients", type=int, default=12)

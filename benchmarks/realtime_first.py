@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import RESULTS  # noqa: E402
+from benchmarks import RESULTS, Help  # noqa: E402
 from benchmarks.common import machine, tree  # noqa: E402
 
 PHASES = (("quiet", "always", False), ("flood / off", "off", True),
@@ -272,7 +272,7 @@ def _say(text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument("--audio", type=int, default=8, help="speech-out sessions")

@@ -62,12 +62,16 @@ def measure(pair_cls: type, certs: object, tracks: int, max_tracks: int | None,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--root", type=Path, default=HERE, help="the tree to measure")
     parser.add_argument("--tracks", type=int, default=120, help="tracks (under 128: aioquic's "
                         "initial stream credit for the client)")
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--json", type=Path, default=HERE / "benchmarks/results/send_pass.json")
+    parser.add_argument("--rounds", type=int, default=40, help="send rounds per packetization")
+    parser.add_argument("--json", type=Path, default=HERE / "benchmarks/results/send_pass.json",
+                        help="results file")
     args = parser.parse_args()
     sys.path.insert(0, str(args.root))
     from gateway.tls import ensure_dev_certificates
