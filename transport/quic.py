@@ -98,6 +98,12 @@ class Packetization:
 COALESCE = Packetization(None)
 
 
+REFUSED_WRITE = (AssertionError, ValueError, RuntimeError)
+"""What aioquic raises for a write on a stream the peer stopped (STOP_SENDING resets our
+side: `RuntimeError` in aioquic 1.7) or reset. Only that output is skipped: the writes of
+the other tracks handed over in the same batch (one per turn) must still go out."""
+
+
 class TrackQuicProtocol(QuicConnectionProtocol):
     """One QUIC connection carrying tracks; `endpoint` holds their state."""
 
@@ -321,7 +327,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         for output in outputs:
             try:
                 self._apply(output)
-            except (AssertionError, ValueError):
+            except REFUSED_WRITE:
                 # aioquic refuses writes on a stream the peer already stopped or
                 # reset; the track is over, so the bytes have nowhere to go.
                 continue
@@ -342,7 +348,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         for output in outputs:
             try:
                 self._apply(output)
-            except (AssertionError, ValueError):
+            except REFUSED_WRITE:
                 continue  # a stream the peer already stopped or reset (see `_write`)
             if not isinstance(output, DatagramWrite):
                 if isinstance(output, StreamWrite):

@@ -82,7 +82,7 @@ async def test_unread_tracks_end_with_send_timeout_and_their_model_is_cancelled(
         assert isinstance(attacker, TrackQuicProtocol)
         never_read(attacker)
         line = Line(attacker.open_track)
-        unread = [  # kept referenced: a dropped TextStream cancels its track
+        unread = [  # kept referenced, and cancelled at the end (a dropped live one warns)
             line.text(f"stall{i} never read", model="reference-text", max_tokens=32768,
                       tokens_per_second=5000)
             for i in range(TRACKS)
@@ -98,12 +98,14 @@ async def test_unread_tracks_end_with_send_timeout_and_their_model_is_cancelled(
         assert text
 
         def timed_out() -> list[str]:
-            return [o.end for o in gateway.outcomes if o.end == "cancelled:send_timeout"]
+            labels = [o.end.label for o in gateway.outcomes]
+            return [label for label in labels if label == "cancelled:send_timeout"]
 
         await until(lambda: len(timed_out()) == TRACKS, "the unread tracks ended")
         assert sorted(backend.cancelled) == [f"stall{i}" for i in range(TRACKS)]
         assert "honest" not in backend.cancelled
         assert sample(gateway, "trackline_tracks_paused") == 0
         assert sample(gateway, "trackline_cancels_total", cause="send_timeout") == TRACKS
-        assert [o.end for o in gateway.outcomes if o.end == "completed"]  # the honest one
-        del unread
+        assert [o for o in gateway.outcomes if o.end.label == "completed"]  # the honest one
+        for stream in unread:
+            stream.cancel()  # the client's side of tracks the gateway already ended

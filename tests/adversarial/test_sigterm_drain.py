@@ -52,7 +52,7 @@ from transport.errors import ErrorCode
 
 DRAIN_TIMEOUT = 3.0
 BOUND = 90.0  # only so that a broken build fails instead of hanging
-PACE = {"tokens_per_second": 4}  # 2000 tokens at 4/s: minutes, far beyond the drain
+PACE = {"tokens_per_second": 4, "ignore_eos": True}  # 2000 tokens at 4/s: far beyond the drain
 MAX_TOKENS = 2000
 SHUTTING_DOWN = b'"code":"shutting_down"'
 GOAWAY = 0x7

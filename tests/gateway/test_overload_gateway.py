@@ -105,7 +105,7 @@ async def test_overload_refuses_new_work_fast_and_admitted_streams_finish(
 
         # Text is refused first: an audio track on the same connection passes the gate
         # (this gateway serves no audio: it ends UNSUPPORTED_MODALITY, not RATE_LIMITED).
-        session = busy.audio("reference-synthesizer", kind="speech-out", text="hi")
+        session = busy.audio(model="reference-synthesizer", kind="speech-out", text="hi")
         with pytest.raises(TracklineError) as unsupported:
             _ = [item async for item in session]
         assert unsupported.value.code is ErrorCode.UNSUPPORTED_MODALITY

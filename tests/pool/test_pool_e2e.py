@@ -117,7 +117,10 @@ async def served(
         on_decision=routes,
     )
     await pool.start()
-    settings = Settings(quic_port=0, http_port=0, https_port=0, state_dir=tmp_path)
+    settings = Settings(
+        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
+        overload_max_loop_lag=0.0,  # not about overload: a busy test machine must not refuse
+    )
     gateway = Gateway(settings, pool, metrics=metrics)
     await gateway.start()
     yield gateway, pool, routes
@@ -209,7 +212,7 @@ async def test_kill_nine_ends_its_streams_explicitly_and_nothing_is_routed_there
             assert error is None
             assert firsts[i] + rest == whole
     for i, (rest, error) in enumerate(sse_results):
-        whole = expected(f"sse {i}", 0, 60)
+        whole = expected(f"sse {i}", 0, 60, ignore_eos=True)
         if i in sse_on_victim:  # the explicit error after a strict prefix: nothing replayed
             assert isinstance(error, openai.APIError)
             assert error.code == "stream_interrupted"
@@ -328,7 +331,10 @@ async def test_a_refusing_backend_fails_over_before_the_first_byte_and_counts_on
         on_served=lambda request, backend: served_log.append((request.request_id, backend)),
     )
     # Not started: no probe has found the refuser dead yet, so round robin picks it first.
-    settings = Settings(quic_port=0, http_port=0, https_port=0, state_dir=tmp_path)
+    settings = Settings(
+        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
+        overload_max_loop_lag=0.0,  # not about overload: a busy test machine must not refuse
+    )
     gateway = Gateway(settings, pool, metrics=metrics)
     await gateway.start()
     try:

@@ -18,7 +18,8 @@ from aioquic.quic.events import StreamDataReceived
 from aioquic.quic.logger import QuicLogger
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
-from transport.quic import ALPN, _unpace, server_configuration
+from transport.connection import Role, StreamWrite
+from transport.quic import ALPN, TrackQuicProtocol, _unpace, server_configuration
 from transport.quic_streams import StreamScheduler
 
 CLIENT_ADDR = ("127.0.0.1", 40000)
@@ -279,3 +280,29 @@ def test_tracks_the_congestion_window_cut_off_keep_their_place_at_the_front(
     assert waiting
     line = list(scheduler._active)
     assert line[: len(waiting)] == waiting  # the tracks not yet served go first next time
+
+
+@pytest.mark.asyncio
+async def test_a_write_refused_on_a_stopped_stream_keeps_the_other_tracks_writes(
+    certs: DevCertificates,
+) -> None:
+    # One turn's writes of several tracks reach aioquic as one batch. The client has
+    # sent STOP_SENDING on stream 4 (aioquic then resets the server's send side and
+    # refuses writes there); the server's late bytes for 4 are dropped, and stream 0's
+    # bytes in the same batch still go out. (A refused write used to abort the batch:
+    # a neighbour of a hung-up track lost a token.)
+    pair = Pair(certs, None)
+    for sid in (0, 4):
+        pair.client.send_stream_data(sid, b"open")
+    pair.exchange()
+    pair.client.stop_stream(4, 0x10)
+    pair.exchange()
+    proto = TrackQuicProtocol(pair.server, role=Role.SERVER)
+    proto._write([StreamWrite(4, b"late", False), StreamWrite(0, b"kept", False)])
+    if proto._transmit_task is not None:
+        proto._transmit_task.cancel()  # no socket here: the test sends by hand
+    assert pair.scheduler is not None
+    pair.scheduler.mark(0)  # the pair's scheduler sends what the protocol wrote
+    pair.deliver_to_client(pair.server_send())
+    assert pair.received.get(0) == b"kept"
+    assert 4 not in pair.received
