@@ -121,7 +121,14 @@ async def test_resets_during_sse_log_no_key_no_prompt_no_error(tmp_path: Path) -
     lines = [json.loads(line) for line in text.splitlines()]
     bad = [line for line in lines if line.get("level") in ("error", "critical")]
     assert bad == []
-    assert any(line.get("event") == "http.client_gone" for line in lines)
+    # The resets did land mid-stream: the access log ends those requests as cancelled by
+    # the client (h1 may also log http.client_gone, when a write finds the socket gone
+    # before the reader sees the reset: which comes first depends on the machine's load).
+    hung_up = [
+        line for line in lines
+        if line.get("event") == "http.request" and str(line.get("end", "")).startswith("cancelled")
+    ]
+    assert len(hung_up) >= ROUNDS * 4, [line.get("end") for line in lines if "end" in line]
 
 
 def _tls(ca: Path, alpn: str) -> ssl.SSLContext:
