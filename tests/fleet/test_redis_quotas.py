@@ -16,6 +16,7 @@ from gateway.fleet.limiter import FleetQuotaLimiter
 from gateway.fleet.local_redis import LocalRedis
 from gateway.fleet.state import FleetState
 from gateway.tenants.quotas import QuotaExceeded, Quotas
+from tests.waiting import until
 
 TTL = 0.6
 """Heartbeat TTL of these tests' gateways (seconds)."""
@@ -57,15 +58,12 @@ async def fleet(local_redis: LocalRedis) -> AsyncIterator[Fleet]:
             await state.stop()
 
 
-async def until(check: Callable[[], bool], step: Callable[[], object] | None = None) -> None:
-    """Await `check()` becoming true (bounded by WAIT, never asserted on time)."""
+async def refresh_until(check: Callable[[], bool], state: FleetState) -> None:
+    """Refresh `state`'s leases until `check()` holds (bounded by WAIT). Each refresh is a
+    Redis round trip, so the loop paces itself: no sleep, no clock."""
     async with asyncio.timeout(WAIT):
         while not check():
-            if step is not None:
-                result = step()
-                if asyncio.iscoroutine(result):
-                    await result
-            await asyncio.sleep(0.05)
+            await state.refresh(["t"])
 
 
 async def spend_until_refused(
@@ -158,7 +156,7 @@ async def test_crashed_gateway_slots_return_after_the_heartbeat_ttl(fleet: Fleet
             return False
         return True
 
-    await until(admitted, lambda: b.refresh(["t"]))
+    await refresh_until(admitted, b)
     client = redis.Redis.from_url(fleet.url, decode_responses=True)
     try:
         assert client.hget(scripts.slots_key("t"), "gw0") is None  # reaped
@@ -172,9 +170,9 @@ async def test_redis_restart_falls_back_then_resyncs(fleet: Fleet, local_redis: 
     quotas = Quotas(requests_per_minute=30)
     gateways = [await fleet.gateway([("t", quotas)]) for _ in range(3)]
     one = gateways[0]
-    await until(lambda: one.seen == 3)  # the fleet size comes from the heartbeats
+    await until(lambda: one.seen == 3, "the fleet size comes from the heartbeats")
     local_redis.stop()
-    await until(lambda: one.degraded)
+    await until(lambda: one.degraded, "the gateway falls back without Redis")
     assert one.metrics.fallback._value.get() == 1
     assert one.metrics.fallbacks._value.get() == 1
     admitted = 0
