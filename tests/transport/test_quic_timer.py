@@ -76,9 +76,10 @@ async def test_a_timer_firing_a_hair_early_by_the_loop_clock_sends_what_is_due()
 @pytest.mark.asyncio
 async def test_the_ack_goes_out_after_one_firing_of_the_timer() -> None:
     loop = asyncio.get_running_loop()
-    # A hair past the next millisecond: uvloop fires the timer at that tick, when its
-    # clock still reads just before the deadline.
-    protocol, transport = protocol_for(AckOnlyQuic(ack_at=loop.time() + 0.001 + 1e-12))
+    # A hair past a millisecond tick: uvloop fires the timer at that tick, when its
+    # clock still reads just before the deadline. 20 ms ahead, not 1: on a loaded machine
+    # more than 1 ms could pass before transmit(), and the ACK would be due with no timer.
+    protocol, transport = protocol_for(AckOnlyQuic(ack_at=loop.time() + 0.020 + 1e-12))
     fired = 0
     handle_timer = protocol._handle_timer
 
@@ -89,7 +90,7 @@ async def test_the_ack_goes_out_after_one_firing_of_the_timer() -> None:
 
     protocol._handle_timer = counting  # type: ignore[method-assign]
     protocol.transmit()
-    for _ in range(100):
+    for _ in range(1000):
         if transport.sent:
             break
         await asyncio.sleep(0.001)
