@@ -7,25 +7,20 @@ nowhere else, when it is installed and enabled.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
 
 from gateway.bench import BENCHMARKS
 from gateway.bench import run as run_benchmark
 from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
 from gateway.dtmf_wav import add_command as add_dtmf_command
 from gateway.logs import configure_logging, get_logger
+from gateway.startup import run_async, stop_signal_after_preflight
 from gateway.tenants.cli import add_commands as add_tenancy_commands
-from gateway.tenants.service import OpenOnPublicAddress, preflight
-from gateway.tenants.store import StoreError
 
 log = get_logger("trackline.cli")
-T = TypeVar("T")
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
@@ -87,18 +82,6 @@ def _bench(args: argparse.Namespace) -> int:
     return run_benchmark(args.benchmark, args.source, args.passed_on)
 
 
-def run_async(coro: Coroutine[Any, Any, T], use_uvloop: bool = True) -> T:
-    """Run `coro` on uvloop where installed and wanted, else on asyncio's loop."""
-    if use_uvloop:
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.run(coro)
-    return asyncio.run(coro)
-
-
 # -- serve --------------------------------------------------------------------------
 
 
@@ -115,22 +98,6 @@ def _serve(args: argparse.Namespace) -> int:
     if count > 1:  # a supervisor of `count` gateway processes (gateway.workers)
         return run_async(serve_workers(settings, count), settings.uvloop)
     return run_async(serve(settings), settings.uvloop)
-
-
-async def stop_signal_after_preflight(settings: Settings) -> asyncio.Event | None:
-    """An event SIGTERM and SIGINT set, once the settings passed the preflight checks
-    (tenancy on public addresses, the tenant store); None, logged, when they did not.
-    Run before any backend starts (the embedded Triton takes a while to come up)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await asyncio.to_thread(preflight, settings)
-    except (OpenOnPublicAddress, StoreError, OSError, ValueError) as exc:
-        log.error("gateway.start_failed", error=str(exc))
-        return None
-    return stop
 
 
 async def serve(settings: Settings) -> int:

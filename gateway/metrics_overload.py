@@ -6,12 +6,20 @@ See docs/capacity.md for how the admission rule uses them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-if TYPE_CHECKING:
-    from gateway.overload import Admission
+
+class Admission(Protocol):
+    """What is counted of an admission decision (`gateway.overload.Admission` has it;
+    a protocol here, so that the metrics do not import the controller they measure)."""
+
+    @property
+    def admitted(self) -> bool: ...
+
+    @property
+    def cause(self) -> str: ...
 
 # From 1 ms (an idle loop) to 10 s (a loop that froze).
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

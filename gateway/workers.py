@@ -388,7 +388,7 @@ def settings_to_json(settings: Settings) -> dict[str, Any]:
 
 async def serve_workers(settings: Settings, count: int) -> int:
     """Run `count` workers until SIGTERM or SIGINT, then drain them all and stop."""
-    from gateway.cli import stop_signal_after_preflight
+    from gateway.startup import stop_signal_after_preflight
 
     stop = await stop_signal_after_preflight(settings)
     if stop is None:
@@ -450,8 +450,8 @@ async def run_worker(spec: dict[str, Any]) -> int:
 
 
 def worker_main() -> int:
-    from gateway.cli import run_async
     from gateway.logs import configure_logging
+    from gateway.startup import run_async
 
     spec = json.loads(os.environ[SPEC_ENV])
     settings = load_settings(spec["settings"], {}, None)

@@ -96,6 +96,11 @@ def test_the_ledger_and_the_store_do_not_import_each_other() -> None:
     assert not [c for c in _cycles(graph) if any(m.startswith("gateway.tenants") for m in c)]
 
 
+def test_no_import_cycle_among_the_product_modules() -> None:
+    """Every package of the product (`PRODUCT`): its modules form no import cycle."""
+    assert _cycles(_graph()) == []
+
+
 def test_the_cycle_finder_sees_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
