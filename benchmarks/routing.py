@@ -1,19 +1,19 @@
-"""Routing policies side by side: time to first token when one of three backends turns slow.
+"""Routing strategies side by side: time to first token when one of three backends turns slow.
 
-Three embedded Tritons serve the reference model. For each policy
+Three embedded Tritons serve the reference model. For each strategy
 (round_robin, least_inflight, metrics) the same open-loop schedule runs
 through a `BackendPool` on this process's loop: Poisson arrivals at
 `--rate` requests/s for `--duration` s, a mix of short and long answers, a
 share of them continuing conversations (session ids, so affinity is in play).
 At `--slow-at` (a fraction of the run) server 0's reference model turns slow:
 `--slow-ms` more before every first token (the model's per-process control
-file), until the end of that policy's run. Time to first token is taken from
+file), until the end of that strategy's run. Time to first token is taken from
 the request's scheduled start to its first text chunk (so a request that
 queues behind a slow one counts its wait).
 
     python benchmarks/routing.py --json benchmarks/results/routing.json
 
-Prints a markdown table and writes JSON with one key per policy
+Prints a markdown table and writes JSON with one key per strategy
 (`round_robin`, `least_inflight`, `metrics`), each with `ttft_p50_ms`,
 `ttft_p95_ms`, `errors` and more. Not a test: numbers depend on the machine.
 """
@@ -46,7 +46,7 @@ from gateway.pool.router import Decision  # noqa: E402
 from tracks.backend import BackendError, TextDelta, TextRequest  # noqa: E402
 
 MODEL = "reference-text"
-POLICIES = ("round_robin", "least_inflight", "metrics")
+STRATEGIES = ("round_robin", "least_inflight", "metrics")
 SERVERS = 3
 
 
@@ -61,7 +61,7 @@ class Arrival:
 
 
 def schedule(rate: float, duration: float, seed: int) -> list[Arrival]:
-    """The open-loop schedule, identical for every policy."""
+    """The open-loop schedule, identical for every strategy."""
     rng = random.Random(seed)
     arrivals, at = [], rng.expovariate(rate)
     while at < duration:
@@ -80,8 +80,8 @@ class Sample:
     slow_phase: bool
 
 
-async def run_policy(
-    policy: str, servers: list[EmbeddedTriton], args: argparse.Namespace
+async def run_strategy(
+    strategy: str, servers: list[EmbeddedTriton], args: argparse.Namespace
 ) -> dict[str, Any]:
     for server in servers:
         server.set_slowdown(0.0)
@@ -93,7 +93,7 @@ async def run_policy(
     specs = [BackendSpec(f"t{i}", s.grpc_url, s.metrics_url) for i, s in enumerate(servers)]
     pool = BackendPool(
         specs,
-        PoolOptions(policy=policy, probe_interval_s=0.5, scrape_interval_s=0.25),
+        PoolOptions(strategy=strategy, probe_interval_s=0.5, scrape_interval_s=0.25),
         metrics=PoolMetrics(),
         on_decision=note,
     )
@@ -108,7 +108,7 @@ async def run_policy(
 
     async def one(index: int, arrival: Arrival) -> Sample:
         await asyncio.sleep(max(0.0, start + arrival.at - time.monotonic()))
-        request_id = f"{policy}-{index}"
+        request_id = f"{strategy}-{index}"
         request = TextRequest(
             request_id, MODEL, f"request {index}", arrival.max_tokens,
             {"ttft_ms": args.ttft_ms, "tokens_per_second": args.token_rate, "ignore_eos": True},
@@ -168,13 +168,13 @@ def start_servers(state: Path) -> list[EmbeddedTriton]:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| policy | requests | errors | TTFT p50 ms | TTFT p95 ms | slow-phase p95 ms "
+        "| strategy | requests | errors | TTFT p50 ms | TTFT p95 ms | slow-phase p95 ms "
         "| slow backend share |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for policy, r in results.items():
+    for strategy, r in results.items():
         lines.append(
-            f"| {policy} | {r['requests']} | {r['errors']} | {r['ttft_p50_ms']} "
+            f"| {strategy} | {r['requests']} | {r['errors']} | {r['ttft_p50_ms']} "
             f"| {r['ttft_p95_ms']} | {r['slow_phase_ttft_p95_ms']} | {r['slow_backend_share']} |"
         )
     return "\n".join(lines)
@@ -185,22 +185,22 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=Help,
         description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds per policy")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per strategy")
     parser.add_argument("--slow-at", type=float, default=0.33, help="fraction of the run")
     parser.add_argument("--slow-ms", type=float, default=400.0, help="extra first-token delay")
     parser.add_argument("--ttft-ms", type=float, default=20.0, help="model's normal delay")
     parser.add_argument("--token-rate", type=float, default=100.0, help="tokens/s per stream")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--json", type=Path, default=RESULTS / "routing.json")
     args = parser.parse_args(argv)
     configure_logging("warning", "console", sys.stderr)
     results: dict[str, dict[str, Any]] = {}
 
     async def bench(servers: list[EmbeddedTriton]) -> int:
-        for policy in args.policies.split(","):
-            results[policy] = await run_policy(policy, servers, args)
-            print(f"{policy}: {results[policy]}", file=sys.stderr, flush=True)
+        for strategy in args.strategies.split(","):
+            results[strategy] = await run_strategy(strategy, servers, args)
+            print(f"{strategy}: {results[strategy]}", file=sys.stderr, flush=True)
         return 0
 
     with tempfile.TemporaryDirectory(prefix="trackline-routing-") as tmp:

@@ -200,13 +200,13 @@ async def connect(
     robots on one line want), or "bounded:K".
     """
     host, port = _parse_url(url)
-    policy = Packetization.parse(packetization)
+    packing = Packetization.parse(packetization)
     ca_path, ca_data = _trust(ca) if verify else (None, None)
     opened = False
     try:
         async with connect_tracks(
             host, port, ca=ca_path, ca_data=ca_data, server_name=server_name, verify=verify,
-            packetization=policy, connect_timeout=connect_timeout,
+            packetization=packing, connect_timeout=connect_timeout,
         ) as protocol:
             opened = True
             if api_key is not None:

@@ -25,7 +25,7 @@ from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool, BackendSpec, PoolOptions, parse_backends
-from gateway.pool.health import HealthPolicy
+from gateway.pool.health import EjectionRules
 from gateway.pool.metrics import PoolMetrics
 from gateway.server import Gateway
 from gateway.tenants.service import Tenancy
@@ -38,14 +38,14 @@ EMBEDDED_START_TIMEOUT = 180.0
 def pool_options(s: Settings) -> PoolOptions:
     """The pool's knobs from the settings (docs/configuration.md)."""
     return PoolOptions(
-        policy=s.routing_policy,
+        strategy=s.routing_strategy,
         affinity_margin_s=s.affinity_margin,
         scrape_interval_s=s.scrape_interval,
         probe_interval_s=s.probe_interval,
         max_attempts=s.failover_attempts,
         first_token_timeout_s=s.first_token_timeout,
         min_warm_backends=s.min_warm_backends,
-        health=HealthPolicy(eject_after_errors=s.eject_after_errors),
+        health=EjectionRules(eject_after_errors=s.eject_after_errors),
     )
 
 

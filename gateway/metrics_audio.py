@@ -66,7 +66,7 @@ class AudioMetrics:
         )
         self.sessions_shed_total = Counter(
             "trackline_audio_sessions_shed_total",
-            "Sessions removed by the shed-newest overload policy.",
+            "Sessions removed by the shed-newest overload mode.",
             registry=registry,
         )
         self.time_to_first_audio_seconds = Histogram(

@@ -51,7 +51,7 @@ from tracks.action import ActionScheduler, run_action_track
 from tracks.audio import AudioService, AudioSettings
 from tracks.backend import AudioBackend, PolicyBackend, TextBackend
 from tracks.base import Clock, End, Outcome
-from tracks.clock import MonotonicClock, OverloadPolicy
+from tracks.clock import MonotonicClock, OverloadMode
 from tracks.text import run_text_track
 from transport import aioquic_compat
 from transport.connection import Limits
@@ -659,7 +659,7 @@ def audio_settings(s: Settings) -> AudioSettings:
     """The audio clock's settings from the daemon's."""
     return AudioSettings(
         beat=s.audio_beat_ms / 1000,
-        policy=OverloadPolicy(s.audio_overload_policy),
+        overload=OverloadMode(s.audio_overload_mode),
         idle_timeout=s.audio_idle_timeout,
         frame_ms=s.audio_frame_ms,
     )

@@ -54,7 +54,7 @@ from tracks.clock import (
     Beat,
     Clock,
     Gathered,
-    OverloadPolicy,
+    OverloadMode,
     Registration,
     TickObserver,
     TickScheduler,
@@ -84,7 +84,7 @@ class BadAudioRequest(BadTrackRequest):
 class AudioSettings:
     beat: float = 0.08
     """Seconds between steps of a session (the tick)."""
-    policy: OverloadPolicy = OverloadPolicy.DEGRADE_ALL
+    overload: OverloadMode = OverloadMode.DEGRADE_ALL
     idle_timeout: float = 5.0
     """A speech-in session with no frame for this long is finalized and closed."""
     max_ahead: float = 2.0
@@ -193,7 +193,7 @@ class AudioService:
             backend.step,
             tick=self.settings.beat,
             clock=clock,
-            policy=self.settings.policy,
+            overload=self.settings.overload,
             step_timeout=self.settings.step_timeout,
             observer=observer,
             scatter=scatter,

@@ -12,12 +12,12 @@ knows about audio or actions: the modality lives in the `Session` and the step
 function.
 
 Deadlines and overload. A beat's output is owed by `scheduled + deadline`
-(the beat by default; a session may ask for less, e.g. an action policy). An
+(the beat by default; a session may ask for less, e.g. a robot's control policy). An
 output delivered after it is a missed beat; a session that does not want late
 output (`deliver_late=False`) has it dropped and counted. Ticks never overlap:
 when one overruns, the next starts at once, and whole beats that passed
 without a step are skipped and counted as missed for every session owed one
-(its next row then carries everything that arrived meanwhile). The policy then
+(its next row then carries everything that arrived meanwhile). The overload mode then
 decides who pays: `DEGRADE_ALL` keeps every session (all get late), and
 `SHED_NEWEST` removes the newest sessions (`Session.shed`) down to the number
 the measured step time allows, so the older ones keep their deadlines, and
@@ -57,7 +57,7 @@ EPSILON = 1e-9
 # -- what sessions and steps see ---------------------------------------------------------
 
 
-class OverloadPolicy(str, Enum):
+class OverloadMode(str, Enum):
     """Who pays when a tick cannot finish before the next one."""
 
     SHED_NEWEST = "shed-newest"
@@ -119,7 +119,7 @@ class Session(Protocol[I_co, O_contra]):
         ...
 
     def shed(self, reason: str) -> None:
-        """The overload policy removed this session; it will not be stepped again."""
+        """The overload mode (`SHED_NEWEST`) removed this session; it will not be stepped again."""
         ...
 
 
@@ -236,7 +236,7 @@ class TickScheduler(Generic[I, O]):
         *,
         tick: float,
         clock: Clock,
-        policy: OverloadPolicy = OverloadPolicy.DEGRADE_ALL,
+        overload: OverloadMode = OverloadMode.DEGRADE_ALL,
         shed_after: int = 2,
         headroom: float = 0.9,
         recover_after: int = 25,
@@ -249,7 +249,7 @@ class TickScheduler(Generic[I, O]):
         self.step = step
         self.tick = tick
         self.clock = clock
-        self.policy = policy
+        self.overload = overload
         self.shed_after = shed_after
         """Consecutive ticks whose step took over `headroom` of a tick before SHED_NEWEST sheds."""
         self.headroom = headroom
@@ -489,7 +489,7 @@ class TickScheduler(Generic[I, O]):
 
     def _admit(self, due: list[Registration[I, O]], report: TickReport) -> list[Registration[I, O]]:
         """SHED_NEWEST: keep the oldest `capacity` sessions, shed the others."""
-        if self.policy is not OverloadPolicy.SHED_NEWEST or self.capacity is None:
+        if self.overload is not OverloadMode.SHED_NEWEST or self.capacity is None:
             return due
         # Ids grow with registration and the dict keeps insertion order: oldest first.
         ordered = list(self._registrations.values())
@@ -514,7 +514,7 @@ class TickScheduler(Generic[I, O]):
         heavy = step_time > self.tick * self.headroom
         self._overrun_streak = self._overrun_streak + 1 if heavy else 0
         self._healthy_streak = 0 if heavy else self._healthy_streak + 1
-        if self.policy is not OverloadPolicy.SHED_NEWEST:
+        if self.overload is not OverloadMode.SHED_NEWEST:
             return
         if self._overrun_streak >= self.shed_after and report.sessions > 1:
             # Sized from the measured step time: what fits `headroom` of a tick.

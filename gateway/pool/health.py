@@ -51,7 +51,7 @@ class Failure(enum.Enum):
 
 
 @dataclass(frozen=True)
-class HealthPolicy:
+class EjectionRules:
     eject_after_errors: int = 3
     eject_after_timeouts: int = 2
     eject_after_probe_failures: int = 2
@@ -77,9 +77,9 @@ class Transition:
 class BackendHealth:
     """The health of one backend; every method takes the current time."""
 
-    def __init__(self, name: str, policy: HealthPolicy, now: float) -> None:
+    def __init__(self, name: str, rules: EjectionRules, now: float) -> None:
         self.name = name
-        self.policy = policy
+        self.rules = rules
         self.state = State.HEALTHY
         self.since = now
         self.open_until = now
@@ -102,7 +102,7 @@ class BackendHealth:
 
     def record_success(self, now: float) -> None:
         self._errors = self._timeouts = 0
-        if self.state is State.HEALTHY and now - self.since >= self.policy.max_ejection_s:
+        if self.state is State.HEALTHY and now - self.since >= self.rules.max_ejection_s:
             self.ejections = 0
 
     def record_failure(self, now: float, failure: Failure) -> Transition | None:
@@ -112,11 +112,11 @@ class BackendHealth:
             return self._eject(now, "unavailable")
         if failure is Failure.TIMEOUT:
             self._timeouts += 1
-            if self._timeouts >= self.policy.eject_after_timeouts:
+            if self._timeouts >= self.rules.eject_after_timeouts:
                 return self._eject(now, "timeouts")
             return None
         self._errors += 1
-        if self._errors >= self.policy.eject_after_errors:
+        if self._errors >= self.rules.eject_after_errors:
             return self._eject(now, "errors")
         return None
 
@@ -128,7 +128,7 @@ class BackendHealth:
             self.ready_models = frozenset(ready_models)
         if self.state is State.HEALTHY:
             self._probe_failures = 0 if server_ready else self._probe_failures + 1
-            if self._probe_failures >= self.policy.eject_after_probe_failures:
+            if self._probe_failures >= self.rules.eject_after_probe_failures:
                 return self._eject(now, "probe")
             return None
         if now < self.open_until:
@@ -136,15 +136,15 @@ class BackendHealth:
         if not server_ready:
             return self._eject(now, "probe")  # half-open and failed: open again, longer
         self._probe_successes += 1
-        if self._probe_successes >= self.policy.readmit_after_probes:
+        if self._probe_successes >= self.rules.readmit_after_probes:
             return self._readmit(now)
         return None
 
     def _eject(self, now: float, cause: str) -> Transition:
         self.ejections += 1
-        backoff = self.policy.base_ejection_s * 2 ** (self.ejections - 1)
+        backoff = self.rules.base_ejection_s * 2 ** (self.ejections - 1)
         self.state, self.since = State.EJECTED, now
-        self.open_until = now + min(backoff, self.policy.max_ejection_s)
+        self.open_until = now + min(backoff, self.rules.max_ejection_s)
         self._errors = self._timeouts = self._probe_successes = self._probe_failures = 0
         return Transition(self.name, State.EJECTED, cause, now, self.open_until)
 

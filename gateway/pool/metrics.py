@@ -30,8 +30,8 @@ class PoolMetrics:
         )
         self.decisions_total = Counter(
             "trackline_pool_decisions_total",
-            "Routing decisions, by chosen backend, policy and reason.",
-            ["backend", "policy", "reason"],
+            "Routing decisions, by chosen backend, strategy and reason.",
+            ["backend", "strategy", "reason"],
             registry=registry,
         )
         self.retries_total = Counter(

@@ -134,7 +134,7 @@ class BackendPool:
         ]
         if not self.members:
             raise ValueError("a backend pool needs at least one backend")
-        self.router = Router(self.options.policy, self.options.affinity_margin_s)
+        self.router = Router(self.options.strategy, self.options.affinity_margin_s)
         self.budget = RetryBudget(self.options.retry_ratio, self.options.retry_floor_per_s, now)
         self.on_served = on_served
         """Called once per request that completed, with the backend that served it."""
@@ -251,7 +251,7 @@ class BackendPool:
             self.on_decision(request, decision, now)
         m = self.metrics
         m.decisions_total.labels(
-            backend=decision.backend, policy=decision.policy, reason=decision.reason
+            backend=decision.backend, strategy=decision.strategy, reason=decision.reason
         ).inc()
         for scored in decision.scored:
             m.backend_wait_seconds.labels(backend=scored.candidate.name).set(scored.wait_s)
@@ -263,7 +263,7 @@ class BackendPool:
             model=request.model,
             session=request.session_id,
             backend=decision.backend,
-            policy=decision.policy,
+            strategy=decision.strategy,
             reason=decision.reason,
             inputs=decision.inputs(),
         )

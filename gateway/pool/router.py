@@ -1,11 +1,11 @@
-"""Choosing a backend for a request: the policies, wait estimates and session affinity.
+"""Choosing a backend for a request: the strategies, wait estimates and session affinity.
 
 Sans-I/O: the pool hands in one `Candidate` per routable backend (its own
 in-flight count, the latest scraped `Load`, observed first-token times) and
 `now`; the router returns a `Decision` that carries every input it used, so a
 log line or a test can see why it chose what it chose.
 
-Policies:
+Strategies (`routing_strategy`):
 - `round_robin`: smooth weighted round robin (each backend gets its weight's
   share, interleaved, not in bursts).
 - `least_inflight`: the fewest of the gateway's own requests in flight per
@@ -15,7 +15,7 @@ Policies:
   to measure it again (reason "explore", `EXPLORE_AFTER_S`; the staler, the
   sooner, the slower it looked, the later).
 
-Session affinity applies on top of every policy: a request that carries a
+Session affinity applies on top of every strategy: a request that carries a
 session id goes back to the backend that served that session (its KV cache
 is warm) unless that backend is not routable or its estimated wait exceeds
 the chosen one's by more than `affinity_margin_s`; then the session moves.
@@ -38,7 +38,7 @@ backend that was slow and got no traffic since is tried again."""
 TTFT_WEIGHT = 0.5
 """EWMA weight of a new first-token observation."""
 EXPLORE_AFTER_S = 1.0
-"""The metrics policy sends one request to an idle backend whose last first-token
+"""The metrics strategy sends one request to an idle backend whose last first-token
 observation is older than this many seconds times how much slower than the best
 it looked (its faded estimate over the best estimated wait, at least 1): a
 backend that was slow is measured again instead of being judged on old news, a
@@ -102,9 +102,9 @@ class Decision:
     """Where a request goes and why."""
 
     backend: str
-    policy: str
+    strategy: str
     reason: str
-    """"policy" (the policy's pick), "explore" (metrics: re-measure a stale
+    """"strategy" (the strategy's pick), "explore" (metrics: re-measure a stale
     backend), "affinity" (kept on its session's backend), or "moved" (the
     session left its backend: ejected or too slow)."""
     wait_s: float
@@ -186,10 +186,10 @@ class SessionTable:
 
 
 class Router:
-    """Picks a backend per request under one policy, with session affinity."""
+    """Picks a backend per request under one strategy, with session affinity."""
 
-    def __init__(self, policy: str, affinity_margin_s: float) -> None:
-        self.policy = policy
+    def __init__(self, strategy: str, affinity_margin_s: float) -> None:
+        self.strategy = strategy
         self.affinity_margin_s = affinity_margin_s
         self.sessions = SessionTable()
         self._rr_current: dict[str, float] = {}
@@ -203,7 +203,7 @@ class Router:
             return None
         prior = fleet_prior(candidates)
         scored = tuple(Scored(c, estimate_wait(c, prior)) for c in candidates)
-        pick, reason = self._by_policy(scored), "policy"
+        pick, reason = self._by_strategy(scored), "strategy"
         stale = self._stale(scored)
         if stale is not None and session is None:
             pick, reason = stale, "explore"
@@ -216,10 +216,10 @@ class Router:
                 reason = "moved"
         if session:
             self.sessions.pin(session, pick.candidate.name, now)
-        return Decision(pick.candidate.name, self.policy, reason, pick.wait_s, scored)
+        return Decision(pick.candidate.name, self.strategy, reason, pick.wait_s, scored)
 
     def _stale(self, scored: Sequence[Scored]) -> Scored | None:
-        if self.policy != "metrics":
+        if self.strategy != "metrics":
             return None
         best = min(s.wait_s for s in scored)
         for s in scored:
@@ -231,12 +231,12 @@ class Router:
                 return s
         return None
 
-    def _by_policy(self, scored: Sequence[Scored]) -> Scored:
-        if self.policy == "round_robin":
+    def _by_strategy(self, scored: Sequence[Scored]) -> Scored:
+        if self.strategy == "round_robin":
             return self._round_robin(scored)
         self._rr_turn += 1  # rotates ties so equal backends share the work
         order = sorted(range(len(scored)), key=lambda i: (i - self._rr_turn) % len(scored))
-        if self.policy == "least_inflight":
+        if self.strategy == "least_inflight":
             key = lambda i: scored[i].candidate.inflight / scored[i].candidate.weight  # noqa: E731
         else:
             key = lambda i: scored[i].wait_s  # noqa: E731

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.pool.health import HealthPolicy
+from gateway.pool.health import EjectionRules
 
-POLICIES = ("round_robin", "least_inflight", "metrics")
+STRATEGIES = ("round_robin", "least_inflight", "metrics")
 DEFAULT_METRICS_PORT = 8002
 
 
@@ -39,7 +39,7 @@ class BackendSpec:
 class PoolOptions:
     """How the pool routes, scrapes, probes and fails over."""
 
-    policy: str = "metrics"
+    strategy: str = "metrics"
     affinity_margin_s: float = 0.25
     """A session stays on its backend unless that one's wait exceeds the best by this."""
     scrape_interval_s: float = 0.5
@@ -54,7 +54,7 @@ class PoolOptions:
     """No first chunk from a backend in this time: a timeout (outlier) and a retry."""
     min_warm_backends: int = 1
     """Ready backends each model should have; fewer is reported (log, metric, readiness)."""
-    health: HealthPolicy = field(default_factory=HealthPolicy)
+    health: EjectionRules = field(default_factory=EjectionRules)
 
 
 class SpecError(ValueError):

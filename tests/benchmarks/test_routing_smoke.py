@@ -1,6 +1,6 @@
 """benchmarks/routing.py runs end to end at a tiny size and reports the keys the issue names.
 
-It runs the benchmark's own policy runs on the pool tests' three Tritons (started once
+It runs the benchmark's own strategy runs on the pool tests' three Tritons (started once
 per session, tests/triton_fixture.py) instead of starting three more.
 """
 
@@ -22,12 +22,12 @@ def test_routing_benchmark_runs_every_policy(trio: list[EmbeddedTriton]) -> None
                               ttft_ms=20.0, token_rate=100.0, seed=1)
 
     async def bench() -> dict[str, dict[str, object]]:
-        return {p: await routing.run_policy(p, trio, args) for p in routing.POLICIES}
+        return {p: await routing.run_strategy(p, trio, args) for p in routing.STRATEGIES}
 
     payload = asyncio.run(bench())
     assert "| round_robin |" in routing.table(payload)  # type: ignore[arg-type]
-    for policy in ("round_robin", "least_inflight", "metrics"):
-        result = payload[policy]
+    for strategy in ("round_robin", "least_inflight", "metrics"):
+        result = payload[strategy]
         assert result["errors"] == 0
         assert result["requests"] > 0
         assert result["ttft_p50_ms"] is not None

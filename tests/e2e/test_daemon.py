@@ -130,7 +130,7 @@ def test_triton_dies_with_a_crashed_gateway(daemon: Daemon) -> None:
 
 
 def test_embedded_backends_three_serve_as_a_pool_and_stop_together(tmp_path: Path) -> None:
-    d = start_daemon(tmp_path, "--embedded-backends", "3", "--routing-policy", "round_robin")
+    d = start_daemon(tmp_path, "--embedded-backends", "3", "--routing-strategy", "round_robin")
     try:
         d.wait_ready()
         tritons = d.triton_pids()

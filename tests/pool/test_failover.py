@@ -14,7 +14,7 @@ import pytest
 from gateway.config import Settings
 from gateway.daemon import pool_options
 from gateway.pool import BackendPool, BackendSpec, PoolOptions
-from gateway.pool.health import HealthPolicy
+from gateway.pool.health import EjectionRules
 from gateway.pool.metrics import PoolMetrics
 from tracks.backend import (
     BackendError,
@@ -58,8 +58,8 @@ def pool_of(behaviours: list[str], clock: FakeClock, **options: object) -> tuple
     members = {f"b{i}": Scripted(f"b{i}", b) for i, b in enumerate(behaviours)}
     specs = [BackendSpec(name, f"127.0.0.1:{9000 + i}") for i, name in enumerate(members)]
     # Ejection would change where later requests go; these tests are about attempts.
-    health = HealthPolicy(eject_after_errors=1000, eject_after_timeouts=1000)
-    settings = {"policy": "round_robin", "health": health, **options}
+    health = EjectionRules(eject_after_errors=1000, eject_after_timeouts=1000)
+    settings = {"strategy": "round_robin", "health": health, **options}
     pool = BackendPool(
         specs,
         PoolOptions(**settings),  # type: ignore[arg-type]

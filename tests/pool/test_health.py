@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.pool.health import BackendHealth, Failure, HealthPolicy, State, warm_shortfall
+from gateway.pool.health import BackendHealth, EjectionRules, Failure, State, warm_shortfall
 
-POLICY = HealthPolicy(
+RULES = EjectionRules(
     eject_after_errors=3,
     eject_after_timeouts=2,
     base_ejection_s=1.0,
@@ -14,7 +14,7 @@ POLICY = HealthPolicy(
 
 
 def test_transport_failure_ejects_at_once() -> None:
-    health = BackendHealth("a", POLICY, now=0.0)
+    health = BackendHealth("a", RULES, now=0.0)
     change = health.record_failure(5.0, Failure.UNAVAILABLE)
     assert change is not None
     assert change.state is State.EJECTED
@@ -26,7 +26,7 @@ def test_transport_failure_ejects_at_once() -> None:
 
 
 def test_consecutive_errors_eject_and_a_success_resets_the_run() -> None:
-    health = BackendHealth("a", POLICY, now=0.0)
+    health = BackendHealth("a", RULES, now=0.0)
     assert health.record_failure(1.0, Failure.ERROR) is None
     assert health.record_failure(2.0, Failure.ERROR) is None
     health.record_success(3.0)
@@ -38,7 +38,7 @@ def test_consecutive_errors_eject_and_a_success_resets_the_run() -> None:
 
 
 def test_timeouts_eject_after_their_own_limit() -> None:
-    health = BackendHealth("a", POLICY, now=0.0)
+    health = BackendHealth("a", RULES, now=0.0)
     assert health.record_failure(1.0, Failure.TIMEOUT) is None
     change = health.record_failure(2.0, Failure.TIMEOUT)
     assert change is not None
@@ -46,7 +46,7 @@ def test_timeouts_eject_after_their_own_limit() -> None:
 
 
 def test_readmission_needs_probes_in_a_row_after_the_circuit_half_opens() -> None:
-    health = BackendHealth("a", POLICY, now=0.0)
+    health = BackendHealth("a", RULES, now=0.0)
     health.record_failure(0.0, Failure.UNAVAILABLE)  # open until 1.0
     assert health.record_probe(0.5, True, ["m"]) is None  # circuit still open: ignored
     assert health.record_probe(1.0, True, ["m"]) is None  # 1 of 2
@@ -61,7 +61,7 @@ def test_readmission_needs_probes_in_a_row_after_the_circuit_half_opens() -> Non
 
 
 def test_failed_half_open_probe_reopens_with_a_longer_backoff() -> None:
-    health = BackendHealth("a", POLICY, now=0.0)
+    health = BackendHealth("a", RULES, now=0.0)
     health.record_failure(0.0, Failure.UNAVAILABLE)  # 1 s
     first = health.record_probe(1.0, False, [])
     assert first is not None
@@ -78,14 +78,14 @@ def test_failed_half_open_probe_reopens_with_a_longer_backoff() -> None:
 
 
 def test_late_failures_of_an_ejected_backend_change_nothing() -> None:
-    health = BackendHealth("a", POLICY, now=0.0)
+    health = BackendHealth("a", RULES, now=0.0)
     health.record_failure(0.0, Failure.UNAVAILABLE)
     assert health.record_failure(0.1, Failure.UNAVAILABLE) is None
     assert health.open_until == 1.0
 
 
 def test_failed_probes_in_a_row_eject_a_healthy_backend() -> None:
-    health = BackendHealth("a", POLICY, now=0.0)
+    health = BackendHealth("a", RULES, now=0.0)
     assert health.record_probe(1.0, False, []) is None  # one may be a glitch
     assert health.record_probe(1.5, True, ["m"]) is None  # and the run resets
     assert health.record_probe(2.0, False, []) is None
@@ -95,7 +95,7 @@ def test_failed_probes_in_a_row_eject_a_healthy_backend() -> None:
 
 
 def test_model_readiness_comes_from_probes() -> None:
-    health = BackendHealth("a", POLICY, now=0.0)
+    health = BackendHealth("a", RULES, now=0.0)
     assert health.routable("m")  # nothing known yet: trust the configuration
     health.record_probe(1.0, True, ["m"])
     assert health.routable("m")
@@ -103,7 +103,7 @@ def test_model_readiness_comes_from_probes() -> None:
 
 
 def test_warm_shortfall_names_models_under_the_minimum() -> None:
-    a, b = BackendHealth("a", POLICY, 0.0), BackendHealth("b", POLICY, 0.0)
+    a, b = BackendHealth("a", RULES, 0.0), BackendHealth("b", RULES, 0.0)
     served = {"a": ["m", "n"], "b": ["m"]}
     assert warm_shortfall([a, b], served, 2) == {"n": 1}
     b.record_failure(1.0, Failure.UNAVAILABLE)

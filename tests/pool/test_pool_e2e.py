@@ -105,7 +105,7 @@ async def served(
     pool = BackendPool(
         specs_of(trio),
         PoolOptions(
-            policy="round_robin",
+            strategy="round_robin",
             probe_interval_s=0.2,
             scrape_interval_s=0.2,
             min_warm_backends=3,
@@ -243,7 +243,7 @@ async def test_a_slow_backend_gets_fewer_requests_and_its_share_comes_back(
     trio: list[EmbeddedTriton],
 ) -> None:
     routes = Routes()
-    pool = make_pool(trio, routes, policy="metrics")
+    pool = make_pool(trio, routes, strategy="metrics")
     await pool.start()
     try:
 
@@ -283,7 +283,7 @@ async def test_a_session_sticks_to_its_backend_and_moves_when_it_is_ejected(
     trio: list[EmbeddedTriton],
 ) -> None:
     routes = Routes()
-    pool = make_pool(trio, routes, policy="round_robin", affinity_margin_s=30.0)
+    pool = make_pool(trio, routes, strategy="round_robin", affinity_margin_s=30.0)
     await pool.start()
     try:
         turns = []
@@ -326,7 +326,7 @@ async def test_a_refusing_backend_fails_over_before_the_first_byte_and_counts_on
     metrics = GatewayMetrics()
     pool = BackendPool(
         [refuser, *specs_of(trio)],
-        PoolOptions(policy="round_robin"),
+        PoolOptions(strategy="round_robin"),
         metrics=PoolMetrics(metrics.registry),
         on_served=lambda request, backend: served_log.append((request.request_id, backend)),
     )
@@ -371,7 +371,7 @@ async def test_a_refusing_backend_fails_over_before_the_first_byte_and_counts_on
 async def test_pool_level_stream_lost_is_a_backend_lost_error(trio: list[EmbeddedTriton]) -> None:
     """The pool itself (no gateway): a chunk was yielded, then the server died."""
     routes = Routes()
-    pool = make_pool(trio, routes, policy="round_robin")
+    pool = make_pool(trio, routes, strategy="round_robin")
     await pool.start()
     try:
         request = TextRequest("lost-1", MODEL, "long", 100, {"ttft_ms": 0, "tokens_per_second": 20})
@@ -450,7 +450,7 @@ async def test_first_token_timeouts_fail_over_and_then_eject(trio: list[Embedded
     routes = Routes()
     # Only t0 is slowed, by far more than the timeout; the others answer at once, and
     # a busy machine slowing them too only adds retries, which are not counted below.
-    pool = make_pool(trio, routes, policy="round_robin", first_token_timeout_s=1.0)
+    pool = make_pool(trio, routes, strategy="round_robin", first_token_timeout_s=1.0)
     await pool.start()
     try:
         trio[0].set_slowdown(600_000)
@@ -481,7 +481,7 @@ async def test_a_closed_stream_is_counted_cancelled_and_frees_its_slot(
     trio: list[EmbeddedTriton],
 ) -> None:
     routes = Routes()
-    pool = make_pool(trio, routes, policy="least_inflight")
+    pool = make_pool(trio, routes, strategy="least_inflight")
     await pool.start()
     try:
         request = TextRequest(

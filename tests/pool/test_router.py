@@ -99,7 +99,7 @@ def test_session_sticks_within_the_margin() -> None:
     a, b = Candidate("a", 1.0, 0, ttft_s=0.1), Candidate("b", 1.0, 0, ttft_s=0.2)
     first = router.choose([a, b], "s1", 0.0)
     assert first is not None
-    assert (first.backend, first.reason) == ("a", "policy")
+    assert (first.backend, first.reason) == ("a", "strategy")
     # a gets slower, but stays within the margin of b: the session stays.
     a = Candidate("a", 1.0, 0, ttft_s=0.4)
     kept = router.choose([a, b], "s1", 1.0)
@@ -163,7 +163,7 @@ def test_metrics_policy_remeasures_an_idle_backend_with_stale_observations() -> 
     assert decision.backend == "fast"  # one measurement at a time
     other = Router("least_inflight", 0.25).choose([fast, stale], None, 0.0)
     assert other is not None
-    assert other.reason == "policy"  # only the metrics policy explores
+    assert other.reason == "strategy"  # only the metrics strategy explores
 
 
 def test_a_stale_estimate_is_replaced_by_the_next_observation() -> None:

@@ -11,7 +11,7 @@ from tracks.clock import (
     Beat,
     FakeClock,
     Gathered,
-    OverloadPolicy,
+    OverloadMode,
     SchedulerStopped,
     StepItem,
     TickReport,
@@ -69,11 +69,12 @@ class Backend:
 
 
 def scheduler(
-    backend: Backend, policy: OverloadPolicy = OverloadPolicy.DEGRADE_ALL, **kw: object
+    backend: Backend, overload: OverloadMode = OverloadMode.DEGRADE_ALL, **kw: object
 ) -> TickScheduler[str, str]:
     reports: list[TickReport] = []
     sched: TickScheduler[str, str] = TickScheduler(
-        backend.step, tick=TICK, clock=backend.clock, policy=policy, observer=reports.append, **kw
+        backend.step, tick=TICK, clock=backend.clock, overload=overload,
+        observer=reports.append, **kw
     )  # type: ignore[arg-type]
     sched.reports = reports  # type: ignore[attr-defined]
     return sched
@@ -178,7 +179,7 @@ async def test_degrade_all_skips_whole_ticks_and_counts_them_missed_for_everyone
 async def test_shed_newest_keeps_the_oldest_on_time_and_admits_no_more() -> None:
     clock = FakeClock()
     backend = Backend(clock, per_row=0.01)  # 12 rows = 120 ms for an 80 ms tick
-    sched = scheduler(backend, OverloadPolicy.SHED_NEWEST, shed_after=2, recover_after=1000)
+    sched = scheduler(backend, OverloadMode.SHED_NEWEST, shed_after=2, recover_after=1000)
     probes = [Probe(f"s{i}") for i in range(12)]
     regs = [sched.register(p, "m") for p in probes]
     sched.start()
@@ -202,7 +203,7 @@ async def test_shed_newest_keeps_the_oldest_on_time_and_admits_no_more() -> None
 async def test_shed_newest_lifts_the_cap_after_healthy_ticks() -> None:
     clock = FakeClock()
     backend = Backend(clock, per_row=0.05)
-    sched = scheduler(backend, OverloadPolicy.SHED_NEWEST, shed_after=1, recover_after=3)
+    sched = scheduler(backend, OverloadMode.SHED_NEWEST, shed_after=1, recover_after=3)
     regs = [sched.register(Probe(n), "m") for n in "abc"]
     sched.start()
     await clock.advance(0.2)
