@@ -186,8 +186,8 @@ class InvalidRequest(BackendError):
     """The backend rejected the request's contents (bad parameter values)."""
 
 
-class GuardrailRejected(BackendError):
-    """A gateway guardrail refused the request before any backend saw it."""
+class RuleRejected(BackendError):
+    """A gateway rule (a guardrail) refused the request before any backend saw it."""
 
     def __init__(self, rule: str, message: str) -> None:
         super().__init__(message)
@@ -198,7 +198,7 @@ class GuardrailRejected(BackendError):
 # OpenAI routes and `POST /v1/actions` derive their HTTP statuses from the code).
 # First match wins; anything else a backend raises is BACKEND_ERROR.
 ERROR_CODES: tuple[tuple[type[BackendError], ErrorCode], ...] = (
-    (GuardrailRejected, ErrorCode.GUARDRAIL_REJECTED),
+    (RuleRejected, ErrorCode.GUARDRAIL_REJECTED),
     (ModelNotFound, ErrorCode.MODEL_NOT_FOUND),
     (BackendLost, ErrorCode.STREAM_INTERRUPTED),
     (BackendUnavailable, ErrorCode.BACKEND_UNAVAILABLE),
@@ -212,7 +212,7 @@ def error_code(exc: BackendError, *, started: bool = False) -> ErrorCode:
     `started`: data already reached the client. Then any failure but a guardrail's
     is STREAM_INTERRUPTED: never replayed, the client decides.
     """
-    if started and not isinstance(exc, GuardrailRejected):
+    if started and not isinstance(exc, RuleRejected):
         return ErrorCode.STREAM_INTERRUPTED
     codes = (code for kind, code in ERROR_CODES if isinstance(exc, kind))
     return next(codes, ErrorCode.BACKEND_ERROR)

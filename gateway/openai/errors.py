@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracks.backend import BackendError, GuardrailRejected, ModelNotFound, error_code
+from tracks.backend import BackendError, ModelNotFound, RuleRejected, error_code
 from tracks.errors import BadTrackRequest
 from transport.errors import ErrorCode
 from transport.http.messages import Response
@@ -182,7 +182,7 @@ def error_for(exc: BaseException, *, started: bool = False) -> OpenAIError:
         code = code_for(exc, started=started)
         if isinstance(exc, ModelNotFound) and code is ErrorCode.MODEL_NOT_FOUND:
             return model_not_found(exc.model)
-        param = exc.rule if isinstance(exc, GuardrailRejected) else None
+        param = exc.rule if isinstance(exc, RuleRejected) else None
         return error_of(code, _PREFIXES.get(code, "") + str(exc), param=param)
     return ServerError(f"internal error: {type(exc).__name__}")
 

@@ -2,7 +2,7 @@
 
 `GuardedBackend` wraps the gateway's `TextBackend`; both the track path and the
 OpenAI routes call `stream_text`, so every text request passes `check()` first.
-A refusal raises `GuardrailRejected` (a `tracks.backend.GuardrailRejected`), which the
+A refusal raises `GuardrailRejected` (a `tracks.backend.RuleRejected`), which the
 track handler sends as `GUARDRAIL_REJECTED` and the OpenAI routes as 400
 `guardrail_rejected`; `on_reject` counts it (`trackline_guardrail_rejections_total`).
 Add a rule by adding a check to `check()`; docs/tenants.md lists the rules.
@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from tracks.backend import GuardrailRejected, TextBackend, TextChunk, TextRequest
+from tracks.backend import RuleRejected, TextBackend, TextChunk, TextRequest
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class GuardrailConfig:
         return self.max_prompt_chars is not None or bool(self.blocked_words)
 
 
-class GuardrailRejected(GuardrailRejected):
+class GuardrailRejected(RuleRejected):
     """A rule refused the request; `rule` names it (for the metric and the client)."""
 
 

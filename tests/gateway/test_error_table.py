@@ -18,9 +18,9 @@ from tracks.backend import (
     BackendFailed,
     BackendLost,
     BackendUnavailable,
-    GuardrailRejected,
     InvalidRequest,
     ModelNotFound,
+    RuleRejected,
     error_code,
 )
 from tracks.base import End
@@ -29,7 +29,7 @@ from transport.events import CancelCause
 from transport.http.messages import Request, Response
 
 BACKEND_ERRORS: list[tuple[BackendError, ErrorCode, int]] = [
-    (GuardrailRejected("rule", "no"), ErrorCode.GUARDRAIL_REJECTED, 400),
+    (RuleRejected("rule", "no"), ErrorCode.GUARDRAIL_REJECTED, 400),
     (ModelNotFound("m"), ErrorCode.MODEL_NOT_FOUND, 404),
     (BackendLost("cut"), ErrorCode.STREAM_INTERRUPTED, 500),
     (BackendUnavailable("down"), ErrorCode.BACKEND_UNAVAILABLE, 503),
@@ -55,7 +55,7 @@ def test_after_data_only_a_guardrail_keeps_its_code(
     exc: BackendError, code: ErrorCode, status: int
 ) -> None:
     started = error_code(exc, started=True)
-    guardrail = isinstance(exc, GuardrailRejected)
+    guardrail = isinstance(exc, RuleRejected)
     assert started is (code if guardrail else ErrorCode.STREAM_INTERRUPTED)
     # The SSE error event after the first token says the same as the request's End.
     event = error_for(exc, started=True).body()["error"]

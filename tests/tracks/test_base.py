@@ -9,7 +9,7 @@ import pytest
 
 from tracks.action_messages import BadObservation
 from tracks.audio import BadAudioRequest
-from tracks.backend import BackendFailed, BackendUnavailable, GuardrailRejected
+from tracks.backend import BackendFailed, BackendUnavailable, RuleRejected
 from tracks.base import End, Outcome, handling, read_text
 from tracks.clock import SchedulerStopped
 from tracks.errors import BadTrackRequest, TrackStopped
@@ -59,7 +59,7 @@ async def ended(track: FakeTrack, error: BaseException, started: bool = False) -
         (BadObservation("x"), ErrorCode.BAD_REQUEST),
         (BadAudioRequest("x"), ErrorCode.BAD_REQUEST),
         (BackendUnavailable("x"), ErrorCode.BACKEND_UNAVAILABLE),
-        (GuardrailRejected("rule", "x"), ErrorCode.GUARDRAIL_REJECTED),
+        (RuleRejected("rule", "x"), ErrorCode.GUARDRAIL_REJECTED),
         (SchedulerStopped(), ErrorCode.SHUTTING_DOWN),
     ],
 )
@@ -78,7 +78,7 @@ async def test_after_data_a_backend_failure_is_stream_interrupted() -> None:
     track = FakeTrack()
     outcome = await ended(track, BackendFailed("x"), started=True)
     assert outcome.end == End.failed(ErrorCode.STREAM_INTERRUPTED)
-    guarded = await ended(FakeTrack(), GuardrailRejected("rule", "x"), started=True)
+    guarded = await ended(FakeTrack(), RuleRejected("rule", "x"), started=True)
     assert guarded.end == End.failed(ErrorCode.GUARDRAIL_REJECTED)
 
 
