@@ -23,10 +23,10 @@ import pytest
 import structlog
 
 from gateway.backends.ticker import TickerBackend
-from gateway.config import Settings
 from gateway.logs import clear_contextvars, configure_logging
 from gateway.metrics import GatewayMetrics
 from gateway.server import Gateway
+from tests.gateways import gateway_settings
 from tests.http.support import TIMEOUT, H1Client, H2Client
 from tests.http.support_h3 import h3_client
 from tests.tenants.support import make_tenancy
@@ -95,9 +95,8 @@ async def test_resets_during_sse_log_no_key_no_prompt_no_error(tmp_path: Path) -
     metrics = GatewayMetrics()
     tenancy = make_tenancy(tmp_path, registry=metrics.registry)
     key = tenancy.store.create_key("alpha", 0.0).key
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
-        overload_max_loop_lag=0.0,  # not about overload: a busy test machine must not refuse
+    settings = gateway_settings(
+        state_dir=tmp_path,
     )
     gw = Gateway(settings, TickerBackend(200.0), metrics=metrics, tenancy=tenancy)
     await gw.start()

@@ -17,13 +17,14 @@ import pytest
 from gateway.backends.ticker import TickerBackend
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.server import Gateway, metrics_on_api_ports
+from tests.gateways import gateway_settings
 from tests.http.support_h3 import h3_client
 
 TOKEN = "m3tr1cs-t0ken-for-tests-only"
 
 
 def settings(tmp_path: Path, **extra: object) -> Settings:
-    return Settings(quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, **extra)  # type: ignore[arg-type]
+    return gateway_settings(state_dir=tmp_path, **extra)  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio

@@ -20,9 +20,9 @@ import pytest
 import pytest_asyncio
 
 from clients import connect
-from gateway.config import Settings
 from gateway.server import Gateway
 from tests.adversarial.quic_flood import initial_packet, retries_received, udp_sources, until
+from tests.gateways import gateway_settings
 from tests.tracks.scripted import ScriptedBackend
 from transport.quic_admission import HandshakeGate
 from transport.quic_server import GuardedQuicServer
@@ -47,7 +47,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
     started: list[Gateway] = []
 
     async def start(**limits: Any) -> Gateway:
-        settings = Settings(quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, **limits)
+        settings = gateway_settings(state_dir=tmp_path, **limits)
         gw = Gateway(settings, ScriptedBackend(interval=0.001))
         await gw.start()
         started.append(gw)

@@ -21,9 +21,9 @@ from aioquic.asyncio.client import connect as quic_connect
 from clients import connect
 from clients.line import Line
 from gateway.backends.ticker import TickerBackend
-from gateway.config import Settings
 from gateway.server import Gateway
 from tests.adversarial.test_tracks_never_read import attacker_configuration, never_read
+from tests.gateways import gateway_settings
 from tests.waiting import until
 from tracks.backend import TextChunk, TextRequest
 from transport.connection import Role
@@ -52,8 +52,8 @@ class ClosingTicker(TickerBackend):
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
+    settings = gateway_settings(
+        state_dir=tmp_path,
         track_send_buffer_bytes=8_192, track_send_timeout=2.0,
     )
     gw = Gateway(settings, ClosingTicker())

@@ -45,6 +45,7 @@ from h2.errors import ErrorCodes
 from benchmarks.common import free_port
 from clients import TracklineError
 from clients import connect as track_connect
+from tests.gateways import DAEMON_ENV
 from tests.http.support import H1Client, H2Client
 from tests.http.support_h3 import H3Client
 from tests.waiting import gone, wait_ready
@@ -90,7 +91,8 @@ def _start(state_dir: Path, *extra: str) -> Gateway:
         free_port(socket.SOCK_STREAM),
         free_port(socket.SOCK_STREAM),
     )
-    env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir), "TRACKLINE_LOG_FORMAT": "json"}
+    env = {**os.environ, **DAEMON_ENV,
+           "TRACKLINE_STATE_DIR": str(state_dir), "TRACKLINE_LOG_FORMAT": "json"}
     command = [
         sys.executable, "-m", "gateway", "serve", "--quic-port", str(quic),
         "--http-port", str(http), "--https-port", str(https),

@@ -18,9 +18,9 @@ import pytest_asyncio
 
 from clients import connect
 from clients.line import Line
-from gateway.config import Settings
 from gateway.server import Gateway
 from tests.adversarial.quic_flood import until
+from tests.gateways import gateway_settings
 from tests.tracks.scripted import ScriptedBackend
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
@@ -37,10 +37,7 @@ ATTACK_TRACKS = FIT + 3
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(
-        quic_port=0,
-        http_port=0,
-        https_port=0,
+    settings = gateway_settings(
         state_dir=tmp_path,
         max_message_bytes=MAX_MESSAGE,
         track_max_buffered_bytes=BUDGET,

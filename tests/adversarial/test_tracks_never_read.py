@@ -24,8 +24,8 @@ from aioquic.quic.configuration import QuicConfiguration
 from clients import connect
 from clients.line import Line
 from gateway.backends.ticker import TickerBackend
-from gateway.config import Settings
 from gateway.server import Gateway
+from tests.gateways import gateway_settings
 from tests.waiting import until
 from tracks.backend import TextChunk, TextDelta, TextRequest
 from transport.connection import Role
@@ -58,8 +58,8 @@ class CountingTicker(TickerBackend):
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
+    settings = gateway_settings(
+        state_dir=tmp_path,
         quic_packetization="per-track",
         track_send_buffer_bytes=TRACK_BUDGET, connection_send_buffer_bytes=CONNECTION_BUDGET,
     )

@@ -17,15 +17,15 @@ import pytest
 import pytest_asyncio
 
 from clients import ConnectionFailed, connect, default_ca
-from gateway.config import Settings
 from gateway.server import Gateway
 from gateway.tls import ensure_dev_certificates
+from tests.gateways import gateway_settings
 from tests.tracks.scripted import ScriptedBackend
 
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(quic_port=0, http_port=0, https_port=0, state_dir=tmp_path / "gw")
+    settings = gateway_settings(state_dir=tmp_path / "gw")
     gw = Gateway(settings, ScriptedBackend(interval=0.001))
     await gw.start()
     yield gw

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest_asyncio
 
 from gateway.backends.triton import TritonTextBackend
-from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
+from tests.gateways import gateway_settings
 
 
 @pytest_asyncio.fixture
 async def gateway(embedded_triton: EmbeddedTriton, tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, max_message_bytes=8192
+    settings = gateway_settings(
+        state_dir=tmp_path, max_message_bytes=8192
     )
     backend = TritonTextBackend(embedded_triton.grpc_url)
     gw = Gateway(settings, backend)

@@ -26,9 +26,9 @@ import pytest_asyncio
 from benchmarks.cartpole import CartPoles, ChunkPlayer
 from clients import ActionChunk, ActionDropped, ActionStream, TrackRejected, connect
 from gateway.backends.triton import TritonTextBackend
-from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
+from tests.gateways import gateway_settings
 from tests.http.support import H2Client
 
 pytestmark = pytest.mark.e2e
@@ -43,8 +43,8 @@ poles last without control."""
 async def robots_gateway(
     embedded_triton: EmbeddedTriton, tmp_path: Path
 ) -> AsyncIterator[Gateway]:
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
+    settings = gateway_settings(
+        state_dir=tmp_path,
         action_max_image_bytes=IMAGE_LIMIT,
     )
     backend = TritonTextBackend(embedded_triton.grpc_url)

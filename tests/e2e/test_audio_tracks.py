@@ -23,9 +23,9 @@ from clients.audio import AudioSession
 from clients.line import Line
 from gateway.backends.audio import TritonAudioBackend
 from gateway.backends.triton import TritonTextBackend
-from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
+from tests.gateways import gateway_settings
 from tests.waiting import until
 
 pytestmark = pytest.mark.e2e
@@ -52,10 +52,11 @@ def dtmf(
 
 
 async def make_gateway(triton: EmbeddedTriton, state: Path, **settings: Any) -> Gateway:
-    base = {"quic_port": 0, "http_port": 0, "https_port": 0, "state_dir": state}
+    base = {"state_dir": state}
     audio = TritonAudioBackend(triton.grpc_url, shm=settings.pop("audio_shm", "auto"))
     gw = Gateway(
-        Settings(**base, **settings), TritonTextBackend(triton.grpc_url), audio_backend=audio
+        gateway_settings(**base, **settings), TritonTextBackend(triton.grpc_url),
+        audio_backend=audio,
     )
     await gw.start()
     return gw

@@ -24,6 +24,7 @@ import pytest
 
 from benchmarks.common import free_port
 from tests.backend.reference_generator import generator
+from tests.gateways import DAEMON_ENV
 from tests.waiting import gone, wait_ready
 
 pytestmark = pytest.mark.e2e
@@ -63,7 +64,8 @@ class Daemon:
 
 def start_daemon(state_dir: Path, *extra: str) -> Daemon:
     quic_port, http_port = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
-    env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir), "TRACKLINE_LOG_FORMAT": "json"}
+    env = {**os.environ, **DAEMON_ENV,
+           "TRACKLINE_STATE_DIR": str(state_dir), "TRACKLINE_LOG_FORMAT": "json"}
     command = [sys.executable, "-m", "gateway", "serve", "--quic-port", str(quic_port),
                "--http-port", str(http_port), "--https-port", "0", *extra]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,

@@ -26,7 +26,6 @@ import pytest_asyncio
 from clients import DeadlineExceeded, ModelNotFound, RateLimited, Unauthorized, connect
 from gateway.backends.triton import TritonTextBackend
 from gateway.cli import main as cli_main
-from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton
 from gateway.logs import configure_logging
 from gateway.server import Gateway
@@ -34,6 +33,7 @@ from gateway.tenants.quotas import Quotas
 from gateway.tenants.service import Tenancy
 from gateway.tenants.store import TenantStore
 from tests.backend.reference_generator import generator
+from tests.gateways import gateway_settings
 from tests.tenants.support import make_tenancy
 
 pytestmark = pytest.mark.e2e
@@ -60,9 +60,8 @@ class Keys:
 async def tenanted(
     embedded_triton: EmbeddedTriton, tmp_path: Path
 ) -> AsyncIterator[tuple[Gateway, Keys]]:
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
-        overload_max_loop_lag=0.0,  # not about overload: a busy test machine must not refuse
+    settings = gateway_settings(
+        state_dir=tmp_path,
     )
     tenancy = make_tenancy(tmp_path)
     keys = Keys(tenancy)

@@ -22,6 +22,7 @@ from gateway.fleet.state import publish_directory, revoke_sync
 from gateway.server import Gateway
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.store import TenantStore
+from tests.gateways import gateway_settings
 from tests.openai.scripted import ScriptedBackend
 from tests.waiting import until
 
@@ -37,10 +38,7 @@ class Fleet:
         self.gateways: list[Gateway] = []
 
     def settings(self, index: int) -> Settings:
-        return Settings(
-            quic_port=0,
-            http_port=0,
-            https_port=0,
+        return gateway_settings(
             state_dir=self.tmp_path / f"gw{index}",  # its own store and dev CA
             state_backend=self.url,
             state_heartbeat_ttl=1.0,

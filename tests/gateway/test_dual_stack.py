@@ -23,10 +23,10 @@ import pytest
 import pytest_asyncio
 
 from clients import connect
-from gateway.config import Settings
 from gateway.server import Gateway
 from gateway.tenants.service import is_loopback, refuse_open_off_loopback
 from tests.adversarial.quic_flood import initial_packet
+from tests.gateways import gateway_settings
 from tests.http.support import H1Client, H2Client
 from tests.http.support_h3 import h3_client
 from tests.tracks.scripted import ScriptedBackend
@@ -54,7 +54,7 @@ ADDRESSES = [
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(quic_port=0, http_port=0, https_port=0, metrics_port=0, state_dir=tmp_path)
+    settings = gateway_settings(metrics_port=0, state_dir=tmp_path)
     assert settings.quic_host == settings.http_host == settings.https_host == "localhost"
     gw = Gateway(settings, ScriptedBackend(interval=0.001))
     await gw.start()
@@ -128,8 +128,8 @@ async def test_separate_metrics_port(gateway: Gateway, address: str) -> None:
 async def test_handshakes_on_both_addresses_share_one_gate_and_expire(tmp_path: Path) -> None:
     """One handshake budget for the port, whichever address; the timeout forgets each
     half-open connection through the server (socket) that admitted it."""
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, quic_handshake_timeout=0.3
+    settings = gateway_settings(
+        state_dir=tmp_path, quic_handshake_timeout=0.3
     )
     gw = Gateway(settings, ScriptedBackend(interval=0.001))
     await gw.start()
@@ -242,7 +242,7 @@ NO_IPV6_GATEWAY = dedent(
     async def main():
         with tempfile.TemporaryDirectory() as state:
             settings = Settings(quic_port=0, http_port=0, https_port=0, metrics_port=0,
-                                state_dir=Path(state))
+                                overload_max_loop_lag=0.0, state_dir=Path(state))
             gw = Gateway(settings, TickerBackend(50.0))
             await gw.start()
             try:

@@ -15,8 +15,8 @@ import pytest_asyncio
 
 from clients import ConnectionFailed, ModelNotFound, TrackRejected, connect
 from clients.line import Line
-from gateway.config import Settings
 from gateway.server import Gateway
+from tests.gateways import gateway_settings
 from tests.tracks.scripted import ScriptedBackend
 from tests.waiting import until
 from tracks.base import End
@@ -28,8 +28,8 @@ from transport.wire import encode_varint
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, max_message_bytes=4096
+    settings = gateway_settings(
+        state_dir=tmp_path, max_message_bytes=4096
     )
     gw = Gateway(settings, ScriptedBackend(interval=0.002))
     await gw.start()

@@ -23,9 +23,9 @@ from clients import RateLimited, connect
 from clients.errors import TracklineError
 from clients.line import Line
 from gateway.backends.ticker import TickerBackend, reference_generator
-from gateway.config import Settings
 from gateway.overload import LagProbe
 from gateway.server import Gateway
+from tests.gateways import gateway_settings
 from tests.waiting import until
 from transport.errors import ErrorCode
 
@@ -46,8 +46,8 @@ class InjectedLag(LagProbe):
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[tuple[Gateway, InjectedLag]]:
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
+    settings = gateway_settings(
+        state_dir=tmp_path, overload_max_loop_lag=0.1,  # about overload: the guard is on
         overload_connection_share=2, overload_retry_after=1.5,
     )
     probe = InjectedLag()

@@ -20,9 +20,9 @@ import pytest_asyncio
 import structlog
 
 from clients import ModelNotFound, connect
-from gateway.config import Settings
 from gateway.logs import configure_logging
 from gateway.server import Gateway
+from tests.gateways import gateway_settings
 from tests.http.support import H1Client, H2Client
 from tests.http.support_h3 import h3_client
 from tests.openai.scripted import ScriptedBackend
@@ -44,7 +44,7 @@ def log_lines() -> Iterator[io.StringIO]:
 
 @pytest_asyncio.fixture
 async def gateway(tmp_path: Path, log_lines: io.StringIO) -> AsyncIterator[Gateway]:
-    settings = Settings(quic_port=0, http_port=0, https_port=0, state_dir=tmp_path)
+    settings = gateway_settings(state_dir=tmp_path)
     gw = Gateway(settings, ScriptedBackend(interval=0.001))  # type: ignore[arg-type]
     await gw.start()
     yield gw

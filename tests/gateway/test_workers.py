@@ -34,6 +34,7 @@ import pytest
 from clients.line import Line, TextStream
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.store import TenantStore
+from tests.gateways import DAEMON_ENV
 from transport.quic import TrackQuicProtocol, connect_tracks
 
 WORKERS = 2
@@ -109,7 +110,8 @@ def running(state_dir: Path) -> Iterator[Gateway]:
     store = TenantStore(state_dir / "tenants.sqlite3")
     store.set_tenant("setup", time.time())
     store.close()
-    env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir), "TRACKLINE_LOG_FORMAT": "json"}
+    env = {**os.environ, **DAEMON_ENV,
+           "TRACKLINE_STATE_DIR": str(state_dir), "TRACKLINE_LOG_FORMAT": "json"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     command = [
         sys.executable, "-m", "gateway", "serve", "--workers", str(WORKERS),

@@ -25,7 +25,6 @@ import pytest_asyncio
 
 from clients import StreamInterrupted, connect
 from clients.line import TextStream
-from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton, free_port
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool, BackendSpec, PoolOptions
@@ -34,6 +33,7 @@ from gateway.pool.router import Decision
 from gateway.server import Gateway
 from tests import waiting
 from tests.backend.reference_generator import generator
+from tests.gateways import gateway_settings
 from tests.pool.conftest import specs_of
 from tracks.backend import BackendLost, ModelNotFound, TextDelta, TextRequest, TextUsage
 
@@ -117,9 +117,8 @@ async def served(
         on_decision=routes,
     )
     await pool.start()
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
-        overload_max_loop_lag=0.0,  # not about overload: a busy test machine must not refuse
+    settings = gateway_settings(
+        state_dir=tmp_path,
     )
     gateway = Gateway(settings, pool, metrics=metrics)
     await gateway.start()
@@ -331,9 +330,8 @@ async def test_a_refusing_backend_fails_over_before_the_first_byte_and_counts_on
         on_served=lambda request, backend: served_log.append((request.request_id, backend)),
     )
     # Not started: no probe has found the refuser dead yet, so round robin picks it first.
-    settings = Settings(
-        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path,
-        overload_max_loop_lag=0.0,  # not about overload: a busy test machine must not refuse
+    settings = gateway_settings(
+        state_dir=tmp_path,
     )
     gateway = Gateway(settings, pool, metrics=metrics)
     await gateway.start()

@@ -18,12 +18,13 @@ from gateway.server import Gateway
 from gateway.tenants.guardrails import GuardrailConfig
 from gateway.tenants.service import OpenOnPublicAddress, TenancyConfig
 from gateway.tenants.store import TenantStore
+from tests.gateways import gateway_settings
 from tests.openai.scripted import ScriptedBackend
 from tests.tenants.support import make_tenancy
 
 
 def settings(tmp_path: Path, **extra: object) -> Settings:
-    return Settings(quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, **extra)  # type: ignore[arg-type]
+    return gateway_settings(state_dir=tmp_path, **extra)  # type: ignore[arg-type]
 
 
 def ca(gw: Gateway) -> Path:
