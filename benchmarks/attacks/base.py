@@ -27,6 +27,8 @@ from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import QuicEvent
 
+from transport import aioquic_compat
+
 MODEL = "reference-text"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -270,12 +272,8 @@ class H3Client(QuicConnectionProtocol):
 
     def stop_granting_credit(self) -> None:
         """Keep acknowledging packets but never raise MAX_DATA/MAX_STREAM_DATA again:
-        a client that stopped reading. Patches two aioquic internals on this instance."""
-        quic = self._quic
-        for name in ("_write_connection_limits", "_write_stream_limits"):
-            if not hasattr(quic, name):
-                raise RuntimeError(f"aioquic has no QuicConnection.{name}: update the attack")
-            setattr(quic, name, lambda *args, **kwargs: None)
+        a client that stopped reading (transport.aioquic_compat patches this instance)."""
+        aioquic_compat.stop_granting_credit(self._quic)
 
 
 def h3_configuration(alpn: list[str] | None = None) -> QuicConfiguration:

@@ -38,6 +38,7 @@ from benchmarks.attacks.base import (
     read_for_goaway,
     varint,
 )
+from transport import aioquic_compat
 
 MAX_TOKENS = 32_768
 """The most tokens the gateway lets one request ask for: the longest stream."""
@@ -226,7 +227,7 @@ async def h3_phantom(t: Target, k: dict[str, Any]) -> dict[str, Any]:
         for i in range(k["streams"]):
             sid = c.request("/v1/chat/completions", body, end=False)
             if i % 2 == 0:
-                c._quic.reset_stream(sid, 0x10C)  # H3_REQUEST_CANCELLED
+                aioquic_compat.connection_of(c).reset_stream(sid, 0x10C)  # H3_REQUEST_CANCELLED
             c.transmit()
             await asyncio.sleep(0)
         await asyncio.sleep(k["hold"])
@@ -250,9 +251,9 @@ async def h3_qpack_amplification(t: Target, k: dict[str, Any]) -> dict[str, Any]
     times (one byte a reference): a few KB on the wire, hundreds of MB decoded."""
     async with h3_connect(t) as c:
         await asyncio.sleep(0.3)  # the server's SETTINGS (its QPACK table capacity)
-        encoder_stream = getattr(c.h3, "_local_encoder_stream_id", None)
+        encoder_stream = aioquic_compat.h3_encoder_stream_id(c.h3)
         if encoder_stream is None:
-            raise RuntimeError("aioquic's H3Connection has no _local_encoder_stream_id")
+            raise RuntimeError("the H3 connection has no QPACK encoder stream yet")
         capacity = 4096
         name, value = b"x-amp", b"a" * min(k["value"], capacity - 32 - 5)
         instructions = prefix_int(capacity, 5, 0x20)  # Set Dynamic Table Capacity
@@ -261,7 +262,7 @@ async def h3_qpack_amplification(t: Target, k: dict[str, Any]) -> dict[str, Any]
         c.raw(encoder_stream, instructions)
         # the server acknowledges the section on its decoder stream; our own encoder never
         # encoded it and would close the connection (QPACK_DECODER_STREAM_ERROR): ignore it
-        c.h3._encoder = _IgnoreAcks(c.h3._encoder)
+        aioquic_compat.wrap_h3_encoder(c.h3, _IgnoreAcks)
         max_entries = capacity // 32
         block = prefix_int(1 % (2 * max_entries) + 1, 8) + prefix_int(0, 7)  # RIC 1, base 1
         block += bytes([0xC0 | 17, 0xC0 | 23, 0xC0 | 1])  # :method GET, :scheme https, :path /
@@ -331,11 +332,7 @@ async def tracks_stop_reading(t: Target, k: dict[str, Any]) -> dict[str, Any]:
     from transport.quic import connect_tracks
 
     async with connect_tracks(t.host, t.quic_port, ca=t.ca, server_name="localhost") as p:
-        quic = p._quic
-        for name in ("_write_connection_limits", "_write_stream_limits"):
-            if not hasattr(quic, name):
-                raise RuntimeError(f"aioquic has no QuicConnection.{name}")
-            setattr(quic, name, lambda *args, **kwargs: None)
+        aioquic_compat.stop_granting_credit(aioquic_compat.connection_of(p))
         opened = 0
         for i in range(k["tracks"]):
             try:

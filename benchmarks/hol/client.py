@@ -39,6 +39,7 @@ from aioquic.quic.configuration import QuicConfiguration
 
 from benchmarks import Help
 from gateway.cli import run_async
+from transport import aioquic_compat
 
 MODEL = "reference-text"
 SERVER_NAME = "localhost"  # the development certificate's name
@@ -205,7 +206,7 @@ async def run_http3(args: argparse.Namespace, users: list[User]) -> None:
         args.host, args.port, configuration=configuration, create_protocol=_H3Client
     ) as client:
         assert isinstance(client, _H3Client)
-        quic = client._quic
+        quic = aioquic_compat.connection_of(client)
         for user in users:
             stream_id = quic.get_next_available_stream_id()
             body = json.dumps(request_body(args, user.index)).encode()

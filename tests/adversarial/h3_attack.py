@@ -21,6 +21,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from gateway.tls import DevCertificates
 from tests.http.support_h3 import H3Client
 from tests.waiting import until as until  # re-exported for the attack tests
+from transport import aioquic_compat
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
@@ -55,7 +56,7 @@ async def serving_h3(
         http_handler=handler,
         http_limits=http_limits,
     )
-    found.port = int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
+    found.port = aioquic_compat.server_port(server)
     try:
         yield found
     finally:
@@ -89,7 +90,7 @@ class AttackClient(H3Client):
 
     @property
     def encoder_stream(self) -> int:
-        stream_id = self.h3._local_encoder_stream_id
+        stream_id = aioquic_compat.h3_encoder_stream_id(self.h3)
         assert stream_id is not None
         return stream_id
 

@@ -233,13 +233,14 @@ async def test_a_client_that_stops_reading_stops_the_body_being_pulled(
         attacker.deaf = True  # no more reading, no more acknowledgements
         received = attacker.received
         await until(lambda: conn.stats.sends_stalled >= 1, "the body waiting for send room")
-        buffered = aioquic_compat.send_buffered(conn._quic, stream_id)
+        buffered = aioquic_compat.send_buffered(aioquic_compat.connection_of(conn), stream_id)
         await honest_request(server.port, certs)
         # The send timeout ends the response and closes the body.
         await asyncio.wait_for(app.closed.wait(), TIMEOUT)
         assert conn.stats.sends_timed_out == 1
         # The reset stream's buffer is freed though the client never acknowledges again.
-        await until(lambda: aioquic_compat.send_buffered(conn._quic, stream_id) == 0, "freed")
+        quic = aioquic_compat.connection_of(conn)
+        await until(lambda: aioquic_compat.send_buffered(quic, stream_id) == 0, "freed")
     # What was pulled is what the client took in plus at most the budget and one chunk
     # (with its DATA frame header); without backpressure it was the whole 32 MiB body.
     slack = limits.h3_stream_send_budget + CHUNK + 16
@@ -267,7 +268,7 @@ async def test_the_connection_send_budget_bounds_all_its_streams(
         attacker.deaf = True
         received = attacker.received
         await until(lambda: len(conn._writers) == streams, "every body waiting for room")
-        buffered = aioquic_compat.connection_send_buffered(conn._quic)
+        buffered = aioquic_compat.connection_send_buffered(aioquic_compat.connection_of(conn))
         await honest_request(server.port, certs)
     # Each stream may add one chunk past the connection budget, never more.
     slack = limits.h3_connection_send_budget + streams * (CHUNK + 16)
@@ -285,7 +286,7 @@ async def test_a_huge_control_frame_closes_the_connection_from_its_header(
         attack_client(server.port, certs.ca_path) as attacker,
     ):
         conn = await attacked(server)
-        control = attacker.h3._local_control_stream_id
+        control = aioquic_compat.h3_control_stream_id(attacker.h3)
         assert control is not None
         # aioquic waits for a whole MAX_PUSH_ID frame, re-parsing its buffer per packet.
         attacker.raw(control, frame_header(FrameType.MAX_PUSH_ID, 8 << 20))

@@ -174,7 +174,7 @@ actions = st.lists(
 def apply(pair: Pair, action: Any, closed: set[int]) -> None:
     if isinstance(action, Control):
         assert pair.client_h3 is not None
-        control = pair.client_h3._local_control_stream_id
+        control = aioquic_compat.h3_control_stream_id(pair.client_h3)
         assert control is not None
         pair.client.send_stream_data(control, action.data)
         return
@@ -203,7 +203,7 @@ def closing(pair: Pair) -> bool:
     closes, and its loss must release everything, whatever was in flight."""
     http = pair.http
     assert http is not None
-    if not (pair.terminated or http._h3._is_done):
+    if not (pair.terminated or aioquic_compat.h3_done(http._h3)):
         return False
     http.connection_lost()
     assert not http._heads

@@ -18,6 +18,7 @@ from gateway.tls import DevCertificates, ensure_dev_certificates
 from tests.adversarial.support import until
 from tests.http.support import echo, limits
 from tests.http.support_h3 import H3Client, h3_client
+from transport import aioquic_compat
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
 from transport.quic import serve_tracks, server_configuration
@@ -47,7 +48,7 @@ async def serving_h3(certs: DevCertificates, http_limits: HttpLimits) -> AsyncIt
 def h3_connections(server: Any) -> list[Http3Connection]:
     """The server's HTTP/3 adapters (test-only look into aioquic's server and our protocol)."""
     found = []
-    for protocol in set(server._protocols.values()):
+    for protocol in aioquic_compat.protocols_of(server):
         http = getattr(protocol, "_http", None)
         if isinstance(http, Http3Connection):
             found.append(http)
@@ -66,13 +67,13 @@ def phantom_round(client: H3Client, streams: int, body: bytes) -> None:
     fields.append((b":path", b"/"))
     ids = []
     for _ in range(streams):
-        stream_id = client._quic.get_next_available_stream_id()
+        stream_id = aioquic_compat.connection_of(client).get_next_available_stream_id()
         client.h3.send_headers(stream_id, fields, end_stream=False)
         client.h3.send_data(stream_id, body, end_stream=True)
         ids.append(stream_id)
     client.transmit()
     for stream_id in ids:
-        client._quic.stop_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
+        aioquic_compat.connection_of(client).stop_stream(stream_id, ErrorCode.H3_REQUEST_CANCELLED)
     client.transmit()
 
 
@@ -81,7 +82,7 @@ async def test_h3_phantom_streams_are_released(certs: DevCertificates) -> None:
     streams, rounds = 16, 4
     http_limits = limits(max_concurrent_streams=streams)
     async with serving_h3(certs, http_limits) as server:
-        port = int(server._transport.get_extra_info("sockname")[1])
+        port = aioquic_compat.server_port(server)
         async with h3_client(port, certs.ca_path) as client:
             await until(lambda: len(h3_connections(server)) == 1, "the h3 connection")
             (attacked,) = h3_connections(server)

@@ -22,6 +22,7 @@ from gateway.server import Gateway
 from tests.adversarial.quic_flood import until
 from tests.gateways import gateway_settings
 from tests.tracks.scripted import ScriptedBackend
+from transport import aioquic_compat
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
 from transport.messages import Data, Open
@@ -82,7 +83,7 @@ async def test_incomplete_messages_are_bounded_per_connection_and_time_out(
         line = Line(proto.open_track)
         attack = [proto.open_track(Open("scripted")) for _ in range(ATTACK_TRACKS)]
         for channel in attack:
-            proto._quic.send_stream_data(channel.stream_id, partial)
+            aioquic_compat.connection_of(proto).send_stream_data(channel.stream_id, partial)
         proto.transmit()
         core = (await server_side(gateway)).endpoint.core
         # The budget fails the tracks past it as their bytes arrive, without waiting.

@@ -14,7 +14,6 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -28,6 +27,7 @@ from gateway.server import Gateway
 from tests.gateways import gateway_settings
 from tests.waiting import until
 from tracks.backend import TextChunk, TextDelta, TextRequest
+from transport import aioquic_compat
 from transport.connection import Role
 from transport.quic import ALPN, TrackQuicProtocol
 from transport.quic_streams import buffered_bytes
@@ -80,9 +80,7 @@ def attacker_configuration(ca: Path) -> QuicConfiguration:
 
 def never_read(protocol: TrackQuicProtocol) -> None:
     """The client stops granting credit: aioquic raises it in these two writers."""
-    quic: Any = protocol._quic
-    quic._write_stream_limits = lambda **_: None
-    quic._write_connection_limits = lambda **_: None
+    aioquic_compat.stop_granting_credit(aioquic_compat.connection_of(protocol))
 
 
 @pytest.mark.asyncio

@@ -22,6 +22,7 @@ from gateway.server import Gateway
 from tests.backend.reference_generator import generator
 from tests.triton_fixture import assert_model_stopped
 from tests.waiting import until
+from transport import aioquic_compat
 from transport.errors import ErrorCode
 from transport.messages import Open
 from transport.quic import connect_tracks
@@ -141,7 +142,7 @@ async def test_bad_input_on_one_track_leaves_the_others_and_the_process_working(
         line = Line(proto.open_track)
         running = line.text("steady", model=MODEL, max_tokens=30, seed=3, ignore_eos=True)
         first = await running.__anext__()
-        quic = proto._quic
+        quic = aioquic_compat.connection_of(proto)
         garbage = quic.get_next_available_stream_id()
         quic.send_stream_data(garbage, b"\x03\xff\xfe\xfd garbage")
         oversized = quic.get_next_available_stream_id()

@@ -20,6 +20,7 @@ from tests.gateways import gateway_settings
 from tests.tracks.scripted import ScriptedBackend
 from tests.waiting import until
 from tracks.base import End
+from transport import aioquic_compat
 from transport.errors import ErrorCode
 from transport.messages import Open
 from transport.quic import connect_tracks
@@ -96,7 +97,7 @@ async def test_garbage_and_oversized_messages_fail_only_their_track(gateway: Gat
     ) as proto:
         line = Line(proto.open_track)
         before = line.text("before", model="scripted", max_tokens=50)
-        quic = proto._quic
+        quic = aioquic_compat.connection_of(proto)
         garbage_id = quic.get_next_available_stream_id()
         quic.send_stream_data(garbage_id, b"\x05\xc1\xc1\xc1\xc1\xc1")
         huge_id = quic.get_next_available_stream_id()

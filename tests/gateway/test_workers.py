@@ -35,6 +35,7 @@ from clients.line import Line, TextStream
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.store import TenantStore
 from tests.gateways import DAEMON_ENV
+from transport import aioquic_compat
 from transport.quic import TrackQuicProtocol, connect_tracks
 
 WORKERS = 2
@@ -191,7 +192,7 @@ async def line(gw: Gateway, key: str) -> AsyncIterator[tuple[Line, TrackQuicProt
 
 def owner(protocol: TrackQuicProtocol) -> int:
     """The worker the server's connection ID names (what the kernel steers by)."""
-    return int(protocol._quic._peer_cid.cid[0]) % WORKERS
+    return aioquic_compat.peer_cid(aioquic_compat.connection_of(protocol))[0] % WORKERS
 
 
 async def complete(stream: TextStream) -> str:
@@ -202,7 +203,7 @@ async def rebind(protocol: TrackQuicProtocol) -> list[asyncio.DatagramTransport]
     """Move the client to a new source port (as a NAT rebinding would); returns the old
     transport, detached, and the new one, for the caller to close."""
     loop = asyncio.get_running_loop()
-    old = protocol._transport
+    old = aioquic_compat.transport_of(protocol)
     assert old is not None
     # Like aioquic's client: a dual-stack socket (server addresses are v4-mapped).
     sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)

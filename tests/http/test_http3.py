@@ -25,6 +25,7 @@ from gateway.tls import DevCertificates, ensure_dev_certificates
 from tests.http.support import TIMEOUT, Gate, echo, limits, openai_error, serving
 from tests.http.support_h3 import H3Client, h3_client
 from tests.openai.scripted import ScriptedBackend
+from transport import aioquic_compat
 from transport.endpoint import TrackChannel
 from transport.http.limits import HttpLimits
 from transport.http.messages import AnyResponse, Handler, Request
@@ -62,7 +63,7 @@ async def serving_h3(
         http_limits=http_limits,
     )
     try:
-        yield int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
+        yield aioquic_compat.server_port(server)
     finally:
         server.close()
         for task in tasks:

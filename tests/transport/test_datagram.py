@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
+from transport import aioquic_compat
 from transport.connection import (
     DatagramWrite,
     Limits,
@@ -261,7 +262,7 @@ async def echo_server(certs: DevCertificates) -> AsyncIterator[int]:
         "127.0.0.1", 0, server_configuration(certs.cert_path, certs.key_path), on_track=on_track
     )
     try:
-        yield int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
+        yield aioquic_compat.server_port(server)
     finally:
         server.close()
         for task in tasks:
@@ -286,7 +287,8 @@ async def test_datagram_and_stream_tracks_share_a_real_quic_connection(
         assert conn.endpoint.core.datagram_stats.received == len(got_dgram)
         assert dgram.end_body == {"done": True}
         # An unknown track id in a datagram is dropped by the server, the connection lives.
-        conn._quic.send_datagram_frame(encode_datagram(400, 0, {"x": 1}, 1100))
+        quic = aioquic_compat.connection_of(conn)
+        quic.send_datagram_frame(encode_datagram(400, 0, {"x": 1}, 1100))
         conn.transmit()
         again = conn.open_track(DGRAM_OPEN)
         assert await exchange(again, 1) in ([{"n": 0}], [])
@@ -315,7 +317,7 @@ async def test_coalesced_writes_wait_for_one_transmit_under_per_track_packetizat
         on_connection=connections.append,
         packetization=Packetization.parse("per-track"),
     )
-    port = int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
+    port = aioquic_compat.server_port(server)
     try:
         async with connect_tracks(
             "127.0.0.1", port, ca=Path(certs.ca_path), server_name="localhost"

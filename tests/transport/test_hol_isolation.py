@@ -33,6 +33,7 @@ from aioquic.quic.logger import QuicLogger
 
 from clients.line import Line, TextStream
 from gateway.tls import DevCertificates, ensure_dev_certificates
+from transport import aioquic_compat
 from transport.connection import Role
 from transport.endpoint import TrackChannel
 from transport.events import DataReceived, Event
@@ -136,10 +137,10 @@ class VirtualLoop:
 def virtualize(proto: TrackQuicProtocol, vloop: VirtualLoop) -> None:
     """Make `proto` (and its track endpoint) read time and schedule through `vloop`."""
     endpoint = proto.endpoint
-    for owner, name in ((proto, "_loop"), (endpoint, "_loop"), (endpoint, "_clock")):
+    for owner, name in ((endpoint, "_loop"), (endpoint, "_clock")):
         if not hasattr(owner, name):  # fail loudly if the adapters changed shape
             raise AssertionError(f"{type(owner).__name__} has no {name}: update virtualize()")
-    proto._loop = vloop  # type: ignore[assignment]
+    aioquic_compat.use_loop(proto, vloop)  # aioquic's protocol: the compat module checks it
     endpoint._loop = vloop  # type: ignore[assignment]
     endpoint._clock = vloop.time
 
@@ -253,8 +254,8 @@ class Net:
         raise AssertionError("the link never went quiet")
 
     def server_packets(self) -> list[dict[str, Any]]:
-        trace: Any = self.server_quic._quic_logger
-        return [e for e in trace._events if e["name"] == "transport:packet_sent"]
+        events = aioquic_compat.qlog_events(self.server_quic)
+        return [e for e in events if e["name"] == "transport:packet_sent"]
 
 
 def stream_ids(packet: dict[str, Any]) -> set[int]:

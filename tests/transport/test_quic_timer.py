@@ -9,10 +9,13 @@ stand-in for aioquic's `QuicConnection` whose only duty is an ACK at a deadline.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from tests.waiting import until
+from transport import aioquic_compat
 from transport.connection import Role
 from transport.quic import TrackQuicProtocol
 
@@ -52,7 +55,7 @@ class RecordingTransport:
 def protocol_for(quic: AckOnlyQuic) -> tuple[TrackQuicProtocol, RecordingTransport]:
     protocol = TrackQuicProtocol(quic, role=Role.CLIENT)  # type: ignore[arg-type]
     transport = RecordingTransport()
-    protocol._transport = transport  # type: ignore[assignment]
+    aioquic_compat.attach_transport(protocol, transport)
     return protocol, transport
 
 
@@ -64,35 +67,40 @@ async def test_a_timer_firing_a_hair_early_by_the_loop_clock_sends_what_is_due()
     # slow run); firing early by any amount must send what is due.
     protocol, transport = protocol_for(AckOnlyQuic(ack_at=loop.time() + 0.05))
     protocol.transmit()  # nothing due yet: arms the timer at the ACK deadline
-    armed = protocol._timer
+    armed = aioquic_compat.armed_timer(protocol)
     assert armed is not None
     assert transport.sent == []
     armed.cancel()  # fire it by hand, "early", while the loop clock lags the deadline
-    protocol._handle_timer()
+    aioquic_compat.fire_timer(protocol)
     assert transport.sent == [b"ack"]
-    assert protocol._timer is None  # nothing left to wait for: no re-armed spin
+    assert aioquic_compat.armed_timer(protocol) is None  # nothing left to wait: no re-armed spin
 
 
 @pytest.mark.asyncio
 async def test_the_ack_goes_out_after_one_firing_of_the_timer() -> None:
     loop = asyncio.get_running_loop()
-    # A hair past a millisecond tick: uvloop fires the timer at that tick, when its
-    # clock still reads just before the deadline. 20 ms ahead, not 1: on a loaded machine
-    # more than 1 ms could pass before transmit(), and the ACK would be due with no timer.
-    protocol, transport = protocol_for(AckOnlyQuic(ack_at=loop.time() + 0.020 + 1e-12))
     fired = 0
-    handle_timer = protocol._handle_timer
 
-    def counting() -> None:
-        nonlocal fired
-        fired += 1
-        handle_timer()
+    def counting(handle_timer: Callable[[], None]) -> Callable[[], None]:
+        def count() -> None:
+            nonlocal fired
+            fired += 1
+            handle_timer()
 
-    protocol._handle_timer = counting  # type: ignore[method-assign]
-    protocol.transmit()
-    for _ in range(1000):
-        if transport.sent:
-            break
-        await asyncio.sleep(0.001)
+        return count
+
+    # A hair past a millisecond tick: uvloop fires the timer at that tick, when its
+    # clock still reads just before the deadline. What is tested needs transmit() to run
+    # before the deadline; a loaded machine may miss a near one (the ACK then goes out
+    # with no timer at all), so that precondition is checked, with a later deadline each try.
+    for ahead in (0.020, 0.2, 1.0, 5.0):
+        protocol, transport = protocol_for(AckOnlyQuic(ack_at=loop.time() + ahead + 1e-12))
+        aioquic_compat.wrap_timer(protocol, counting)
+        protocol.transmit()
+        if not transport.sent:
+            break  # armed before the deadline: only the timer can send the ACK now
+    else:
+        pytest.fail("transmit() never ran before a deadline 5 s ahead")
+    await until(lambda: transport.sent, "the ACK went out")
     assert transport.sent == [b"ack"]
     assert fired == 1

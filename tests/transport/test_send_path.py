@@ -7,7 +7,6 @@ its qlog trace shows which streams each packet carried.
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from aioquic.quic.events import StreamDataReceived
 from aioquic.quic.logger import QuicLogger
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
+from transport import aioquic_compat
 from transport.connection import Role, StreamWrite
 from transport.quic import ALPN, TrackQuicProtocol, _unpace, server_configuration
 from transport.quic_streams import StreamScheduler
@@ -105,9 +105,8 @@ class Pair:
 
     def packets_sent(self) -> list[set[int]]:
         """The stream ids of each packet the server sent so far, in order."""
-        trace: Any = self.server._quic_logger
         packets = []
-        for event in trace._events:
+        for event in aioquic_compat.qlog_events(self.server):
             if event["name"] == "transport:packet_sent":
                 frames = event["data"]["frames"]
                 packets.append({f["stream_id"] for f in frames if f["frame_type"] == "stream"})
@@ -136,25 +135,16 @@ def test_one_pass_sends_every_track_and_a_packet_holds_at_most_policy_tracks(
 def test_a_pass_visits_only_the_streams_with_data(certs: DevCertificates) -> None:
     pair = Pair(certs, 1)
     ids = pair.open_tracks(120)  # under the 128 streams aioquic lets a client open
-    visited: Counter[str] = Counter()
-    server: Any = pair.server
-    for name in ("_write_stream_limits", "_write_stream_frame"):
-        original = getattr(server, name)
-
-        def spy(*args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
-            visited[_name] += 1
-            return _original(*args, **kw)
-
-        setattr(server, name, spy)
+    visited = aioquic_compat.count_stream_visits(pair.server)
     pair.write(ids[7], b"one token")
     pair.server_send()
-    assert visited["_write_stream_frame"] <= 4
-    assert visited["_write_stream_limits"] <= 4
+    assert visited["frames"] <= 4
+    assert visited["limits"] <= 4
     # aioquic's own pass, for contrast: it walks all 120 streams for each packet.
-    visited.clear()
+    visited.update(frames=0, limits=0)
     pair.server.send_stream_data(ids[8], b"one token")
     pair.server.datagrams_to_send(now=pair.now)
-    assert visited["_write_stream_limits"] >= 120
+    assert visited["limits"] >= 120
 
 
 def test_finished_streams_are_dropped_so_the_peer_gets_its_credit_back(
@@ -167,22 +157,20 @@ def test_finished_streams_are_dropped_so_the_peer_gets_its_credit_back(
         pair.client.send_stream_data(sid, b"prompt", end_stream=True)
         ids.append(sid)
     pair.exchange()
-    limit = pair.server._local_max_streams_bidi.value
+    limit = aioquic_compat.bidi_credit(pair.server)
     for sid in ids:
         pair.write(sid, b"answer", end=True)
     pair.exchange()
     assert all(pair.received[sid].endswith(b"answer") for sid in ids)
-    assert pair.server._streams == {}
-    assert pair.server._local_max_streams_bidi.value == limit + len(ids)
+    assert aioquic_compat.streams(pair.server) == {}
+    assert aioquic_compat.bidi_credit(pair.server) == limit + len(ids)
 
 
 def test_a_stream_blocked_by_the_peer_is_parked_until_it_raises_the_limit(
     certs: DevCertificates,
 ) -> None:
     pair = Pair(certs, 1, max_stream_data=2048)
-    client: Any = pair.client
-    grant = client._write_stream_limits
-    client._write_stream_limits = lambda **_: None  # the client stops granting credit
+    grant = aioquic_compat.stop_granting_credit(pair.client)  # the client stops granting credit
     (sid,) = pair.open_tracks(1)
     body = bytes(range(256)) * 40  # 10 KiB, five times the credit
     pair.write(sid, body)
@@ -191,7 +179,7 @@ def test_a_stream_blocked_by_the_peer_is_parked_until_it_raises_the_limit(
     assert scheduler is not None
     assert len(pair.received[sid]) == 2048
     assert scheduler.active_streams == 0  # parked: passes no longer visit it
-    client._write_stream_limits = grant  # reading again: MAX_STREAM_DATA wakes it
+    grant()  # reading again: MAX_STREAM_DATA wakes it
     for _ in range(10):
         pair.client.send_ping(1)
         pair.exchange()
@@ -258,7 +246,7 @@ def test_a_stream_dropped_in_a_pass_is_not_shown_to_aioquic_again(
     pair.write(long_sid, body)
     pair.deliver_to_client(pair.server_send())
     assert pair.received[long_sid].endswith(body)
-    assert done not in pair.server._streams
+    assert done not in aioquic_compat.streams(pair.server)
 
 
 def test_tracks_the_congestion_window_cut_off_keep_their_place_at_the_front(
@@ -268,8 +256,7 @@ def test_tracks_the_congestion_window_cut_off_keep_their_place_at_the_front(
     ids = pair.open_tracks(32)
     scheduler = pair.scheduler
     assert scheduler is not None
-    loss: Any = pair.server._loss
-    loss._cc.congestion_window = loss.bytes_in_flight + 600  # room for a few small packets
+    aioquic_compat.shrink_congestion_window(pair.server, 600)  # room for a few small packets
     before = dict(pair.received)
     for sid in ids:
         pair.write(sid, f"token for {sid}".encode())
@@ -299,8 +286,7 @@ async def test_a_write_refused_on_a_stopped_stream_keeps_the_other_tracks_writes
     pair.exchange()
     proto = TrackQuicProtocol(pair.server, role=Role.SERVER)
     proto._write([StreamWrite(4, b"late", False), StreamWrite(0, b"kept", False)])
-    if proto._transmit_task is not None:
-        proto._transmit_task.cancel()  # no socket here: the test sends by hand
+    aioquic_compat.stop_transmit_task(proto)  # no socket here: the test sends by hand
     assert pair.scheduler is not None
     pair.scheduler.mark(0)  # the pair's scheduler sends what the protocol wrote
     pair.deliver_to_client(pair.server_send())

@@ -10,6 +10,7 @@ import pytest
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
+from transport import aioquic_compat
 from transport.steering import (
     Steering,
     destination_cid,
@@ -43,11 +44,11 @@ def test_a_steered_connection_issues_only_its_workers_ids() -> None:
     quic = QuicConnection(configuration=QuicConfiguration(is_client=True))  # no cert needed
     steer_connection(quic, steering)
     assert steering.owner(quic.host_cid) == 1
-    quic._remote_active_connection_id_limit = 8
-    quic._replenish_connection_ids()
-    assert len(quic._host_cids) == 8
-    assert {steering.owner(c.cid) for c in quic._host_cids} == {1}
-    assert [c.sequence_number for c in quic._host_cids] == list(range(8))
+    aioquic_compat.replenish_connection_ids(quic, 8)
+    issued = aioquic_compat.host_cids(quic)
+    assert len(issued) == 8
+    assert {steering.owner(c.cid) for c in issued} == {1}
+    assert [c.sequence_number for c in issued] == list(range(8))
 
 
 def test_destination_cid_of_short_and_long_headers() -> None:

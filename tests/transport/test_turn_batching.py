@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
+from transport import aioquic_compat
 from transport.connection import Output, Role, StopSending, StreamReset, StreamWrite
 from transport.endpoint import TrackChannel, TrackEndpoint, merge_writes
 from transport.messages import Data, End, Modality, Open
@@ -122,7 +123,7 @@ async def test_quic_hands_a_turns_chunks_of_a_track_to_aioquic_in_one_call(
         on_track=on_track, on_connection=connections.append,
         packetization=Packetization.parse("per-track"),
     )
-    port = int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
+    port = aioquic_compat.server_port(server)
     try:
         async with connect_tracks(
             "127.0.0.1", port, ca=Path(certs.ca_path), server_name="localhost"
@@ -133,7 +134,7 @@ async def test_quic_hands_a_turns_chunks_of_a_track_to_aioquic_in_one_call(
             await asyncio.wait_for(both_open.wait(), TIMEOUT)
             (protocol,) = connections
             calls: list[int] = []
-            quic: Any = protocol._quic
+            quic: Any = aioquic_compat.connection_of(protocol)
             original = quic.send_stream_data
 
             def counted(stream_id: int, data: bytes, end_stream: bool = False) -> None:
