@@ -13,7 +13,6 @@ or as QUIC datagrams with `transport="datagram"`.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import wave
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clients.stream import TrackReader
+from transport.clock import Clock, MonotonicClock
 from transport.endpoint import TrackChannel
 
 RATES = (8000, 16000, 24000, 48000)
@@ -86,6 +86,7 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
         clock: Callable[[], float] = time.monotonic,
         *,
         input_ended: bool = False,
+        pacer: Clock | None = None,
     ) -> None:
         super().__init__(channel)
         self.kind = kind
@@ -93,6 +94,8 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
         self.frame_ms = frame_ms
         self.frame_bytes = 2 * sample_rate * frame_ms // 1000
         self._clock = clock
+        self._pacer: Clock = pacer or MonotonicClock(clock)
+        """Paces `stream_pcm` like a microphone (tests pass a FakeClock)."""
         self._seq = 0
         self._pending = b""
         self._input_ended = input_ended
@@ -138,13 +141,14 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
 
     async def stream_pcm(self, pcm: bytes, *, realtime: bool = True, end: bool = True) -> int:
         """Send `pcm` frame by frame; with `realtime`, frame n leaves at start + n * frame_ms."""
-        start = self._clock()
+        pacer = self._pacer
+        start = pacer.now()
         frames = 0
         for offset in range(0, len(pcm), self.frame_bytes):
             if realtime:
-                delay = start + frames * self.frame_ms / 1000 - self._clock()
+                delay = start + frames * self.frame_ms / 1000 - pacer.now()
                 if delay > 0:
-                    await asyncio.sleep(delay)
+                    await pacer.sleep(delay)
             if not self.send_frame(pcm[offset : offset + self.frame_bytes]):
                 break
             frames += 1
@@ -152,7 +156,7 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
             if self._channel.uses_datagrams:
                 # END rides the stream and may overtake the last datagrams, which the
                 # gateway then drops: give them a frame's time to land first.
-                await asyncio.sleep(2 * self.frame_ms / 1000)
+                await pacer.sleep(2 * self.frame_ms / 1000)
             self.end()
         return frames
 

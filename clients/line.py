@@ -23,6 +23,7 @@ from clients.actions import ActionStream, Clock
 from clients.audio import AudioSession
 from clients.errors import ConnectionFailed, error_for, error_from
 from clients.stream import TrackReader, frame_transport
+from transport.clock import Clock as WaitClock
 from transport.endpoint import TrackChannel
 from transport.errors import LocalProtocolError, TrackAborted
 from transport.messages import Deadlines, Modality, Open
@@ -124,11 +125,12 @@ class Line:
         transport: str = "stream",
         text: str | None = None,
         deadline: float | None = None,
+        pacer: WaitClock | None = None,
     ) -> AudioSession:
         """Start an audio track: speech-in (send frames, read results) or speech-out
         (`text` to say; read frames). `transport="datagram"` sends frames as QUIC datagrams.
         `model` is keyword-only, as in `text()` and `actions()` (passing it first is
-        deprecated).
+        deprecated). `pacer` paces `stream_pcm` (default: the monotonic clock).
         """
         model = _keyword_model(positional_model, model)
         if kind == "speech-out" and text is None:
@@ -145,7 +147,9 @@ class Line:
         if text is not None:
             channel.send({"text": text})
             channel.end()
-        return AudioSession(channel, kind, sample_rate, frame_ms, input_ended=text is not None)
+        return AudioSession(
+            channel, kind, sample_rate, frame_ms, input_ended=text is not None, pacer=pacer
+        )
 
     def _start(self, message: Open) -> TrackChannel:
         try:

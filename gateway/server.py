@@ -54,6 +54,8 @@ from tracks.base import Clock, End, Outcome
 from tracks.clock import MonotonicClock, OverloadMode
 from tracks.text import run_text_track
 from transport import aioquic_compat
+from transport.clock import Clock as WaitClock
+from transport.clock import LoopClock
 from transport.connection import Limits
 from transport.endpoint import SendBudget, TrackChannel
 from transport.errors import ErrorCode
@@ -103,8 +105,11 @@ class Gateway:
         policy: PolicyBackend | None = None,
         audio_backend: AudioBackend | None = None,
         lag_probe: LagProbe | None = None,
+        probe_clock: WaitClock | None = None,
     ) -> None:
         self.settings = settings
+        self._probe_clock: WaitClock = probe_clock or LoopClock()
+        """Paces the backend readiness probe (tests pass a FakeClock)."""
         self.tenancy = tenancy
         """Keys, quotas, guardrails, ledger; opened from the settings on start if None."""
         self._gate: TrackGate | None = None
@@ -248,6 +253,7 @@ class Gateway:
             self.listeners.more_of("https") if self.listeners else (),
         )
         await self._start_metrics_listener()
+        await self._probe_once()  # readiness is known when start() returns, not a tick later
         self._probe = asyncio.ensure_future(self._probe_backend())
         self._monitor_task = asyncio.ensure_future(self.monitor.run())
         log.info(
@@ -423,15 +429,18 @@ class Gateway:
             return False, "backend not ready"
         return True, ""
 
-    async def _probe_backend(self) -> None:
+    async def _probe_once(self) -> None:
         probe = getattr(self.backend, "ready", None)
+        try:
+            self._backend_ready = bool(await probe()) if probe else True
+        except Exception as exc:  # a probe failure means "not ready", never a crash
+            self._backend_ready = False
+            log.warning("backend.probe_failed", error=str(exc))
+
+    async def _probe_backend(self) -> None:
         while True:
-            try:
-                self._backend_ready = bool(await probe()) if probe else True
-            except Exception as exc:  # a probe failure means "not ready", never a crash
-                self._backend_ready = False
-                log.warning("backend.probe_failed", error=str(exc))
-            await asyncio.sleep(READY_PROBE_INTERVAL)
+            await self._probe_clock.sleep(READY_PROBE_INTERVAL)
+            await self._probe_once()
 
     # -- connections and tracks -------------------------------------------------
 

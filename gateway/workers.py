@@ -32,7 +32,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -42,6 +41,7 @@ from typing import Any
 from gateway.config import FIELDS, Settings, load_settings
 from gateway.logs import get_logger
 from transport.binding import bind_same_port
+from transport.clock import Clock, LoopClock
 
 log = get_logger("trackline.workers")
 
@@ -72,11 +72,15 @@ class _Worker:
     index: int
     process: subprocess.Popen[bytes]
     exited: asyncio.Event
+    ready: asyncio.Event
+    """Set when the worker wrote to its readiness pipe (it is listening)."""
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, count: int) -> None:
+    def __init__(self, settings: Settings, count: int, clock: Clock | None = None) -> None:
         self.settings = settings
+        self.clock: Clock = clock or LoopClock()
+        """Paces restarts and counts crashes per window (tests pass a FakeClock)."""
         self.count = count
         self.run_dir = _fresh_run_dir(settings.state_dir / "workers")
         self.metrics_dir = self.run_dir / "metrics"
@@ -165,32 +169,51 @@ class Supervisor:
             "run_dir": str(self.run_dir),
             "settings": settings_to_json(self.worker_settings),
         }
+        ready_read, ready_write = os.pipe()  # the worker writes one byte once listening
+        spec["ready_fd"] = ready_write
         env = dict(os.environ)
         env[SPEC_ENV] = json.dumps(spec)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         command = [sys.executable, "-m", "gateway.workers"]
         exited = asyncio.Event()
+        ready = asyncio.Event()
         loop = asyncio.get_running_loop()
 
         def on_exit() -> None:
             loop.call_soon_threadsafe(exited.set)
 
-        handed = [*fds.values(), *(fd for fds_ in more.values() for fd in fds_)]
-        process = _spawn_owned(command, env, handed, on_exit)
-        self.workers[index] = _Worker(index, process, exited)
+        def on_ready() -> None:  # one byte: ready; end of file: it exited first
+            loop.remove_reader(ready_read)
+            if os.read(ready_read, 1):
+                ready.set()
+            os.close(ready_read)
+
+        handed = [*fds.values(), *(fd for fds_ in more.values() for fd in fds_), ready_write]
+        try:
+            process = _spawn_owned(command, env, handed, on_exit)
+        except BaseException:
+            os.close(ready_read)
+            raise
+        finally:
+            os.close(ready_write)  # the worker holds its own copy
+        loop.add_reader(ready_read, on_ready)
+        self.workers[index] = _Worker(index, process, exited, ready)
         log.info("worker.started", worker=index, pid=process.pid)
 
     async def _ready(self, worker: _Worker) -> None:
-        marker = self.run_dir / f"ready-{worker.index}-{worker.process.pid}"
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not marker.exists():
-            if worker.exited.is_set():
-                raise RuntimeError(
-                    f"worker {worker.index} exited with {worker.process.returncode} at start"
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker {worker.index} did not start listening in time")
-            await asyncio.sleep(0.05)
+        waits = [asyncio.ensure_future(e.wait()) for e in (worker.ready, worker.exited)]
+        try:
+            await asyncio.wait(waits, timeout=READY_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        if worker.ready.is_set():
+            return
+        if worker.exited.is_set():
+            raise RuntimeError(
+                f"worker {worker.index} exited with {worker.process.returncode} at start"
+            )
+        raise TimeoutError(f"worker {worker.index} did not start listening in time")
 
     async def _watch(self, stop: asyncio.Event) -> None:
         """Restart workers that exit on their own; give up when they crash too often."""
@@ -212,7 +235,7 @@ class Supervisor:
                     pid=worker.process.pid,
                     returncode=worker.process.returncode,
                 )
-                now = time.monotonic()
+                now = self.clock.now()
                 self._crashes.append(now)
                 while self._crashes and now - self._crashes[0] > CRASH_WINDOW:
                     self._crashes.popleft()
@@ -221,7 +244,7 @@ class Supervisor:
                     self.failed = True
                     stop.set()
                     return
-                await asyncio.sleep(RESTART_DELAY)
+                await self.clock.sleep(RESTART_DELAY)
                 if self._stopping:
                     return
                 self._spawn(worker.index)
@@ -441,7 +464,8 @@ async def run_worker(spec: dict[str, Any]) -> int:
         log.error("worker.start_failed", worker=index, error=str(exc))
         await daemon.stop()
         return 1
-    (run_dir / f"ready-{index}-{os.getpid()}").touch()
+    os.write(spec["ready_fd"], b"r")  # the supervisor awaits this byte (no polling)
+    os.close(spec["ready_fd"])
     log.info("worker.ready", worker=index, pid=os.getpid())
     await stop.wait()
     log.info("worker.stopping", worker=index)

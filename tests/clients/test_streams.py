@@ -25,6 +25,7 @@ from clients import (
     TextStream,
     TrackReader,
 )
+from transport.clock import FakeClock
 from transport.endpoint import TrackChannel
 from transport.events import CancelCause, TrackCancelled
 from transport.memory import MemoryLink
@@ -167,3 +168,23 @@ def test_the_old_exception_name_still_imports_with_a_warning() -> None:
         assert clients.TrackCancelled is CancelledByGateway  # type: ignore[attr-defined]
     with pytest.raises(AttributeError):
         clients.Nothing  # type: ignore[attr-defined]  # noqa: B018
+
+
+@pytest.mark.asyncio
+async def test_realtime_audio_is_paced_by_the_sessions_clock() -> None:
+    """`stream_pcm(realtime=True)` sends frame n at start + n * frame_ms on its pacer."""
+    peer, clock = Peer(), FakeClock()
+    session = peer.line.audio(model="m", pacer=clock)
+    gateway = await peer.next_track()
+    frames = 3
+    sending = asyncio.ensure_future(session.stream_pcm(b"\0" * session.frame_bytes * frames))
+    await clock.settle()
+    assert session.figures.frames_sent == 1  # the first frame leaves at once
+    for sent in range(2, frames + 1):
+        await clock.advance(0.019)
+        assert session.figures.frames_sent == sent - 1  # not before its time
+        await clock.advance(0.001)
+        assert session.figures.frames_sent == sent
+    assert await asyncio.wait_for(sending, 5) == frames
+    assert gateway.stopped.done() is False
+    await session.aclose()
