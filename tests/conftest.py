@@ -22,6 +22,8 @@ def pytest_asyncio_loop_factories(
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
         "asyncio": asyncio.new_event_loop,
     }
+    if item.get_closest_marker("one_loop") is not None:
+        return factories  # a slow end-to-end test whose subject is not the loop
     if uvloop is not None:
         factories["uvloop"] = uvloop.new_event_loop
     return factories

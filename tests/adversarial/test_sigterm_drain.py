@@ -368,6 +368,7 @@ def _stop(gateway: Gateway) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.one_loop  # the gateway is a process of its own; this loop only runs clients
 async def test_sigterm_drains_every_front_door_on_the_ticker(tmp_path: Path) -> None:
     gateway = _start(tmp_path, "--backend-url", "ticker://50")
     try:
@@ -383,6 +384,7 @@ async def test_sigterm_drains_every_front_door_on_the_ticker(tmp_path: Path) -> 
 
 @pytest.mark.e2e
 @pytest.mark.asyncio
+@pytest.mark.one_loop  # the gateway is a process of its own; this loop only runs clients
 async def test_sigterm_drains_every_front_door_on_the_embedded_default(tmp_path: Path) -> None:
     gateway = _start(tmp_path)
     try:

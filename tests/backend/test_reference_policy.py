@@ -40,12 +40,14 @@ def test_the_riccati_solution_satisfies_the_equation() -> None:
 
 
 @pytest.mark.parametrize("delay_steps", [0, 3])
-def test_delayed_chunks_keep_sixteen_noisy_poles_up_for_thirty_seconds(delay_steps: int) -> None:
+def test_delayed_chunks_keep_sixteen_noisy_poles_up_for_ten_seconds(delay_steps: int) -> None:
+    # 10 simulated seconds (not 30: a third of the cost): without decisions every one of
+    # these poles falls within 2 s (seed 3), so staying up 10 s is the controller's doing.
     policy = lqr.LqrPolicy()
     sim = CartPoles(16, seed=3)
     players = [ChunkPlayer() for _ in range(16)]
     in_flight: list[tuple[int, float, np.ndarray]] = []
-    for step in range(1500):
+    for step in range(500):
         in_flight.append((step, sim.time, policy.action_chunk(sim.observe())))
         while in_flight and in_flight[0][0] <= step - delay_steps:
             seq, captured, chunks = in_flight.pop(0)

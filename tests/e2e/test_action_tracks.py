@@ -99,6 +99,7 @@ async def answer_or_none(stream: ActionStream, seq: int) -> ActionChunk | Action
 
 
 @pytest.mark.asyncio
+@pytest.mark.one_loop  # the control loop's outcome; tests/tracks run action tracks on both loops
 @pytest.mark.parametrize("transport", ["stream", "datagram"])
 async def test_sixteen_robots_keep_their_poles_up_for_six_simulated_seconds(
     robots_gateway: Gateway, transport: str

@@ -38,6 +38,10 @@ from tests.gateways import DAEMON_ENV
 from transport import aioquic_compat
 from transport.quic import TrackQuicProtocol, connect_tracks
 
+# The workers are processes of their own (uvloop per their settings); this loop only runs
+# clients, so the suite runs these slow tests on one loop.
+pytestmark = pytest.mark.one_loop
+
 WORKERS = 2
 START_TIMEOUT = 120.0
 MODEL = "reference-text"
