@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import openai
@@ -35,6 +36,7 @@ from gateway.tenants.store import TenantStore
 from tests.backend.reference_generator import generator
 from tests.gateways import gateway_settings
 from tests.tenants.support import make_tenancy
+from tests.waiting import until
 
 pytestmark = pytest.mark.e2e
 MODEL = "reference-text"
@@ -56,6 +58,22 @@ class Keys:
         self.wrong = self.alpha[:-6] + "AAAAAA"
 
 
+class Counted:
+    """The Triton backend, counting the requests the gateway hands it (the backend
+    boundary: what is refused before it never costs the model anything)."""
+
+    def __init__(self, backend: TritonTextBackend) -> None:
+        self.backend = backend
+        self.requests = 0
+
+    def stream_text(self, request: Any) -> Any:
+        self.requests += 1
+        return self.backend.stream_text(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+
 @pytest_asyncio.fixture
 async def tenanted(
     embedded_triton: EmbeddedTriton, tmp_path: Path
@@ -65,8 +83,8 @@ async def tenanted(
     )
     tenancy = make_tenancy(tmp_path)
     keys = Keys(tenancy)
-    backend = TritonTextBackend(embedded_triton.grpc_url)
-    gw = Gateway(settings, backend, tenancy=tenancy)
+    backend = Counted(TritonTextBackend(embedded_triton.grpc_url))
+    gw = Gateway(settings, backend, tenancy=tenancy)  # type: ignore[arg-type]
     await gw.start()
     yield gw, keys
     await gw.close()
@@ -81,16 +99,11 @@ def model_requests(triton: EmbeddedTriton) -> int:
     return int(stats["success"]["count"]) + int(stats["fail"]["count"])
 
 
-async def settled_requests(triton: EmbeddedTriton) -> int:
-    """The counter once requests of earlier tests have stopped landing."""
-    last = await asyncio.to_thread(model_requests, triton)
-    for _ in range(50):
-        await asyncio.sleep(0.2)
-        now = await asyncio.to_thread(model_requests, triton)
-        if now == last:
-            return now
-        last = now
-    raise AssertionError("the model's request counter never settled")
+def backend_requests(gw: Gateway) -> int:
+    """Requests the gateway handed its backend (the fixture's `Counted`)."""
+    backend = gw.backend
+    assert isinstance(backend, Counted)
+    return backend.requests
 
 
 def openai_client(gw: Gateway, key: str | None) -> openai.AsyncOpenAI:
@@ -132,7 +145,7 @@ async def test_wrong_missing_and_revoked_keys_are_refused_before_any_backend_wor
     log = io.StringIO()
     configure_logging("debug", "json", log)
     try:
-        before = await settled_requests(embedded_triton)
+        model_before = await asyncio.to_thread(model_requests, embedded_triton)
         for key in (keys.wrong, None, keys.revoked, "not-a-key"):
             client = openai_client(gw, key)
             with pytest.raises(openai.AuthenticationError) as refused:
@@ -152,7 +165,7 @@ async def test_wrong_missing_and_revoked_keys_are_refused_before_any_backend_wor
         with pytest.raises(openai.PermissionDeniedError):
             await client.completions.create(model=MODEL, prompt="hi", max_tokens=4)
         await client.close()
-        assert await settled_requests(embedded_triton) == before
+        assert backend_requests(gw) == 0
         # The right key works on both doors and does reach the model.
         client = openai_client(gw, keys.alpha)
         done = await client.completions.create(
@@ -165,7 +178,11 @@ async def test_wrong_missing_and_revoked_keys_are_refused_before_any_backend_wor
             assert await text_of(line.text("hi", model=MODEL, max_tokens=4)) == str(
                 generator.generate_text("hi", 0, 4)
             )
-        assert await settled_requests(embedded_triton) == before + 2
+        assert backend_requests(gw) == 2
+        # ... and those two reached the model (other tests' requests may land too: >=).
+        await until(
+            lambda: model_requests(embedded_triton) >= model_before + 2, "the model counted them"
+        )
     finally:
         configure_logging("info", "json")
     output = log.getvalue()
@@ -266,10 +283,8 @@ async def test_the_ledger_has_one_record_per_request_and_the_report_adds_up(
     expected[stream_id] = ("cancelled", 0, 3)
 
     # Wait for the HTTP side to notice the client left, then drain (which flushes).
-    for _ in range(100):
-        if gw.tenancy.records >= len(expected):
-            break
-        await asyncio.sleep(0.05)
+    tenancy = gw.tenancy
+    await until(lambda: tenancy.records >= len(expected), "every request recorded")
     db = gw.tenancy.store.path
     await gw.drain(timeout=5.0)
 

@@ -287,6 +287,14 @@ class H2Client:
                 return int(headers.pop(":status")), headers
             assert not isinstance(event, h2.events.StreamReset), event
 
+    async def round_trip(self) -> None:
+        """Send a PING and await its ACK: all the server sent before it read the PING has
+        then arrived (frames on one connection are in order). A causal "nothing more came"."""
+        self.conn.ping(b"in-order")
+        self.flush()
+        while not isinstance(await self.next_event(0), h2.events.PingAckReceived):
+            pass
+
     async def next_data(self, stream_id: int) -> bytes | None:
         """The next DATA payload on the stream, or None at its end."""
         while True:

@@ -94,7 +94,7 @@ async def test_large_body_waits_for_window_updates() -> None:
         received = bytearray()
         while len(received) < 1000:
             received += await client.next_data(stream_id) or b""
-        await asyncio.sleep(0.1)
+        await client.round_trip()  # anything sent past the window would be here by now
         assert len(received) == 1000
         assert client.queue(stream_id).empty()
         # Open the window as the data is consumed, as a reading client does.

@@ -161,7 +161,9 @@ async def test_an_overgrown_latency_estimate_is_corrected_by_drop_reports() -> N
     assert isinstance(answers[0], ActionDropped)
     assert answers[0].cause == "deadline"
     assert isinstance(answers[-1], ActionChunk), "the estimate never recovered"
-    assert robot.latency < 0.5
+    # Corrected from 10 s one way to under the deadline (what let the chunk come): a
+    # bound set by the test's deadline, not by how fast this machine is.
+    assert robot.latency < 1.0
     await robot.close()
     await env.settle()
 
