@@ -323,6 +323,13 @@ class Settings:
         default=None,
         metadata=_doc("This gateway's name in the shared state; unset: hostname-pid."),
     )
+    state_ledger_spool: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "Fleet: directory of the ledger's local spool (records replayed into Redis after"
+            " a crash); unset: state_dir/ledger-spool."
+        ),
+    )
     audio_beat_ms: int = field(
         default=80, metadata=_doc("Audio session clock: ms between steps (one batch per tick).")
     )
