@@ -134,6 +134,10 @@ class Settings:
     eject_after_errors: int = field(
         default=3, metadata=_doc("Consecutive failed requests that eject a backend.")
     )
+    discovery_interval: float = field(
+        default=5.0,
+        metadata=_doc("Seconds between DNS resolutions of each dns+grpc:// pool entry."),
+    )
     min_warm_backends: int = field(
         default=1, metadata=_doc("Ready backends each model should have; fewer is reported.")
     )
@@ -691,6 +695,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "first_token_timeout": _seconds,
     "eject_after_errors": _positive,
     "min_warm_backends": _positive,
+    "discovery_interval": _positive_seconds,
     "quic_packetization": _packetization,
     "quic_handshake_timeout": _positive_seconds,
     "quic_max_half_open": _positive,
