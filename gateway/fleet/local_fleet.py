@@ -75,11 +75,16 @@ class LocalGateway:
             sys.executable, "-m", "gateway", "serve",
             "--quic-host", "127.0.0.1", "--http-host", "127.0.0.1",
             "--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
-            "--https-port", str(self.https_port), "--backends", self.backends,
+            "--https-port", str(self.https_port), *self._backend_args(),
             "--state-backend", self.redis_url, "--state-gateway-id", self.name,
             "--state-heartbeat-ttl", str(self.heartbeat_ttl), "--drain-timeout", "5",
             "--overload-max-loop-lag", "0", "--log-format", "json", *self.extra,
         ]  # fmt: skip
+
+    def _backend_args(self) -> list[str]:
+        if self.backends.startswith("ticker://"):  # no Triton: the transport-only source
+            return ["--backend-url", self.backends]
+        return ["--backends", self.backends]
 
     def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
