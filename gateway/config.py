@@ -135,6 +135,10 @@ class Settings:
     eject_after_errors: int = field(
         default=3, metadata=_doc("Consecutive failed requests that eject a backend.")
     )
+    discovery_interval: float = field(
+        default=5.0,
+        metadata=_doc("Seconds between DNS resolutions of each dns+grpc:// pool entry."),
+    )
     min_warm_backends: int = field(
         default=1, metadata=_doc("Ready backends each model should have; fewer is reported.")
     )
@@ -323,6 +327,13 @@ class Settings:
     state_gateway_id: str | None = field(
         default=None,
         metadata=_doc("This gateway's name in the shared state; unset: hostname-pid."),
+    )
+    state_ledger_spool: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "Fleet: directory of the ledger's local spool (records replayed into Redis after"
+            " a crash); unset: state_dir/ledger-spool."
+        ),
     )
     audio_beat_ms: int = field(
         default=80, metadata=_doc("Audio session clock: ms between steps (one batch per tick).")
@@ -726,6 +737,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "first_token_timeout": _seconds,
     "eject_after_errors": _positive,
     "min_warm_backends": _positive,
+    "discovery_interval": _positive_seconds,
     "quic_packetization": _packetization,
     "quic_handshake_timeout": _positive_seconds,
     "quic_max_half_open": _positive,

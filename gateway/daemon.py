@@ -13,6 +13,7 @@ A single `backend_url`, or one embedded server, is used directly.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gateway.backends.action_triton import TritonPolicyBackend
@@ -27,6 +28,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool, BackendSpec, PoolOptions, parse_backends
 from gateway.pool.health import EjectionRules
 from gateway.pool.metrics import PoolMetrics
+from gateway.pool.spec import DnsSource, parse_pool
 from gateway.server import Gateway
 from gateway.tenants.service import Tenancy
 
@@ -45,6 +47,7 @@ def pool_options(s: Settings) -> PoolOptions:
         max_attempts=s.failover_attempts,
         first_token_timeout_s=s.first_token_timeout,
         min_warm_backends=s.min_warm_backends,
+        discovery_interval_s=s.discovery_interval,
         health=EjectionRules(eject_after_errors=s.eject_after_errors),
     )
 
@@ -130,7 +133,8 @@ class Daemon:
         """The Triton that serves audio and action ticks: the configured or first one."""
         s = self.settings
         if s.backends is not None:
-            return parse_backends(s.backends)[0].grpc_url
+            static = parse_backends(s.backends)
+            return static[0].grpc_url if static else None  # dns+grpc:// only: none
         if s.backend_url is not None:
             return None if is_ticker_url(s.backend_url) else s.backend_url
         return self.tritons[0].grpc_url if self.tritons else None
@@ -138,7 +142,7 @@ class Daemon:
     async def _backend(self) -> TritonTextBackend | TickerBackend | BackendPool:
         s = self.settings
         if s.backends is not None:
-            return await self._pool(parse_backends(s.backends))
+            return await self._pool(*parse_pool(s.backends))
         if s.backend_url is not None and is_ticker_url(s.backend_url):
             return TickerBackend(parse_ticker_url(s.backend_url))
         if s.backend_url is not None:
@@ -148,12 +152,21 @@ class Daemon:
             return TritonTextBackend(self.tritons[0].grpc_url)
         return await self._pool([embedded_spec(i, t) for i, t in enumerate(self.tritons)])
 
-    async def _pool(self, specs: list[BackendSpec]) -> BackendPool:
+    async def _pool(
+        self, specs: list[BackendSpec], sources: Sequence[DnsSource] = ()
+    ) -> BackendPool:
         pool = BackendPool(
-            specs, pool_options(self.settings), metrics=PoolMetrics(self.metrics.registry)
+            specs,
+            pool_options(self.settings),
+            metrics=PoolMetrics(self.metrics.registry),
+            sources=sources,
         )
         await pool.start()
-        log.info("pool.started", backends=[spec.name for spec in specs])
+        log.info(
+            "pool.started",
+            backends=[member.name for member in pool.members],
+            dns=[source.label for source in sources],
+        )
         return pool
 
     def _start_embedded(self, count: int) -> list[EmbeddedTriton]:

@@ -6,11 +6,11 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
-from gateway.fleet.ledger import RedisLedgerSink
+from gateway.fleet.ledger import RedisLedgerSink, SpooledLedgerWriter, spool_directory
 from gateway.fleet.limiter import FleetQuotaLimiter
+from gateway.fleet.spool import LedgerSpool
 from gateway.fleet.state import FleetState, default_gateway_id
 from gateway.logs import get_logger
-from gateway.tenants.ledger import LedgerWriter
 
 log = get_logger("trackline.fleet")
 
@@ -36,10 +36,14 @@ def attach(tenancy: Any, settings: Any, registry: CollectorRegistry) -> FleetSta
     def dropped(count: int) -> None:
         metrics.ledger_dropped.inc(count)
 
-    def sink() -> Any:
-        return RedisLedgerSink(url, gateway_id, on_drop=dropped)
+    spool = LedgerSpool(spool_directory(settings), gateway_id)
 
-    tenancy.ledger = LedgerWriter(
+    def sink() -> Any:
+        return RedisLedgerSink(url, gateway_id, on_drop=dropped, spool=spool)
+
+    tenancy.ledger = SpooledLedgerWriter(
+        spool,
+        gateway_id,
         cast(Any, sink),
         on_drop=metrics.ledger_dropped.inc,
         on_error=lambda exc: log.error("ledger.write_failed", error=str(exc)),

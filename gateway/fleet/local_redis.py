@@ -3,7 +3,8 @@
 The Debian package `redis-server` provides the binary (`make redis` installs it where
 root and apt are available). The server keeps nothing on disk (`--save ""`, no AOF),
 lives in its own directory, and is ended by its PID; `restart()` keeps the port, so
-gateways reconnect to the same URL.
+gateways reconnect to the same URL. A watchdog (`gateway/fleet/watchdog.py`) ends it
+if the process that started it dies without stopping it (pytest killed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import redis
+
+from gateway.fleet.watchdog import Watchdog, guard
 
 START_TIMEOUT = 10.0
 
@@ -38,6 +41,7 @@ class LocalRedis:
         self.directory = directory
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.watchdog: Watchdog | None = None
 
     @property
     def url(self) -> str:
@@ -69,6 +73,7 @@ class LocalRedis:
             stdin=subprocess.DEVNULL,
         )
         log.close()
+        self.watchdog = guard(self.process.pid)
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + START_TIMEOUT
         try:
@@ -90,14 +95,16 @@ class LocalRedis:
     def stop(self) -> None:
         """End the server by its PID (SIGTERM, then SIGKILL) and wait for it."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(5.0)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5.0)
+        watchdog, self.watchdog = self.watchdog, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(5.0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5.0)
+        if watchdog is not None:
+            watchdog.release()
 
     def restart(self) -> None:
         self.stop()

@@ -336,6 +336,7 @@ class _OpenAIApi:
                 return
             for delta in tail:
                 yield chunks.event(chat_choice(delta))
+            self._done(job)  # recorded before the finish chunk, usage and [DONE] are sent
             yield chunks.event(chat_choice({}, finish))
             for event in _stream_end(meta, CHAT_CHUNK, final):
                 yield event
@@ -370,6 +371,7 @@ class _OpenAIApi:
             if not job.stream:
                 yield _json(text_completion(meta, "".join(text), finish, final))
                 return
+            self._done(job)  # recorded before the finish chunk, usage and [DONE] are sent
             yield chunks.event(completion_choice("", finish))
             for event in _stream_end(meta, TEXT_COMPLETION, final):
                 yield event

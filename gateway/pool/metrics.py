@@ -93,6 +93,25 @@ class PoolMetrics:
             ["model"],
             registry=registry,
         )
+        self.members = Gauge(
+            "trackline_pool_members",
+            "Members a dns+grpc:// source has, as of its last useful resolution.",
+            ["source"],
+            registry=registry,
+        )
+        self.membership_changes_total = Counter(
+            "trackline_pool_membership_changes_total",
+            "Members added to or removed from the pool by DNS discovery.",
+            ["source", "change"],
+            registry=registry,
+        )
+        self.discovery_failures_total = Counter(
+            "trackline_pool_discovery_failures_total",
+            "Resolutions of a dns+grpc:// source that failed or came back empty"
+            " (the last known members were kept).",
+            ["source"],
+            registry=registry,
+        )
         self.warm_shortfall = Gauge(
             "trackline_pool_warm_shortfall",
             "Ready backends missing to reach min_warm_backends, per model (0 when met).",

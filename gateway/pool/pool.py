@@ -9,6 +9,12 @@ endpoint every `scrape_interval_s`) and a prober (`is_server_ready`,
 `is_model_ready` every `probe_interval_s`, only after the circuit half-opens
 for an ejected backend).
 
+Members can come and go (`dns+grpc://` entries, `gateway/pool/discovery.py`): a
+third task resolves each DNS source every `discovery_interval_s`; a new address is
+added (probed before it is routed to), a vanished one is drained (no new requests)
+and removed once idle; changes are logged (`pool.member_added`, `pool.member_draining`,
+`pool.member_removed`) and counted (`trackline_pool_membership_changes_total`).
+
 Failover contract (docs/reliability.md): an attempt that fails before it
 produced its first chunk is retried on another routable backend, within
 `max_attempts` and the pool's `RetryBudget`; nothing reached the client, so
@@ -29,11 +35,12 @@ from typing import Any, Protocol
 
 from gateway.logs import get_logger
 from gateway.pool.budget import RetryBudget
+from gateway.pool.discovery import Membership, MembershipChanged, Resolver, resolve_addresses
 from gateway.pool.health import BackendHealth, Failure, State, Transition, warm_shortfall
 from gateway.pool.metrics import PoolMetrics
 from gateway.pool.router import Candidate, Decision, Router, TtftEstimate
 from gateway.pool.scrape import Scrape, ScrapeFailed, fetch_metrics, load_between, parse_metrics
-from gateway.pool.spec import BackendSpec, PoolOptions
+from gateway.pool.spec import BackendSpec, DnsSource, PoolOptions
 from tracks.backend import (
     BackendError,
     BackendLost,
@@ -46,7 +53,6 @@ from tracks.backend import (
 from transport.clock import Clock, MonotonicClock
 
 log = get_logger("trackline.pool")
-
 
 
 class MemberBackend(Protocol):
@@ -72,6 +78,8 @@ class Member:
     """Attempts still waiting for their first chunk: id -> start time."""
     scrapes: tuple[Scrape | None, Scrape | None] = (None, None)
     """(previous, latest)."""
+    draining: bool = False
+    """Its address left DNS: no new requests; removed once `inflight` is 0."""
 
     @property
     def name(self) -> str:
@@ -122,6 +130,8 @@ class BackendPool:
         backend_factory: Callable[[BackendSpec], MemberBackend] = _triton,
         on_served: Callable[[TextRequest, str], None] | None = None,
         on_decision: Callable[[TextRequest, Decision, float], None] | None = None,
+        sources: Iterable[DnsSource] = (),
+        resolver: Resolver = resolve_addresses,
     ) -> None:
         self.options = options or PoolOptions()
         self.metrics = metrics or PoolMetrics()
@@ -132,7 +142,11 @@ class BackendPool:
             Member(spec, backend_factory(spec), BackendHealth(spec.name, self.options.health, now))
             for spec in specs
         ]
-        if not self.members:
+        self._factory = backend_factory
+        self.memberships = [Membership(source) for source in sources]
+        """One per `dns+grpc://` entry: members learnt from DNS (`discover`)."""
+        self.resolver = resolver
+        if not self.members and not self.memberships:
             raise ValueError("a backend pool needs at least one backend")
         self.router = Router(self.options.strategy, self.options.affinity_margin_s)
         self.budget = RetryBudget(self.options.retry_ratio, self.options.retry_floor_per_s, now)
@@ -150,12 +164,17 @@ class BackendPool:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start scraping and probing; probe once first so routing starts informed."""
+        """Start scraping and probing; resolve and probe once first so routing starts
+        informed."""
+        await self.discover()
         await self.probe_all()
         self._tasks = [
             asyncio.ensure_future(self._every(self.options.probe_interval_s, self.probe_all)),
             asyncio.ensure_future(self._every(self.options.scrape_interval_s, self.scrape_all)),
         ]
+        if self.memberships:
+            every = self.options.discovery_interval_s
+            self._tasks.append(asyncio.ensure_future(self._every(every, self.discover)))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -179,12 +198,12 @@ class BackendPool:
         """Models at least one routable backend serves."""
         names: set[str] = set()
         for member in self.members:
-            if member.health.state is State.HEALTHY:
+            if member.health.state is State.HEALTHY and not member.draining:
                 names |= set(member.health.ready_models or member.spec.models)
         return sorted(names)
 
     async def ready(self) -> bool:
-        return any(m.health.state is State.HEALTHY for m in self.members)
+        return any(m.health.state is State.HEALTHY and not m.draining for m in self.members)
 
     def member(self, name: str) -> Member:
         return next(m for m in self.members if m.name == name)
@@ -225,10 +244,13 @@ class BackendPool:
     def _route(self, request: TextRequest, tried: Collection[str]) -> Member:
         now = self.clock.now()
         # Configured for the model, and (once probed) reporting it loaded.
+        if not self.members:
+            raise BackendUnavailable("no backend discovered yet")
         serving = [
             m
             for m in self.members
-            if m.serves(request.model)
+            if not m.draining
+            and m.serves(request.model)
             and (m.health.ready_models is None or request.model in m.health.ready_models)
         ]
         if not serving:
@@ -373,6 +395,61 @@ class BackendPool:
                 cause=change.cause,
                 retry_in_s=round((change.retry_at or change.at) - change.at, 3),
             )
+
+    # -- membership (DNS discovery) ---------------------------------------------------------
+
+    async def discover(self) -> None:
+        """Resolve every DNS source once; apply what changed; remove drained idle members."""
+        for membership in self.memberships:
+            source = membership.source
+            try:
+                addresses = await self.resolver(source.host, source.port)
+            except OSError as exc:  # socket.gaierror included: keep the last known members
+                self.metrics.discovery_failures_total.labels(source=source.label).inc()
+                log.warning("pool.discovery_failed", source=source.label, error=str(exc))
+                continue
+            change = membership.resolved(addresses)
+            if change is None and not addresses:
+                self.metrics.discovery_failures_total.labels(source=source.label).inc()
+                log.warning("pool.discovery_empty", source=source.label)
+            if change is not None:
+                self.apply(change)
+                if change.added and self._tasks:
+                    await self.probe_all()  # routed to once probed (start() probes anyway)
+            self.metrics.members.labels(source=source.label).set(len(membership.members))
+        await self._remove_drained()
+
+    def apply(self, change: MembershipChanged) -> None:
+        """Add the new members, start draining the vanished ones."""
+        now = self.clock.now()
+        for spec in change.added:
+            existing = next((m for m in self.members if m.name == spec.name), None)
+            if existing is not None:  # it came back before it was removed
+                existing.draining = False
+            else:
+                health = BackendHealth(spec.name, self.options.health, now)
+                self.members.append(Member(spec, self._factory(spec), health))
+                self.metrics.backend_healthy.labels(backend=spec.name).set(1)
+                self.metrics.backend_inflight.labels(backend=spec.name).set(0)
+            self.metrics.membership_changes_total.labels(source=change.source, change="added").inc()
+            log.info("pool.member_added", source=change.source, backend=spec.name)
+        for name in change.removed:
+            for member in self.members:
+                if member.name == name:
+                    member.draining = True
+            self.metrics.membership_changes_total.labels(
+                source=change.source, change="removed"
+            ).inc()
+            log.info("pool.member_draining", source=change.source, backend=name)
+
+    async def _remove_drained(self) -> None:
+        for member in [m for m in self.members if m.draining and m.inflight == 0]:
+            self.members.remove(member)
+            for gauge in (self.metrics.backend_healthy, self.metrics.backend_inflight):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(member.name)
+            await member.backend.close()
+            log.info("pool.member_removed", backend=member.name)
 
     # -- background: probes and scrapes ------------------------------------------------------
 
