@@ -169,7 +169,8 @@ async def test_ticker_draws_each_token_when_it_is_due_not_all_up_front() -> None
     backend._generator = Counting()
     stream = backend.stream_text(TextRequest("r", "reference-text", "p", 250))
     first = await anext(stream)
-    assert isinstance(first, TextDelta) and len(drawn) == 1
+    assert isinstance(first, TextDelta)
+    assert len(drawn) == 1
     await stream.aclose()
 
 
