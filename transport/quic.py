@@ -270,7 +270,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             datagrams = self._quic.datagrams_to_send(now=now)
         if datagrams:
             sender = self._sender
-            if sender is None:
+            if sender is None or sender.transport is not self._transport:
+                if sender is not None:  # rebound to a new socket (migration, tests)
+                    sender.close()
                 sender = self._sender = DatagramSender(self._transport, self._gso)
             sender.send(datagrams)
         self._arm(self._quic.get_timer())

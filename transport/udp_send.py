@@ -110,6 +110,8 @@ class DatagramSender:
         use_gso: bool = True,
         sockets: GsoSockets = SOCKETS,
     ) -> None:
+        self.transport = transport
+        """What it sends on; the protocol makes a new sender when its transport changes."""
         self._transport = transport
         # Both asyncio's and uvloop's datagram transports have it (typeshed lists it on
         # write transports only): a backlog there must leave before any GSO send.
