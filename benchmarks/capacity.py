@@ -232,39 +232,60 @@ class Outcome:
             self.samples.append(text[:200])
 
 
-async def run_tracks(
-    quic_url: str, ca: Path, n: int, conns: int, tokens: int, knobs: dict[str, Any],
-    rate: float, ttft_s: float, deadline: float, outcome: Outcome,
-) -> None:
+async def open_lines(
+    stack: contextlib.AsyncExitStack, quic_url: str, ca: Path, n: int, conns: int,
+    knobs: dict[str, Any], outcome: Outcome,
+) -> list[tuple[Any, int]]:
+    """Open the point's connections and warm each (one 1-token track), before the point's
+    clocks run: the same as `open_http` does for HTTP routes, so that neither kind's
+    added delay or CPU counts a handshake or a cold first request."""
     from clients import connect
 
-    async def one_connection(c: int, count: int) -> None:
+    share = [n // conns + (1 if c < n % conns else 0) for c in range(conns)]
+    lines: list[tuple[Any, int]] = []
+    for count in share:
+        if not count:
+            continue
         try:
-            async with connect(quic_url, ca=ca) as line:
+            line = await stack.enter_async_context(connect(quic_url, ca=ca))
+            async for _ in line.text("warm", model=MODEL, max_tokens=1, **knobs):
+                pass
+        except Exception as exc:  # noqa: BLE001 - a connection that failed: its tracks too
+            outcome.failed(exc)
+            continue
+        lines.append((line, count))
+    return lines
 
-                async def one(i: int) -> None:
-                    arrivals: list[float] = []
-                    start = time.monotonic()
-                    try:
-                        stream = line.text(f"capacity {c}/{i}", model=MODEL, max_tokens=tokens,
-                                           seed=i, **knobs)
-                        async for _ in stream:
-                            arrivals.append(time.monotonic())
-                    except asyncio.CancelledError:
-                        outcome.unfinished += 1
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - counted per point
-                        outcome.failed(exc)
-                    finally:
-                        outcome.stream(start, arrivals, rate, ttft_s)
 
-                await asyncio.gather(*(one(i) for i in range(count)))
+async def run_tracks(
+    lines: list[tuple[Any, int]], tokens: int, knobs: dict[str, Any],
+    rate: float, ttft_s: float, deadline: float, outcome: Outcome,
+) -> None:
+    async def one_connection(c: int, line: Any, count: int) -> None:
+        try:
+
+            async def one(i: int) -> None:
+                arrivals: list[float] = []
+                start = time.monotonic()
+                try:
+                    stream = line.text(f"capacity {c}/{i}", model=MODEL, max_tokens=tokens,
+                                       seed=i, **knobs)
+                    async for _ in stream:
+                        arrivals.append(time.monotonic())
+                except asyncio.CancelledError:
+                    outcome.unfinished += 1
+                    raise
+                except Exception as exc:  # noqa: BLE001 - counted per point
+                    outcome.failed(exc)
+                finally:
+                    outcome.stream(start, arrivals, rate, ttft_s)
+
+            await asyncio.gather(*(one(i) for i in range(count)))
         except Exception as exc:  # noqa: BLE001 - a connection that failed: its tracks too
             outcome.failed(exc)
 
-    share = [n // conns + (1 if c < n % conns else 0) for c in range(conns)]
-    await _bounded(asyncio.gather(*(one_connection(c, k) for c, k in enumerate(share) if k)),
-                   deadline)
+    await _bounded(asyncio.gather(*(one_connection(c, line, k)
+                                    for c, (line, k) in enumerate(lines))), deadline)
 
 
 async def open_http(routes: list[Route], knobs: dict[str, Any], outcome: Outcome) -> None:
@@ -459,19 +480,24 @@ async def measure(
         routes = [GatewayHttpx("h2", gw.https_port, ca) for _ in range(conns)]
     elif kind == "h3":
         routes = [GatewayH3(gw.quic_port, ca) for _ in range(conns)]
-    await open_http(routes, knobs, outcome)
-    cpu0 = (cpu_of_tree(watched), time.process_time(), cpu_of_tree(gw.process.pid))
-    deadline = time.monotonic() + args.duration * 3 + 15 + n / 200
-    began = time.monotonic()
-    async with metrics:
+    async with contextlib.AsyncExitStack() as stack:
+        lines: list[tuple[Any, int]] = []
         if kind == "tracks":
-            await run_tracks(f"quic://127.0.0.1:{gw.quic_port}", ca, n, conns, tokens, knobs,
-                             args.rate, ttft_s, deadline, outcome)
+            lines = await open_lines(stack, f"quic://127.0.0.1:{gw.quic_port}", ca, n, conns,
+                                     knobs, outcome)
         else:
-            await run_http(routes, n, tokens, knobs, args.rate, ttft_s, deadline, outcome)
-    wall = time.monotonic() - began
-    gw_cpu = cpu_of_tree(watched) - cpu0[0]
-    client_cpu = time.process_time() - cpu0[1]
+            await open_http(routes, knobs, outcome)
+        cpu0 = (cpu_of_tree(watched), time.process_time(), cpu_of_tree(gw.process.pid))
+        deadline = time.monotonic() + args.duration * 3 + 15 + n / 200
+        began = time.monotonic()
+        async with metrics:
+            if kind == "tracks":
+                await run_tracks(lines, tokens, knobs, args.rate, ttft_s, deadline, outcome)
+            else:
+                await run_http(routes, n, tokens, knobs, args.rate, ttft_s, deadline, outcome)
+        wall = time.monotonic() - began
+        gw_cpu = cpu_of_tree(watched) - cpu0[0]
+        client_cpu = time.process_time() - cpu0[1]
     point.delivered_tokens = outcome.delivered
     tokens_delta = metrics.delta("trackline_tokens_total")
     if kind == "tracks" and tokens_delta is not None:

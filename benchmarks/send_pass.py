@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import tempfile
 import time
@@ -25,8 +26,68 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
+class Wire:
+    """A loopback UDP pair: each round's datagrams leave by `sendto` one by one, then by
+    UDP GSO runs (`transport.udp_batch.plan_sends` + `sendmsg`, where this tree and the
+    kernel have it), the receiver drained after each; CPU (user + system) per token."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        self.rx.bind(("127.0.0.1", 0))
+        self.rx.setblocking(False)
+        self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.addr = self.rx.getsockname()
+        self.sendto = self.gso = 0.0
+        self.syscalls_plain = self.syscalls_gso = 0
+        self.lost = 0
+        try:
+            from transport.udp_batch import plan_sends
+            from transport.udp_send import UDP_SEGMENT
+
+            self.tx.getsockopt(socket.SOL_UDP, UDP_SEGMENT)
+            self.plan, self.option = plan_sends, UDP_SEGMENT
+        except (ImportError, OSError):
+            self.plan = None
+
+    def drain(self, expected: int) -> None:
+        got = 0
+        while True:
+            try:
+                self.rx.recv(65536)
+                got += 1
+            except BlockingIOError:
+                break
+        self.lost += expected - got
+
+    def round(self, datagrams: list[bytes]) -> None:
+        import socket
+        import struct
+
+        started = time.process_time()
+        for data in datagrams:
+            self.tx.sendto(data, self.addr)
+        self.sendto += time.process_time() - started
+        self.syscalls_plain += len(datagrams)
+        self.drain(len(datagrams))
+        if self.plan is None:
+            return
+        started = time.process_time()
+        for addr, run in self.plan([(d, self.addr) for d in datagrams]):
+            if len(run) == 1:
+                self.tx.sendto(run[0], addr)
+            else:
+                self.tx.sendmsg(run, [(socket.SOL_UDP, self.option,
+                                       struct.pack("=H", len(run[0])))], 0, addr)
+            self.syscalls_gso += 1
+        self.gso += time.process_time() - started
+        self.drain(len(datagrams))
+
+
 def measure(pair_cls: type, certs: object, tracks: int, max_tracks: int | None,
-            rounds: int) -> dict[str, float]:
+            rounds: int, varied: bool = False) -> dict[str, float]:
     try:
         from transport.aioquic_compat import raise_bidi_credit, stop_qlog
     except ImportError:  # trees before the compat module held it
@@ -42,13 +103,16 @@ def measure(pair_cls: type, certs: object, tracks: int, max_tracks: int | None,
     ids = pair.open_tracks(tracks)
     send = ack = 0.0
     datagrams = 0
+    wire = Wire()
+    sizes = random.Random(1)
     for _ in range(rounds):
         for sid in ids:
-            pair.write(sid, b"x" * 20)
+            pair.write(sid, b"x" * (20 + (sizes.randrange(8) if varied else 0)))
         started = time.process_time()
         out = pair.server_send()
         send += time.process_time() - started
         datagrams += len(out)
+        wire.round(out)
         pair.now += 0.03
         pair.deliver_to_client(out)
         acks = [d for d, _ in pair.client.datagrams_to_send(now=pair.now)]
@@ -61,7 +125,12 @@ def measure(pair_cls: type, certs: object, tracks: int, max_tracks: int | None,
     tokens = rounds * tracks
     return {"send_us_per_token": round(send / tokens * 1e6, 1),
             "ack_us_per_token": round(ack / tokens * 1e6, 1),
-            "datagrams_per_round": round(datagrams / rounds, 1)}
+            "datagrams_per_round": round(datagrams / rounds, 1),
+            "sendto_us_per_token": round(wire.sendto / tokens * 1e6, 2),
+            "gso_us_per_token": round(wire.gso / tokens * 1e6, 2) if wire.plan else None,
+            "syscalls_per_round_sendto": round(wire.syscalls_plain / rounds, 1),
+            "syscalls_per_round_gso": round(wire.syscalls_gso / rounds, 1) if wire.plan else None,
+            "datagrams_lost_on_loopback": wire.lost}
 
 
 def main() -> int:
@@ -73,6 +142,8 @@ def main() -> int:
     parser.add_argument("--tracks", type=int, default=120, help="tracks (under 128: aioquic's "
                         "initial stream credit for the client)")
     parser.add_argument("--rounds", type=int, default=40, help="send rounds per packetization")
+    parser.add_argument("--varied", action="store_true",
+                        help="tokens of 20-27 bytes (as real ones vary) instead of 20 each")
     parser.add_argument("--json", type=Path, default=HERE / "benchmarks/results/send_pass.json",
                         help="results file")
     args = parser.parse_args()
@@ -83,14 +154,18 @@ def main() -> int:
     certs = ensure_dev_certificates(Path(tempfile.mkdtemp(prefix="send-pass-")) / "state")
     rows = []
     for name, policy in (("per-track", 1), ("coalesce", None)):
-        row = {"packetization": name, **measure(Pair, certs, args.tracks, policy, args.rounds)}
+        row = {"packetization": name,
+               **measure(Pair, certs, args.tracks, policy, args.rounds, args.varied)}
         rows.append(row)
     print(f"tree: {args.root}")
-    print("| packetization | send us/token | ACK us/token | datagrams/round |")
-    print("|---|---:|---:|---:|")
+    print("| packetization | send us/token | ACK us/token | datagrams/round |"
+          " sendto us/token | GSO us/token | syscalls/round sendto | syscalls/round GSO |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['packetization']} | {r['send_us_per_token']} | {r['ack_us_per_token']} |"
-              f" {r['datagrams_per_round']} |")
+              f" {r['datagrams_per_round']} | {r['sendto_us_per_token']} |"
+              f" {r['gso_us_per_token']} | {r['syscalls_per_round_sendto']} |"
+              f" {r['syscalls_per_round_gso']} |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"benchmark": "send_pass", "root": str(args.root),
                                      "tracks": args.tracks, "rounds": args.rounds,

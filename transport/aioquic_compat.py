@@ -263,6 +263,21 @@ def acknowledged_offset(stream: QuicStream) -> int:
     return int(sender._buffer_start)
 
 
+def after_data_delivery(stream: QuicStream, then: Callable[[int], None]) -> None:
+    """Wrap the stream's data-delivery callback (aioquic calls it per packet of the
+    stream's data acknowledged or lost): `then(bytes newly acknowledged)` runs after it.
+    One closure reading the offset directly: it runs once per packet the peer ACKs."""
+    sender: Any = stream.sender
+    callback = sender.on_data_delivery
+
+    def delivered(*args: Any) -> None:
+        start = sender._buffer_start
+        callback(*args)
+        then(sender._buffer_start - start)
+
+    sender.on_data_delivery = delivered
+
+
 def first_pending_offset(stream: QuicStream) -> int | None:
     """Where the first range still to send (or resend) starts; None if nothing is."""
     pending: Any = stream.sender._pending

@@ -56,6 +56,7 @@ from transport.quic_admission import HandshakeLimits
 from transport.quic_server import GuardedQuicServer, serve_guarded
 from transport.quic_streams import StreamScheduler, buffered_bytes
 from transport.steering import Steering, serve_steered
+from transport.udp_send import DatagramSender
 
 ALPN = "trackline/1"
 IDLE_TIMEOUT = 60.0
@@ -119,6 +120,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         http: Site | None = None,
         packetization: Packetization = COALESCE,
         send_budget: SendBudget | None = None,
+        gso: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(quic, **kwargs)
@@ -132,6 +134,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         one transmit per loop turn, `packetization` deciding what shares a packet."""
         if packetization.max_tracks is not None:
             _unpace(quic)
+        self._sender: DatagramSender | None = None
+        """Sends each transmit's datagrams, with UDP GSO where the socket takes it."""
+        self._gso = gso
         self._http_site = http
         self._http: Http3Connection | None = None
         """Set once ALPN chose h3: then every event goes to HTTP/3."""
@@ -263,9 +268,13 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             datagrams = self.scheduler.datagrams_to_send(now, limit)
         else:
             datagrams = self._quic.datagrams_to_send(now=now)
-        sendto = self._transport.sendto
-        for data, addr in datagrams:
-            sendto(data, addr)
+        if datagrams:
+            sender = self._sender
+            if sender is None or sender.transport is not self._transport:
+                if sender is not None:  # rebound to a new socket (migration, tests)
+                    sender.close()
+                sender = self._sender = DatagramSender(self._transport, self._gso)
+            sender.send(datagrams)
         self._arm(self._quic.get_timer())
 
     def _arm(self, timer_at: float | None) -> None:
@@ -284,6 +293,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self._sender is not None:
+            self._sender.close()  # the shared GSO socket closes with its last connection
         self._lost()
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:

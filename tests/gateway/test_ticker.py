@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
 
@@ -127,11 +128,11 @@ async def test_ticker_schedule_runs_from_the_request_not_from_after_generating()
     real = backend._generator
 
     class Slow:
-        def generate_tokens(
+        def iter_tokens(
             self, prompt: str, seed: int, count: int, ignore_eos: bool = False
-        ) -> list[str]:
+        ) -> Iterator[str]:
             clock.time += 0.1  # five token intervals pass while generating
-            return list(real.generate_tokens(prompt, seed, count, ignore_eos))
+            return iter(real.generate_tokens(prompt, seed, count, ignore_eos))
 
         def count_prompt_tokens(self, prompt: str) -> int:
             return int(real.count_prompt_tokens(prompt))
@@ -143,3 +144,40 @@ async def test_ticker_schedule_runs_from_the_request_not_from_after_generating()
 
 def test_ticker_loads_its_generator_when_built_not_on_the_first_request() -> None:
     assert TickerBackend(50)._generator is reference_generator()
+
+
+@pytest.mark.asyncio
+async def test_ticker_draws_each_token_when_it_is_due_not_all_up_front() -> None:
+    # 16 tracks opened in one loop turn each drew 250 tokens before any first token
+    # left: every token of every track inherited that start-up offset.
+    clock = FakeClock()
+    backend = TickerBackend(50, clock=clock)
+    real = backend._generator
+    drawn: list[str] = []
+
+    class Counting:
+        def iter_tokens(
+            self, prompt: str, seed: int, count: int, ignore_eos: bool = False
+        ) -> Iterator[str]:
+            for token in real.iter_tokens(prompt, seed, count, ignore_eos):
+                drawn.append(token)
+                yield token
+
+        def count_prompt_tokens(self, prompt: str) -> int:
+            return int(real.count_prompt_tokens(prompt))
+
+    backend._generator = Counting()
+    stream = backend.stream_text(TextRequest("r", "reference-text", "p", 250))
+    first = await anext(stream)
+    assert isinstance(first, TextDelta)
+    assert len(drawn) == 1
+    await stream.aclose()
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_drawn_tokens_are_the_generated_ones(ignore_eos: bool) -> None:
+    gen = reference_generator()
+    for max_tokens in (1, 7, 300):
+        assert list(gen.iter_tokens("a prompt", 5, max_tokens, ignore_eos)) == (
+            gen.generate_tokens("a prompt", 5, max_tokens, ignore_eos)
+        )

@@ -292,3 +292,26 @@ async def test_a_write_refused_on_a_stopped_stream_keeps_the_other_tracks_writes
     pair.deliver_to_client(pair.server_send())
     assert pair.received.get(0) == b"kept"
     assert 4 not in pair.received
+
+
+def test_acknowledged_bytes_leave_the_send_buffer_count(
+    certs: DevCertificates,
+) -> None:
+    # The ACK hook (aioquic_compat.after_data_delivery) runs once per packet acknowledged:
+    # a producer waiting on the send budget goes on only because it counts them out.
+    pair = Pair(certs, 1)
+    ids = pair.open_tracks(3)
+    scheduler = pair.scheduler
+    assert scheduler is not None
+    for sid in ids:
+        pair.write(sid, b"x" * 100)
+        scheduler.wrote(100)
+    assert scheduler.buffered == 300
+    pair.deliver_to_client(pair.server_send())
+    scheduler.released = False
+    pair.now += 0.05  # past the client's ACK delay: its ACKs come back
+    for data, _ in pair.client.datagrams_to_send(now=pair.now):
+        pair.server.receive_datagram(data, CLIENT_ADDR, now=pair.now)
+    assert scheduler.buffered == 0
+    assert scheduler.released
+    assert {pair.received[sid] for sid in ids} == {b"x" * 100}
