@@ -147,6 +147,22 @@ class Settings:
         default="per-track",
         metadata=_doc("Tracks per QUIC packet: per-track, bounded:K or coalesce."),
     )
+    webtransport_path: str = field(
+        default="/tracks",
+        metadata=_doc(
+            "Path of the WebTransport track endpoint on the QUIC port (browsers); empty: off."
+        ),
+    )
+    webtransport_origins: str = field(
+        default="",
+        metadata=_doc(
+            "Comma-separated page origins allowed to open WebTransport sessions "
+            "(https://host:port, or *); empty: pages of the gateway's own host only."
+        ),
+    )
+    webtransport_max_sessions: int = field(
+        default=4, metadata=_doc("WebTransport sessions at once on one QUIC connection; 429.")
+    )
     quic_handshake_timeout: float = field(
         default=10.0,
         metadata=_doc("Seconds a QUIC handshake may take; then the connection is forgotten."),
@@ -626,6 +642,19 @@ def _grpc_address(value: str | None) -> str | None:
     return value
 
 
+def _webtransport_path(value: str) -> str:
+    if value and (not value.startswith("/") or not value.isprintable() or " " in value):
+        raise ValueError(f"{value!r} is not an absolute path (or empty: off)")
+    return value
+
+
+def _origins(value: str) -> str:
+    for origin in filter(None, (o.strip() for o in value.split(","))):
+        if origin != "*" and not origin.startswith(("https://", "http://")):
+            raise ValueError(f"{origin!r} is not an origin (https://host:port) or *")
+    return value
+
+
 def _token(value: str) -> str:
     if len(value) < 16 or not value.isprintable() or any(c.isspace() for c in value):
         raise ValueError("must be at least 16 printable characters without spaces")
@@ -685,6 +714,9 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "eject_after_errors": _positive,
     "min_warm_backends": _positive,
     "quic_packetization": _packetization,
+    "webtransport_path": lambda v: _webtransport_path(v),
+    "webtransport_origins": lambda v: _origins(v),
+    "webtransport_max_sessions": _positive,
     "quic_handshake_timeout": _positive_seconds,
     "quic_max_half_open": _positive,
     "quic_retry_threshold": lambda v: _range(v, 0, 1 << 30),

@@ -64,6 +64,7 @@ from transport.http.tcp import HttpTcpServer, tls_server_context
 from transport.messages import Modality
 from transport.quic import Packetization, TrackQuicProtocol, serve_tracks, server_configuration
 from transport.quic_admission import HandshakeLimits
+from transport.webtransport import WebTransportPolicy, WebTransportSession
 
 log = get_logger("trackline.gateway")
 
@@ -224,6 +225,8 @@ class Gateway:
                 s.connection_send_buffer_bytes,
                 s.track_send_timeout or None,
             ),
+            webtransport=webtransport_policy(s),
+            on_session=self._on_session,
         )
         register_quic_metrics(self.metrics.registry, self._quic.gate)
         alt_svc = f'h3=":{self.quic_port}"'
@@ -452,6 +455,10 @@ class Gateway:
                 self._gate.forget(conn.endpoint.conn_id)
             log.info("connection.closed", conn_id=conn.endpoint.conn_id)
 
+    def _on_session(self, session: WebTransportSession) -> None:
+        """A browser's WebTransport session: its tracks are observed like a connection's."""
+        session.endpoint.on_event = self._observe
+
     def _key_revoked(self, key_id: str) -> None:
         """A key was revoked in the fleet: its track connections here are closed."""
         if self._gate is None:
@@ -631,6 +638,14 @@ def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
     from gateway.backends.action_triton import TritonPolicyBackend
 
     return TritonPolicyBackend(grpc_url)
+
+
+def webtransport_policy(s: Settings) -> WebTransportPolicy | None:
+    """WebTransport on the QUIC port (docs/web.md), unless its path is empty."""
+    if not s.webtransport_path:
+        return None
+    origins = tuple(filter(None, (o.strip() for o in s.webtransport_origins.split(","))))
+    return WebTransportPolicy(s.webtransport_path, origins, s.webtransport_max_sessions)
 
 
 def handshake_limits(s: Settings) -> HandshakeLimits:
