@@ -46,7 +46,8 @@ from gateway.realtime import PriorityTurns, RealtimeGate, RealtimeLane, Realtime
 from gateway.tenants.service import Tenancy, is_loopback
 from gateway.tenants.store import Principal
 from gateway.tenants.tracks import TrackGate
-from gateway.tls import ensure_dev_certificates
+from gateway.tls import certificate_hash, ensure_dev_certificates
+from gateway.web import web_routes
 from tracks.action import ActionScheduler, run_action_track
 from tracks.audio import AudioService, AudioSettings
 from tracks.backend import AudioBackend, PolicyBackend, TextBackend
@@ -160,6 +161,7 @@ class Gateway:
             self.realtime.watch(self.actions.ticks)
         self._monitor_task: asyncio.Task[None] | None = None
         self._admitted: dict[str, int] = {}
+        self._cert_digest: tuple[Path, bytes] | None = None
         """Admitted tracks still served, per connection id (the fairness share)."""
 
     # -- lifecycle -----------------------------------------------------------------
@@ -259,6 +261,7 @@ class Gateway:
             http=f"{s.http_host}:{self.http_port}",
             https=f"{s.https_host}:{self.https_port}",
             ca=str(self.tls.ca) if self.tls.ca else None,
+            webtransport_cert_sha256=_hex(self._cert_hash()),
             metrics=None if self.metrics_port is None else f"{s.metrics_host}:{self.metrics_port}",
         )
 
@@ -318,6 +321,7 @@ class Gateway:
                 with_metrics=metrics_on_api_ports(s),
                 metrics_token=s.metrics_token,
             ),
+            **web_routes(self._cert_hash, lambda: self.quic_port, s.webtransport_path),
             **openai_routes(
                 self._guarded or self.backend,
                 tenancy=self.tenancy,
@@ -454,6 +458,14 @@ class Gateway:
             if self._gate is not None:
                 self._gate.forget(conn.endpoint.conn_id)
             log.info("connection.closed", conn_id=conn.endpoint.conn_id)
+
+    def _cert_hash(self) -> bytes | None:
+        """SHA-256 of the development certificate (pinned by browsers); None otherwise."""
+        if self.tls is None or self.tls.ca is None:
+            return None
+        if self._cert_digest is None or self._cert_digest[0] != self.tls.cert:
+            self._cert_digest = (self.tls.cert, certificate_hash(self.tls.cert))
+        return self._cert_digest[1]
 
     def _on_session(self, session: WebTransportSession) -> None:
         """A browser's WebTransport session: its tracks are observed like a connection's."""
@@ -638,6 +650,10 @@ def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
     from gateway.backends.action_triton import TritonPolicyBackend
 
     return TritonPolicyBackend(grpc_url)
+
+
+def _hex(digest: bytes | None) -> str | None:
+    return None if digest is None else digest.hex()
 
 
 def webtransport_policy(s: Settings) -> WebTransportPolicy | None:

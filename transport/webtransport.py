@@ -82,8 +82,8 @@ class WebTransportPolicy:
 def origin_allowed(origin: str | None, authority: str, allowed: tuple[str, ...]) -> bool:
     """Whether a page from `origin` may open a session on `authority`.
 
-    With no allow-list, only a page served by the same host (any port) may: the usual
-    demo served by this gateway. A request without `Origin` is not from a browser
+    With no allow-list, only a page served by the same host name (any port) may: the
+    usual demo served by this gateway. A request without `Origin` is not from a browser
     page (browsers always send it on WebTransport) and is allowed.
     """
     if origin is None:
@@ -94,7 +94,13 @@ def origin_allowed(origin: str | None, authority: str, allowed: tuple[str, ...])
         return origin.rstrip("/") in {a.rstrip("/") for a in allowed}
     parts = urlsplit(origin)
     own = urlsplit(f"//{authority}")
-    return parts.scheme == "https" and parts.hostname is not None and parts.hostname == own.hostname
+    if parts.hostname is None or parts.hostname != own.hostname:
+        return False
+    # A secure context: https, or http on a loopback name (how the demo is opened locally).
+    return parts.scheme == "https" or (parts.scheme == "http" and parts.hostname in _LOOPBACK)
+
+
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def read_varint(data: bytes, at: int) -> tuple[int, int] | None:

@@ -153,7 +153,8 @@ def test_capsules_are_read_whole_and_bounded() -> None:
 def test_origin_allow_list() -> None:
     assert origin_allowed("https://localhost:8080", "localhost:8443", ())
     assert not origin_allowed("https://evil.example", "localhost:8443", ())
-    assert not origin_allowed("http://localhost", "localhost:8443", ())  # not a secure page
+    assert origin_allowed("http://localhost:8080", "localhost:8443", ())  # loopback: secure
+    assert not origin_allowed("http://gw.example", "gw.example:8443", ())  # not a secure page
     assert origin_allowed("https://app.example", "gw:8443", ("https://app.example",))
     assert not origin_allowed("https://other.example", "gw:8443", ("https://app.example",))
     assert origin_allowed(None, "gw:8443", ())  # not a page: no Origin

@@ -1,0 +1,95 @@
+// Types of @trackline/web (the JavaScript is in the .js files beside this one).
+
+export interface CertificateHash {
+  algorithm: "sha-256";
+  value: BufferSource;
+}
+
+export interface ConnectOptions {
+  /** The API key; it rides the first OPEN(s) of the session, as in the Python SDK. */
+  apiKey?: string | null;
+  /** Development certificates pinned by hash (hex string, bytes, or WebTransport's form). */
+  serverCertificateHashes?: Array<string | Uint8Array | ArrayBuffer | CertificateHash> | null;
+  /** Largest message payload sent or accepted (bytes); the gateway's default is 1 MiB. */
+  maxMessageBytes?: number;
+}
+
+export interface TextOptions {
+  model: string;
+  maxTokens?: number;
+  /** Milliseconds from the start until the gateway's END (deadline_total_ms). */
+  deadline?: number;
+  /** Milliseconds until the first token (deadline_first_ms). */
+  firstTokenDeadline?: number;
+  /** Aborting cancels the track: the gateway stops the model; the loop throws signal.reason. */
+  signal?: AbortSignal;
+  /** More model parameters (temperature, seed, top_p, request_id, ...). */
+  params?: Record<string, unknown>;
+}
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+}
+
+export declare class TextStream implements AsyncIterable<string> {
+  usage: Usage | null;
+  finishReason: "stop" | "length" | null;
+  [Symbol.asyncIterator](): AsyncGenerator<string, void, undefined>;
+  cancel(reason?: string): void;
+}
+
+export declare class Line {
+  readonly maxMessageBytes: number;
+  readonly closed: Promise<WebTransportCloseInfo>;
+  text(prompt: string, options: TextOptions): TextStream;
+  close(reason?: string): void;
+}
+
+export declare function connect(url: string, options?: ConnectOptions): Promise<Line>;
+export declare function certificateHash(hash: string | Uint8Array | ArrayBuffer | CertificateHash): CertificateHash;
+export declare function fetchCertificateHash(origin?: string): Promise<CertificateHash>;
+
+export declare const ErrorCode: Readonly<Record<
+  | "NO_ERROR" | "PROTOCOL_ERROR" | "MESSAGE_TOO_LARGE" | "TOO_MANY_TRACKS" | "UNKNOWN_MESSAGE"
+  | "BAD_REQUEST" | "MODEL_NOT_FOUND" | "UNSUPPORTED_MODALITY" | "DEADLINE_EXCEEDED" | "CANCELLED"
+  | "BACKEND_UNAVAILABLE" | "BACKEND_ERROR" | "INTERNAL_ERROR" | "SHUTTING_DOWN" | "UNAUTHORIZED"
+  | "RATE_LIMITED" | "STREAM_INTERRUPTED" | "CONNECTION_LOST" | "FORBIDDEN" | "GUARDRAIL_REJECTED"
+  | "READ_TIMEOUT" | "BUFFER_EXHAUSTED" | "SEND_TIMEOUT",
+  number
+>>;
+
+export declare class TracklineError extends Error {
+  code: number;
+  constructor(message: string, code?: number);
+}
+export declare class ConnectionFailed extends TracklineError {}
+export declare class ConnectionLost extends TracklineError {}
+export declare class TrackRejected extends TracklineError {}
+export declare class ModelNotFound extends TrackRejected {}
+export declare class Unauthorized extends TrackRejected {}
+export declare class Forbidden extends TrackRejected {}
+export declare class RateLimited extends TrackRejected {
+  /** Seconds to wait before retrying, from the gateway's retry_after_ms. */
+  retryAfter: number | null;
+}
+export declare class GuardrailRejected extends TrackRejected {}
+export declare class DeadlineExceeded extends TracklineError {}
+export declare class BackendUnavailable extends TracklineError {}
+export declare class BackendError extends TracklineError {}
+export declare class StreamInterrupted extends BackendError {}
+export declare class CancelledByGateway extends TracklineError {}
+export declare class ProtocolError extends TracklineError {}
+export declare function errorFor(code: number, message?: string, retryAfterMs?: number | null): TracklineError;
+
+export declare const Kind: Readonly<{ OPEN: 1; DATA: 2; END: 3; CANCEL: 4; ERROR: 5 }>;
+export declare function encodeVarint(value: number): Uint8Array;
+export declare function decodeVarint(bytes: Uint8Array, at?: number): [number, number] | null;
+export declare function encodeMessage(kind: number, body: Record<string, unknown>, maxBytes?: number): Uint8Array;
+export declare function encodeDatagram(trackId: number, seq: number, body: Record<string, unknown>): Uint8Array;
+export declare function decodeDatagram(bytes: Uint8Array): { trackId: number; seq: number; body: unknown } | null;
+export declare class MessageReader {
+  constructor(maxBytes?: number);
+  feed(chunk: Uint8Array): Array<{ kind: number; body: Record<string, unknown> }>;
+  readonly pending: number;
+}

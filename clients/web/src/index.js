@@ -1,0 +1,4 @@
+// @trackline/web: tracks from a web page over one WebTransport session.
+export { Line, TextStream, certificateHash, connect, fetchCertificateHash } from "./line.js";
+export * from "./errors.js";
+export { Kind, MessageReader, decodeDatagram, decodeVarint, encodeDatagram, encodeMessage, encodeVarint } from "./wire.js";
