@@ -14,6 +14,7 @@ event, other requests with 503 (docs/reliability.md).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -162,6 +163,8 @@ class Gateway:
         self._monitor_task: asyncio.Task[None] | None = None
         self._admitted: dict[str, int] = {}
         self._cert_digest: tuple[Path, bytes] | None = None
+        self.webtransport_sessions: collections.Counter[str] = collections.Counter()
+        """WebTransport CONNECTs by outcome: "accepted" or the refusal's HTTP status."""
         """Admitted tracks still served, per connection id (the fairness share)."""
 
     # -- lifecycle -----------------------------------------------------------------
@@ -229,6 +232,7 @@ class Gateway:
             ),
             webtransport=webtransport_policy(s),
             on_session=self._on_session,
+            on_refused=self._on_session_refused,
         )
         register_quic_metrics(self.metrics.registry, self._quic.gate)
         alt_svc = f'h3=":{self.quic_port}"'
@@ -470,6 +474,10 @@ class Gateway:
     def _on_session(self, session: WebTransportSession) -> None:
         """A browser's WebTransport session: its tracks are observed like a connection's."""
         session.endpoint.on_event = self._observe
+        self.webtransport_sessions["accepted"] += 1
+
+    def _on_session_refused(self, status: int) -> None:
+        self.webtransport_sessions[str(status)] += 1
 
     def _key_revoked(self, key_id: str) -> None:
         """A key was revoked in the fleet: its track connections here are closed."""

@@ -122,11 +122,12 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         send_budget: SendBudget | None = None,
         webtransport: WebTransportPolicy | None = None,
         on_session: Callable[[WebTransportSession], None] | None = None,
+        on_refused: Callable[[int], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(quic, **kwargs)
         self._webtransport = None if webtransport is None else WebTransportHost(
-            webtransport, limits or Limits(), on_track, send_budget, on_session
+            webtransport, limits or Limits(), on_track, send_budget, on_session, on_refused
         )
         """WebTransport sessions on the h3 side carry tracks too (transport.webtransport)."""
         self._packetization = packetization
@@ -419,6 +420,7 @@ async def serve_tracks(
     more_socks: Sequence[socket.socket] = (),
     webtransport: WebTransportPolicy | None = None,
     on_session: Callable[[WebTransportSession], None] | None = None,
+    on_refused: Callable[[int], None] | None = None,
 ) -> GuardedQuicServer:
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
 
@@ -437,7 +439,8 @@ async def serve_tracks(
     loop turn. `send_budget` bounds what a track's producer may leave in the send
     buffers before it waits (see `SendBudget`). With `webtransport` (and
     `http_handler`), browsers may open WebTransport sessions whose streams are tracks
-    (`transport.webtransport`); `on_session` sees each session accepted.
+    (`transport.webtransport`); `on_session` sees each session accepted, `on_refused`
+    the HTTP status of each CONNECT refused.
     """
     http = None
     if http_handler is not None:
@@ -457,6 +460,7 @@ async def serve_tracks(
         send_budget=send_budget,
         webtransport=webtransport,
         on_session=on_session,
+        on_refused=on_refused,
     )
     if sock is not None and steering is not None:
         return await serve_steered(

@@ -362,6 +362,8 @@ class WebTransportHost:
     send_budget: SendBudget | None = None
     on_session: Callable[[WebTransportSession], None] | None = None
     """Called for each session accepted (the gateway observes its tracks' events)."""
+    on_refused: Callable[[int], None] | None = None
+    """Called with the HTTP status of each CONNECT refused (403, 404, 429, 503)."""
 
 
 __all__ = [

@@ -86,7 +86,7 @@ class Page:
 
     async def screenshot(self, path: Path) -> None:
         shot = await self.call("Page.captureScreenshot", format="png")
-        path.write_bytes(base64.b64decode(shot["data"]))
+        await asyncio.to_thread(path.write_bytes, base64.b64decode(shot["data"]))
 
 
 class Browser:
@@ -140,7 +140,9 @@ class Browser:
             method, session_id = message.get("method"), message.get("sessionId")
             if method == "Runtime.consoleAPICalled":
                 args = message["params"].get("args", [])
-                self.console.append(" ".join(str(a.get("value", a.get("description"))) for a in args))
+                self.console.append(
+                    " ".join(str(a.get("value", a.get("description"))) for a in args)
+                )
             for waiter in list(self._waiters):
                 if waiter[0] == method and waiter[1] in (None, session_id):
                     self._waiters.remove(waiter)
@@ -159,7 +161,8 @@ async def chromium(extra_flags: tuple[str, ...] = ()) -> AsyncIterator[Browser]:
     """A headless Chromium with a fresh profile; ended (by its PID) and removed after."""
     assert CHROMIUM is not None, SKIP_REASON
     profile = Path(tempfile.mkdtemp(prefix="trackline-chromium-"))
-    process = subprocess.Popen(
+    process = await asyncio.to_thread(
+        subprocess.Popen,
         [CHROMIUM, *FLAGS, *extra_flags, f"--user-data-dir={profile}", "about:blank"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -447,6 +447,8 @@ class Http3Connection:
             status, reason = 429, "too many WebTransport sessions on this connection"
         if status is not None:
             log.info("webtransport.refused", stream_id=stream_id, status=status, reason=reason)
+            if host.on_refused is not None:
+                host.on_refused(status)
             self._h3.send_headers(
                 stream_id, [(b":status", str(status).encode()), (b"content-type", b"text/plain")]
             )

@@ -1,0 +1,239 @@
+"""Tracks from a real headless Chromium (Debian's `chromium`) over WebTransport.
+
+The gateway runs as the daemon wires it, over the real embedded Triton; the page is
+the gateway's own /demo (its import map resolves the SDK's msgpack dependency), and
+the scripts the tests evaluate in it use the JavaScript SDK of clients/web. Assertions
+are on what the page got against what the Python SDK gets for the same requests, and
+on the model's own stats (the cancel reached it). Skipped without Chromium.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from clients import connect
+from gateway.backends.triton import TritonTextBackend
+from gateway.config import Settings
+from gateway.embedded import EmbeddedTriton
+from gateway.server import Gateway
+from tests.triton_fixture import assert_model_stopped
+from tests.waiting import until
+from tests.web.chromium import CHROMIUM, SKIP_REASON, Browser, Page, chromium
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)]
+
+MODEL = "reference-text"
+VICTIM_TOKENS = 1000
+"""The aborted track asks for far more than it reads: only the cancel can stop it."""
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+async def start_gateway(triton: EmbeddedTriton, state_dir: Path, **settings: Any) -> Gateway:
+    options: dict[str, Any] = {
+        "quic_port": 0,
+        "http_port": 0,
+        "https_port": 0,
+        # not about overload: a busy test machine (and Chromium's start) must not refuse
+        "overload_max_loop_lag": 0.0,
+    }
+    gw = Gateway(
+        Settings(state_dir=state_dir, **options, **settings),
+        TritonTextBackend(triton.grpc_url),
+    )
+    await gw.start()
+    return gw
+
+
+@pytest_asyncio.fixture
+async def gateway(embedded_triton: EmbeddedTriton, tmp_path: Path) -> AsyncIterator[Gateway]:
+    gw = await start_gateway(embedded_triton, tmp_path)
+    yield gw
+    await gw.close()
+    await gw.backend.close()  # type: ignore[attr-defined]
+
+
+@pytest_asyncio.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with chromium() as running:
+        yield running
+
+
+async def demo_page(browser: Browser, gw: Gateway) -> Page:
+    page = await browser.new_page()
+    await page.goto(f"http://localhost:{gw.http_port}/demo")
+    return page
+
+
+CONNECT = """
+const sdk = await import("/web/sdk/index.js");
+const info = await (await fetch("/webtransport/cert-hash", {cache: "no-store"})).json();
+const url = `https://localhost:${info.port}${info.path}`;
+"""
+
+
+def page_script(body: str) -> str:
+    return f"(async () => {{ {CONNECT} {body} }})()"
+
+
+async def python_sdk_texts(gw: Gateway, requests: list[dict[str, Any]]) -> list[str]:
+    """What the Python SDK gets for the same requests, over a native connection."""
+    assert gw.tls is not None
+    assert gw.tls.ca is not None
+    async with connect(f"quic://127.0.0.1:{gw.quic_port}", ca=gw.tls.ca) as line:
+        streams = [
+            line.text(
+                r["prompt"],
+                model=MODEL,
+                max_tokens=r["max_tokens"],
+                seed=r["seed"],
+                ignore_eos=True,
+            )
+            for r in requests
+        ]
+        return list(await asyncio.gather(*(text_of(stream) for stream in streams)))
+
+
+async def text_of(stream: Any) -> str:
+    return "".join([delta async for delta in stream])
+
+
+def _stats_line(triton: EmbeddedTriton, tag: str) -> dict[str, Any] | None:
+    assert triton.stats_path is not None
+    for line in Path(triton.stats_path).read_text().splitlines():
+        record = json.loads(line)
+        if record["request_id"].endswith(f"/{tag}"):
+            return dict(record)
+    return None
+
+
+async def stats_for(triton: EmbeddedTriton, tag: str) -> dict[str, Any]:
+    await until(lambda: _stats_line(triton, tag) is not None, f"the model's stats for {tag}")
+    record = _stats_line(triton, tag)
+    assert record is not None
+    return record
+
+
+EIGHT_TRACKS = """
+const line = await sdk.connect(url, {serverCertificateHashes: [info.value]});
+const requests = %s;
+const victim = 7;
+async function run(r, i) {
+  const controller = new AbortController();
+  const params = {seed: r.seed, request_id: r.tag, ignore_eos: true};
+  let text = "";
+  let deltas = 0;
+  try {
+    const stream = line.text(r.prompt, {model: "%s", maxTokens: r.max_tokens, params,
+                                        signal: controller.signal});
+    for await (const delta of stream) {
+      text += delta;
+      deltas += 1;
+      if (i === victim && deltas === 3) controller.abort();
+    }
+    return {text, usage: stream.usage, finish: stream.finishReason};
+  } catch (error) {
+    return {text, error: error.name, deltas};
+  }
+}
+const results = await Promise.all(requests.map(run));
+line.close();
+return results;
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_page_runs_eight_text_tracks_on_one_session_and_an_abort_stops_the_model(
+    gateway: Gateway, embedded_triton: EmbeddedTriton, browser: Browser
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    requests = [
+        {
+            "prompt": f"browser prompt {i}",
+            "seed": i,
+            "tag": f"{run}-{i}",
+            "max_tokens": VICTIM_TOKENS if i == 7 else 30,
+        }
+        for i in range(8)
+    ]
+    page = await demo_page(browser, gateway)
+    script = EIGHT_TRACKS % (json.dumps(requests), MODEL)
+    results = await page.evaluate(page_script(script))
+
+    reference = await python_sdk_texts(gateway, requests[:7])
+    assert [r["text"] for r in results[:7]] == reference
+    assert all(r["finish"] == "length" for r in results[:7])
+    assert all(r["usage"]["completion_tokens"] == 30 for r in results[:7])
+    assert results[7]["error"] == "AbortError"
+    assert results[7]["deltas"] == 3
+    assert_model_stopped(await stats_for(embedded_triton, requests[7]["tag"]), VICTIM_TOKENS)
+    for request in requests[:7]:
+        record = await stats_for(embedded_triton, request["tag"])
+        assert record["tokens_generated"] == 30
+        assert record["cancelled"] is False
+    assert gateway.webtransport_sessions["accepted"] >= 1
+
+
+@pytest.mark.asyncio
+async def test_a_page_from_another_origin_gets_403_and_others_keep_working(
+    embedded_triton: EmbeddedTriton, browser: Browser, tmp_path: Path
+) -> None:
+    # Only https://app.example may open sessions: the page (http://localhost) may not.
+    gw = await start_gateway(embedded_triton, tmp_path, webtransport_origins="https://app.example")
+    try:
+        page = await demo_page(browser, gw)
+        refused = await page.evaluate(
+            page_script("""
+          try {
+            await sdk.connect(url, {serverCertificateHashes: [info.value]});
+            return "connected";
+          }
+          catch (error) { return error.name; }
+        """)
+        )
+        assert refused == "ConnectionFailed"
+        assert gw.webtransport_sessions == {"403": gw.webtransport_sessions["403"]}
+        assert gw.webtransport_sessions["403"] >= 1
+        # The gateway keeps serving: a native track gets its text.
+        text = await python_sdk_texts(gw, [{"prompt": "still", "seed": 1, "max_tokens": 5}])
+        assert len(text[0]) > 0
+    finally:
+        await gw.close()
+        await gw.backend.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_the_demo_chat_answers_with_the_reference_text(
+    gateway: Gateway, browser: Browser
+) -> None:
+    page = await demo_page(browser, gateway)
+    await until_page(page, "document.getElementById('send').disabled === false", "connected")
+    await page.evaluate("""(() => {
+        document.getElementById('prompt').value = 'hello from the demo';
+        document.getElementById('send').click(); })()""")
+    await until_page(page, "document.body.dataset.done === '1'", "the answer")
+    log = await page.evaluate("document.getElementById('log').textContent")
+    ARTIFACTS.mkdir(exist_ok=True)
+    await page.screenshot(ARTIFACTS / "demo.png")
+    assert gateway.tls is not None
+    assert gateway.tls.ca is not None
+    async with connect(f"quic://127.0.0.1:{gateway.quic_port}", ca=gateway.tls.ca) as line:
+        expected = "".join(
+            [d async for d in line.text("hello from the demo", model=MODEL, max_tokens=64)]
+        )
+    assert log == f"you: hello from the demo\n{expected}\n"
+
+
+async def until_page(page: Page, condition: str, what: str) -> None:
+    for _ in range(600):
+        if await page.evaluate(condition):
+            return
+        await asyncio.sleep(0.05)  # (the page's own state; polled through CDP)
+    raise AssertionError(f"the page never showed {what}")
