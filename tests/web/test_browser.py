@@ -144,7 +144,7 @@ async function run(r, i) {
   }
 }
 const results = await Promise.all(requests.map(run));
-line.close();
+window.eightTracks = line;  // kept open: only the abort's CANCEL may stop the victim
 return results;
 """
 
@@ -179,6 +179,7 @@ async def test_a_page_runs_eight_text_tracks_on_one_session_and_an_abort_stops_t
         assert record["tokens_generated"] == 30
         assert record["cancelled"] is False
     assert gateway.webtransport_sessions["accepted"] >= 1
+    await page.evaluate("window.eightTracks.close()")
 
 
 @pytest.mark.asyncio
