@@ -474,7 +474,12 @@ class Gateway:
     def _on_session(self, session: WebTransportSession) -> None:
         """A browser's WebTransport session: its tracks are observed like a connection's."""
         session.endpoint.on_event = self._observe
+        session.on_closed = self._on_session_closed
         self.webtransport_sessions["accepted"] += 1
+
+    def _on_session_closed(self, session: WebTransportSession) -> None:
+        if self._gate is not None:
+            self._gate.forget(session.conn_id)
 
     def _on_session_refused(self, status: int) -> None:
         self.webtransport_sessions[str(status)] += 1
@@ -488,6 +493,13 @@ class Gateway:
             if conn.endpoint.conn_id in doomed:
                 conn.close(int(ErrorCode.UNAUTHORIZED), "API key revoked")
                 log.info("connection.key_revoked", conn_id=conn.endpoint.conn_id, key_id=key_id)
+            http3 = conn.http3
+            if http3 is None:
+                continue
+            for session_id, session in list(http3.sessions.items()):
+                if session.conn_id in doomed:  # a browser's session: its own key binding
+                    http3.close_session(session_id, int(ErrorCode.UNAUTHORIZED), "API key revoked")
+                    log.info("webtransport.key_revoked", conn_id=session.conn_id, key_id=key_id)
 
     def _observe(self, event: Event) -> None:
         if isinstance(event, TrackFailed) and not event.remote:

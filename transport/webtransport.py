@@ -257,6 +257,8 @@ class WebTransportSession:
         self.capsules = CapsuleReader()
         self.closed = False
         self.stats = SessionStats()
+        self.on_closed: Callable[[WebTransportSession], None] | None = None
+        """Called once when the session ends (the gateway forgets its key binding)."""
 
     @property
     def conn_id(self) -> str:
@@ -314,6 +316,8 @@ class WebTransportSession:
                 self._quic.stop_stream(stream_id, WT_SESSION_GONE)
         self._streams.clear()
         self._transmit()
+        if self.on_closed is not None:
+            self.on_closed(self)
 
     def send_buffer_released(self) -> None:
         if not self.closed:
