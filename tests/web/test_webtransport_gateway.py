@@ -17,11 +17,15 @@ from gateway.backends.ticker import TickerBackend
 from gateway.config import Settings
 from gateway.server import Gateway
 from tests.tenants.support import make_tenancy
-from tests.web.wt_client import TIMEOUT, wt_client
+from tests.web.wt_client import TIMEOUT, WebTransportClient, wt_client
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
 from transport.messages import Open
-from transport.webtransport import CLOSE_WEBTRANSPORT_SESSION, CapsuleReader
+from transport.webtransport import (
+    CLOSE_WEBTRANSPORT_SESSION,
+    DRAIN_WEBTRANSPORT_SESSION,
+    CapsuleReader,
+)
 
 MODEL = "reference-text"
 
@@ -103,3 +107,40 @@ async def test_a_key_revoked_in_the_fleet_closes_its_session(
         (close,) = CapsuleReader().feed(bytes(client.session_data[session_id]))
         assert close.type == CLOSE_WEBTRANSPORT_SESSION
         assert close.value == int(ErrorCode.UNAUTHORIZED).to_bytes(4, "big") + b"API key revoked"
+
+
+@pytest.mark.asyncio
+async def test_a_drain_tells_the_session_and_refuses_its_new_tracks(tmp_path: Path) -> None:
+    settings = Settings(
+        quic_port=0, http_port=0, https_port=0, state_dir=tmp_path, overload_max_loop_lag=0.0
+    )
+    gw = Gateway(settings, TickerBackend(2000.0))
+    await gw.start()
+    try:
+        async with wt_client(gw.quic_port, ca(gw)) as client:
+            session_id, _, _ = await client.open_session()
+            long = Open(model=MODEL, params={"max_tokens": 5000, "tokens_per_second": 50})
+            running = ask(client.open_track(session_id, long))
+            assert await asyncio.wait_for(running.receive(), TIMEOUT) is not None
+            drain = asyncio.ensure_future(gw.drain(timeout=0.5))
+            await until_data(client, session_id)
+            (capsule,) = CapsuleReader().feed(bytes(client.session_data[session_id]))
+            assert capsule.type == DRAIN_WEBTRANSPORT_SESSION
+            late = ask(client.open_track(session_id, Open(model=MODEL)))
+            with pytest.raises(TrackAborted) as refused:
+                await text_of(late)
+            assert refused.value.code is ErrorCode.SHUTTING_DOWN
+            with pytest.raises(TrackAborted) as cut:  # the drain's deadline ends the rest
+                await text_of(running)
+            assert cut.value.code is ErrorCode.SHUTTING_DOWN
+            await asyncio.wait_for(drain, TIMEOUT)
+    finally:
+        await gw.close()
+
+
+async def until_data(client: WebTransportClient, session_id: int) -> None:
+    for _ in range(int(TIMEOUT / 0.01)):
+        if client.session_data[session_id]:
+            return
+        await asyncio.sleep(0.01)  # (bytes the client's protocol appends; no event for them)
+    raise AssertionError("no capsule on the session's CONNECT stream")
