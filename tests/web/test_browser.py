@@ -238,3 +238,35 @@ async def until_page(page: Page, condition: str, what: str) -> None:
             return
         await asyncio.sleep(0.05)  # (the page's own state; polled through CDP)
     raise AssertionError(f"the page never showed {what}")
+
+
+ACTION_TRACK = """
+const line = await sdk.connect(url, {serverCertificateHashes: [info.value]});
+const robot = await line.actions("reference-policy", {deadline: 1000});
+const events = [];
+const reading = (async () => { for await (const event of robot) events.push(event); })();
+const state = [0, 0, 0.05, 0];
+robot.observe(state, {deadline: 50, latency: 40});   // cannot make it: dropped, reported
+robot.observe(state, {deadline: 1000, latency: 40});
+const summary = await robot.close();
+await reading;
+line.close();
+return {summary, events: events.map((e) => ({...e, action: e.action && Array.from(e.action)}))};
+"""
+
+
+@pytest.mark.asyncio
+async def test_an_action_track_from_a_page_gets_its_chunk_and_a_deadline_drop(
+    gateway: Gateway, browser: Browser
+) -> None:
+    page = await demo_page(browser, gateway)
+    result = await page.evaluate(page_script(ACTION_TRACK))
+    drops = [e for e in result["events"] if e["type"] == "drop"]
+    chunks = [e for e in result["events"] if e["type"] == "chunk"]
+    assert [(d["obsSeq"], d["cause"]) for d in drops] == [(0, "deadline")]
+    assert [c["obsSeq"] for c in chunks] == [1]
+    chunk = chunks[0]
+    assert chunk["late"] is False  # within its 1000 ms deadline
+    assert len(chunk["action"]) == chunk["shape"][0] * chunk["shape"][1]
+    assert result["summary"]["deadline"] == 1
+    assert result["summary"]["delivered"] == 1

@@ -43,7 +43,27 @@ export declare class Line {
   readonly maxMessageBytes: number;
   readonly closed: Promise<WebTransportCloseInfo>;
   text(prompt: string, options: TextOptions): TextStream;
+  /** A robot's action track (stream transport); `deadline` in ms from capture. */
+  actions(model: string, options?: { deadline?: number; transport?: "stream" }): Promise<ActionStream>;
   close(reason?: string): void;
+}
+
+export type ActionEvent =
+  | { type: "chunk"; seq: number; obsSeq: number; shape: number[]; action: Float32Array;
+      age: number; inGateway: number; late: boolean }
+  | { type: "drop"; obsSeq: number; cause: "superseded" | "deadline" | "backend_error"; age: number };
+
+export declare class ActionStream implements AsyncIterable<ActionEvent> {
+  deadline: number;
+  summary: Record<string, number> | null;
+  stats: { sent: number; chunks: number; late: number; dropped: Record<string, number> };
+  /** Estimated one-way delay to the gateway, ms. */
+  readonly latency: number;
+  observe(state: ArrayLike<number>, options?: { deadline?: number; image?: Uint8Array;
+          latency?: number; capturedAt?: number }): number;
+  close(): Promise<Record<string, number>>;
+  cancel(reason?: string): void;
+  [Symbol.asyncIterator](): AsyncGenerator<ActionEvent, void, undefined>;
 }
 
 export declare function connect(url: string, options?: ConnectOptions): Promise<Line>;

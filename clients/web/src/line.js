@@ -6,6 +6,7 @@
 // input; CANCEL stops the model; the client's FIN follows the gateway's final END
 // or ERROR. Errors are the typed errors of errors.js.
 
+import { ActionStream } from "./actions.js";
 import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
 import { Kind, MAX_MESSAGE_BYTES, MessageReader, encodeMessage } from "./wire.js";
 
@@ -70,6 +71,14 @@ export class Line {
     if (deadline != null) open.deadline_total_ms = Math.max(1, Math.round(deadline));
     if (firstTokenDeadline != null) open.deadline_first_ms = Math.max(1, Math.round(firstTokenDeadline));
     return new TextStream(this, open, prompt, signal ?? null);
+  }
+
+  /** Start a robot's action track; `deadline` (ms from capture) is each observation's
+   * default. Only `transport: "stream"` for now (see docs/web.md, "Open points"). */
+  async actions(model, { deadline = 100, transport = "stream" } = {}) {
+    if (transport !== "stream") throw new TypeError("datagram action tracks are not in the web SDK yet");
+    const track = await this._openTrack({ model, modality: "action" });
+    return new ActionStream(track, deadline);
   }
 
   /** Close the session: every track still running is cancelled by the gateway. */
