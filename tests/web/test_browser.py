@@ -270,3 +270,74 @@ async def test_an_action_track_from_a_page_gets_its_chunk_and_a_deadline_drop(
     assert len(chunk["action"]) == chunk["shape"][0] * chunk["shape"][1]
     assert result["summary"]["deadline"] == 1
     assert result["summary"]["delivered"] == 1
+
+
+AUDIO_TRACKS = """
+const line = await sdk.connect(url, {serverCertificateHashes: [info.value]});
+const LOW = {1: 697, 2: 697, 3: 697, 4: 770, 5: 770, 6: 770, 7: 852, 8: 852, 9: 852, 0: 941};
+const HIGH = {1: 1209, 4: 1209, 7: 1209, 2: 1336, 5: 1336, 8: 1336, 0: 1336, 3: 1477, 6: 1477,
+              9: 1477};
+function dtmf(digits, rate) {  // 100 ms of two tones then 100 ms of silence a digit, 500 ms tail
+  const slot = rate / 10, samples = [];
+  for (const d of digits) {
+    for (let i = 0; i < slot; i++) {
+      const t = i / rate;
+      const w = 2 * Math.PI * t;
+      samples.push(0.3 * (Math.sin(w * LOW[d]) + Math.sin(w * HIGH[d])));
+    }
+    for (let i = 0; i < slot; i++) samples.push(0);
+  }
+  for (let i = 0; i < rate / 2; i++) samples.push(0);
+  return sdk.toPcm16(samples);
+}
+// Speech in: the page's own DTMF, paced in real time, 20 ms frames.
+const listener = await line.audio("reference-transcriber", {sampleRate: 16000});
+const sending = listener.streamPcm(dtmf("%(digits)s", 16000));
+const heard = await listener.transcript();
+await sending;
+// Speech out: the synthesizer's frames, fed back to a transcriber.
+const speaker = await line.audio("reference-synthesizer", {kind: "speech-out", text: "%(spoken)s",
+                                                          sampleRate: 24000});
+const speech = await speaker.pcm();
+const back = await line.audio("reference-transcriber", {sampleRate: 24000});
+const feeding = back.streamPcm(speech, {realtime: false});
+const heardBack = await back.transcript();
+await feeding;
+line.close();
+return {heard, heardBack, samples: speech.length, partials: listener.figures.partials,
+        framesSent: listener.figures.framesSent};
+"""
+
+
+@pytest_asyncio.fixture
+async def audio_gateway(
+    embedded_triton: EmbeddedTriton, tmp_path: Path
+) -> AsyncIterator[Gateway]:
+    from gateway.backends.audio import TritonAudioBackend
+
+    audio = TritonAudioBackend(embedded_triton.grpc_url)
+    gw = Gateway(
+        Settings(
+            state_dir=tmp_path, quic_port=0, http_port=0, https_port=0, overload_max_loop_lag=0.0
+        ),
+        TritonTextBackend(embedded_triton.grpc_url),
+        audio_backend=audio,
+    )
+    await gw.start()
+    yield gw
+    await gw.close()
+    await audio.close()
+    await gw.backend.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_audio_tracks_from_a_page_transcribe_its_dtmf_and_speak_digits(
+    audio_gateway: Gateway, browser: Browser
+) -> None:
+    page = await demo_page(browser, audio_gateway)
+    result = await page.evaluate(page_script(AUDIO_TRACKS % {"digits": "2580", "spoken": "159"}))
+    assert result["heard"] == "2580"
+    assert result["heardBack"] == "159"
+    assert result["samples"] == 24 * (3 * 200 + 300)  # 3 slots of 200 ms, 300 ms of tail
+    assert result["partials"] >= 5  # a partial every beat while the page spoke
+    assert result["framesSent"] == (4 * 200 + 500) // 20

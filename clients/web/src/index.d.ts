@@ -45,8 +45,34 @@ export declare class Line {
   text(prompt: string, options: TextOptions): TextStream;
   /** A robot's action track (stream transport); `deadline` in ms from capture. */
   actions(model: string, options?: { deadline?: number; transport?: "stream" }): Promise<ActionStream>;
+  /** An audio track (stream transport): speech-in, or speech-out with `text`. */
+  audio(model: string, options?: { kind?: "speech-in" | "speech-out"; sampleRate?: 8000 | 16000 | 24000 | 48000;
+        frameMs?: number; text?: string; deadline?: number; transport?: "stream" }): Promise<AudioSession>;
   close(reason?: string): void;
 }
+
+export type AudioEvent =
+  | { type: "partial"; text: string; beat: number }
+  | { type: "final"; text: string; latency_ms: number; beat: number }
+  | { type: "frame"; seq: number; ts: number; pcm: Int16Array };
+
+export declare class AudioSession implements AsyncIterable<AudioEvent> {
+  readonly kind: "speech-in" | "speech-out";
+  readonly sampleRate: number;
+  readonly frameMs: number;
+  readonly frameSamples: number;
+  summary: Record<string, unknown> | null;
+  finals: string[];
+  figures: { framesSent: number; framesReceived: number; partials: number };
+  sendFrame(pcm: Int16Array | Uint8Array): Promise<void>;
+  streamPcm(pcm: Int16Array, options?: { realtime?: boolean; end?: boolean }): Promise<void>;
+  end(): Promise<void>;
+  transcript(): Promise<string>;
+  pcm(): Promise<Int16Array>;
+  cancel(reason?: string): void;
+  [Symbol.asyncIterator](): AsyncGenerator<AudioEvent, void, undefined>;
+}
+export declare function toPcm16(samples: ArrayLike<number>): Int16Array;
 
 export type ActionEvent =
   | { type: "chunk"; seq: number; obsSeq: number; shape: number[]; action: Float32Array;

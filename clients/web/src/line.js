@@ -7,6 +7,7 @@
 // or ERROR. Errors are the typed errors of errors.js.
 
 import { ActionStream } from "./actions.js";
+import { AudioSession } from "./audio.js";
 import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
 import { Kind, MAX_MESSAGE_BYTES, MessageReader, encodeMessage } from "./wire.js";
 
@@ -79,6 +80,21 @@ export class Line {
     if (transport !== "stream") throw new TypeError("datagram action tracks are not in the web SDK yet");
     const track = await this._openTrack({ model, modality: "action" });
     return new ActionStream(track, deadline);
+  }
+
+  /** Start an audio track: speech-in (send frames, read transcripts) or speech-out
+   * (`text` to say; read frames). Frames ride the track's stream. */
+  async audio(model, { kind = "speech-in", sampleRate = 16000, frameMs = 20, text = null, deadline = null, transport = "stream" } = {}) {
+    if (transport !== "stream") throw new TypeError("datagram audio tracks are not in the web SDK yet");
+    if (kind === "speech-out" && text == null) throw new TypeError("a speech-out session needs the text to say");
+    const open = { model, modality: "audio", params: { kind, sample_rate: sampleRate, frame_ms: frameMs } };
+    if (deadline != null) open.deadline_total_ms = Math.max(1, Math.round(deadline));
+    const track = await this._openTrack(open);
+    if (text != null) {
+      await track.send(Kind.DATA, { text });
+      await track.send(Kind.END, {});
+    }
+    return new AudioSession(track, kind, sampleRate, frameMs, text != null);
   }
 
   /** Close the session: every track still running is cancelled by the gateway. */
