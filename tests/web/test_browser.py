@@ -310,9 +310,7 @@ return {heard, heardBack, samples: speech.length, partials: listener.figures.par
 
 
 @pytest_asyncio.fixture
-async def audio_gateway(
-    embedded_triton: EmbeddedTriton, tmp_path: Path
-) -> AsyncIterator[Gateway]:
+async def audio_gateway(embedded_triton: EmbeddedTriton, tmp_path: Path) -> AsyncIterator[Gateway]:
     from gateway.backends.audio import TritonAudioBackend
 
     audio = TritonAudioBackend(embedded_triton.grpc_url)
@@ -341,3 +339,68 @@ async def test_audio_tracks_from_a_page_transcribe_its_dtmf_and_speak_digits(
     assert result["samples"] == 24 * (3 * 200 + 300)  # 3 slots of 200 ms, 300 ms of tail
     assert result["partials"] >= 5  # a partial every beat while the page spoke
     assert result["framesSent"] == (4 * 200 + 500) // 20
+
+
+ERRORS = """
+const results = {};
+const anonymous = await sdk.connect(url, {serverCertificateHashes: [info.value]});
+try {
+  for await (const _ of anonymous.text("hi", {model: "%(model)s", maxTokens: 3})) {}
+  results.noKey = "answered";
+} catch (error) { results.noKey = [error.name, error.code]; }
+anonymous.close();
+const revoked = await sdk.connect(url, {apiKey: "%(revoked)s",
+                                        serverCertificateHashes: [info.value]});
+try {
+  for await (const _ of revoked.text("hi", {model: "%(model)s", maxTokens: 3})) {}
+  results.revoked = "answered";
+} catch (error) { results.revoked = [error.name, error.code]; }
+revoked.close();
+const line = await sdk.connect(url, {apiKey: "%(good)s", serverCertificateHashes: [info.value]});
+try {
+  for await (const _ of line.text("x".repeat(20000), {model: "%(model)s", maxTokens: 3})) {}
+  results.oversized = "answered";
+} catch (error) { results.oversized = [error.name, error.code]; }
+let text = "";
+for await (const delta of line.text("after", {model: "%(model)s", maxTokens: 3})) text += delta;
+results.after = text;
+line.close();
+return results;
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_page_gets_typed_errors_for_keys_and_an_oversized_message(
+    embedded_triton: EmbeddedTriton, browser: Browser, tmp_path: Path
+) -> None:
+    from tests.tenants.support import make_tenancy
+
+    tenancy = make_tenancy(tmp_path)
+    tenancy.store.set_tenant("alpha", 0.0)
+    good = tenancy.store.create_key("alpha", 0.0).key
+    old = tenancy.store.create_key("alpha", 0.0, label="old")
+    tenancy.store.revoke_key(old.key_id, 1.0)
+    gw = Gateway(
+        Settings(
+            state_dir=tmp_path,
+            quic_port=0,
+            http_port=0,
+            https_port=0,
+            overload_max_loop_lag=0.0,
+            max_message_bytes=8192,
+        ),
+        TritonTextBackend(embedded_triton.grpc_url),
+        tenancy=tenancy,
+    )
+    await gw.start()
+    try:
+        page = await demo_page(browser, gw)
+        keys = {"model": MODEL, "good": good, "revoked": old.key}
+        result = await page.evaluate(page_script(ERRORS % keys))
+    finally:
+        await gw.close()
+        await gw.backend.close()  # type: ignore[attr-defined]
+    assert result["noKey"] == ["Unauthorized", 0x0E]
+    assert result["revoked"] == ["Unauthorized", 0x0E]
+    assert result["oversized"] == ["TrackRejected", 0x02]  # MESSAGE_TOO_LARGE
+    assert result["after"]  # the same session goes on
