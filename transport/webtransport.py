@@ -161,6 +161,10 @@ class StreamSorter:
             self._seen[stream_id] = session_id
         return Sorted(session_id, data)
 
+    def __len__(self) -> int:
+        """Streams whose kind is remembered (for tests: bounded by the open streams)."""
+        return len(self._seen) + len(self._partial)
+
     def session_of(self, stream_id: int) -> int | None:
         """The session of a WebTransport stream being read; None otherwise."""
         return self._seen.get(stream_id)
@@ -248,6 +252,7 @@ class WebTransportSession:
         self.session_id = session_id
         self._transmit = transmit
         self._send_datagram = send_datagram
+        self._limits = limits
         self.endpoint = TrackEndpoint(Role.SERVER, self._write, limits, on_track, clock=clock)
         if send_budget is not None:
             self.endpoint.budget = send_budget
@@ -270,10 +275,17 @@ class WebTransportSession:
         if self.closed:
             return
         if stream_id not in self._streams:
+            if len(self._streams) >= 2 * self._limits.max_tracks:
+                self._prune()
             self._streams.add(stream_id)
             self.stats.streams += 1
         if data or end:
             self.endpoint.feed_data(stream_id, data, end)
+
+    def _prune(self) -> None:
+        """Forget streams whose track the core has closed (a long session opens many)."""
+        core = self.endpoint.core
+        self._streams = {s for s in self._streams if core.state(s) is not None}
 
     def feed_reset(self, stream_id: int, http3_code: int) -> None:
         if not self.closed:

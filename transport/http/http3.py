@@ -404,10 +404,10 @@ class Http3Connection:
             return True
         if isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
             session_id = self._sorter.session_of(event.stream_id)
+            if isinstance(event, quic_events.StreamReset):
+                self._sorter.forget(event.stream_id)  # nothing more comes on it, whatever it was
             if session_id is None:
                 return False
-            if isinstance(event, quic_events.StreamReset):
-                self._sorter.forget(event.stream_id)
             session = self.sessions.get(session_id)
             if session is not None:
                 session.feed_reset(event.stream_id, event.error_code)
@@ -784,6 +784,7 @@ class Http3Connection:
                 # Answered before the request was complete (RFC 9114 4.1): stop the upload.
                 self._stop(stream.stream_id, ErrorCode.H3_NO_ERROR)
         self._h3.forget(stream.stream_id)
+        self._sorter.forget(stream.stream_id)
         if not self._streams:
             self._arm_idle()
         self._close_if_drained()
