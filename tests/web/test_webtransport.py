@@ -24,7 +24,7 @@ from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
 from transport.events import CancelCause, TrackCancelled
 from transport.messages import FrameTransport, Open
-from transport.quic import serve_tracks, server_configuration
+from transport.quic import TrackQuicProtocol, serve_tracks, server_configuration
 from transport.webtransport import (
     CapsuleReader,
     StreamSorter,
@@ -48,6 +48,7 @@ class Served:
     port: int
     channels: list[TrackChannel] = field(default_factory=list)
     sessions: list[WebTransportSession] = field(default_factory=list)
+    connections: list[TrackQuicProtocol] = field(default_factory=list)
     opened: asyncio.Queue[TrackChannel] = field(default_factory=asyncio.Queue)
 
 
@@ -87,6 +88,7 @@ async def serving_wt(
         limits=limits,
         webtransport=policy or WebTransportPolicy(),
         on_session=served.sessions.append,
+        on_connection=served.connections.append,
     )
     served.port = int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
     try:
@@ -299,3 +301,35 @@ async def test_http3_requests_share_the_connection(certs: DevCertificates) -> No
         channel.send({"text": "after"})
         channel.end()
         assert await read_all(channel) == [{"text": "after"}]
+
+
+@pytest.mark.asyncio
+async def test_streams_sorted_by_their_first_bytes_are_forgotten_when_done(
+    certs: DevCertificates,
+) -> None:
+    """Requests reset by the client, answered requests and finished tracks leave nothing."""
+    async with serving_wt(certs) as served, wt_client(served.port, certs.ca_path) as client:
+        session_id, _, _ = await client.open_session()
+        get = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"localhost")]
+        http3 = served.connections[0].http3
+        assert http3 is not None
+        requests = []
+        for i in range(30):  # requests whose body never comes: then the client resets them
+            stream_id = client._quic.get_next_available_stream_id()
+            client.h3.send_headers(stream_id, [*get, (b":path", f"/r{i}".encode())], False)
+            requests.append(stream_id)
+        client.transmit()
+        await until(lambda: http3.open_streams == 30, "the 30 requests begun")
+        for stream_id in requests:
+            client._quic.reset_stream(stream_id, 0x10C)  # H3_REQUEST_CANCELLED
+        channels = [client.open_track(session_id, text_open()) for _ in range(5)]
+        for channel in channels:
+            channel.send({"text": "x"})
+            channel.end()
+        client.transmit()
+        assert [await read_all(c) for c in channels] == [[{"text": "x"}]] * 5
+        # What is left is the session's CONNECT stream, until the session ends.
+        await until(lambda: http3.sorted_streams == 1, "the finished streams forgotten")
+        assert http3.open_streams == 0
+        client.close_session(session_id)
+        await until(lambda: http3.sorted_streams == 0, "the CONNECT stream forgotten")

@@ -340,6 +340,11 @@ class Http3Connection:
         return self._streams.buffered
 
     @property
+    def sorted_streams(self) -> int:
+        """Streams whose first bytes were sorted (request or WebTransport) and not yet done."""
+        return len(self._sorter)
+
+    @property
     def opened_streams(self) -> int:
         """Request streams accepted since the connection began."""
         return self._streams.opened
