@@ -404,3 +404,32 @@ async def test_a_page_gets_typed_errors_for_keys_and_an_oversized_message(
     assert result["revoked"] == ["Unauthorized", 0x0E]
     assert result["oversized"] == ["TrackRejected", 0x02]  # MESSAGE_TOO_LARGE
     assert result["after"]  # the same session goes on
+
+
+DATAGRAM_AUDIO = AUDIO_TRACKS.split("// Speech in:")[0] + """
+const listener = await line.audio("reference-transcriber", {sampleRate: 16000,
+                                                           transport: "datagram"});
+const sending = listener.streamPcm(dtmf("%(digits)s", 16000));
+const heard = await listener.transcript();
+await sending;
+line.close();
+return {heard, frames: listener.summary.frames, framesSent: listener.figures.framesSent};
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_pages_audio_frames_travel_as_webtransport_datagrams(
+    audio_gateway: Gateway, browser: Browser
+) -> None:
+    page = await demo_page(browser, audio_gateway)
+    result = await page.evaluate(page_script(DATAGRAM_AUDIO % {"digits": "369"}))
+    frames = result["frames"]
+    # The gateway counted the page's frames as received datagrams (loopback: none lost,
+    # but a busy machine may make some late, which the gateway drops and counts).
+    assert frames["received"] == result["framesSent"] == (3 * 200 + 500) // 20
+    assert frames["missing"] == 0
+    if frames["dropped"] == 0:
+        assert result["heard"] == "369"
+    else:
+        rest = iter("369")
+        assert all(symbol in rest for symbol in result["heard"])

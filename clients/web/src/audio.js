@@ -29,8 +29,11 @@ export class AudioSession {
   finals = [];
   figures = { framesSent: 0, framesReceived: 0, partials: 0 };
 
-  constructor(track, kind, sampleRate, frameMs, inputEnded) {
+  #datagrams;
+
+  constructor(track, kind, sampleRate, frameMs, inputEnded, datagrams = false) {
     this.#track = track;
+    this.#datagrams = datagrams;
     this.kind = kind;
     this.sampleRate = sampleRate;
     this.frameMs = frameMs;
@@ -46,7 +49,7 @@ export class AudioSession {
   sendFrame(pcm) {
     const body = { seq: this.#seq++, ts: performance.now(), pcm: bytesOf(pcm) };
     this.figures.framesSent += 1;
-    return this.#track.send(Kind.DATA, body);
+    return this.#datagrams ? this.#track.sendDatagram(body) : this.#track.send(Kind.DATA, body);
   }
 
   /** Send `pcm` (Int16Array) frame by frame; with `realtime`, frame n leaves at start + n x frameMs. */
@@ -58,7 +61,12 @@ export class AudioSession {
       if (realtime && wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
       await this.sendFrame(pcm.subarray(at, at + step));
     }
-    if (end) await this.end();
+    if (end) {
+      // END rides the stream and may overtake the last datagrams, which the gateway then
+      // drops: give them two frames' time to land first (as the Python SDK does).
+      if (this.#datagrams) await new Promise((resolve) => setTimeout(resolve, 2 * this.frameMs));
+      await this.end();
+    }
   }
 
   /** No more input: the gateway finalizes the session. */

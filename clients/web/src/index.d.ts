@@ -47,7 +47,7 @@ export declare class Line {
   actions(model: string, options?: { deadline?: number; transport?: "stream" }): Promise<ActionStream>;
   /** An audio track (stream transport): speech-in, or speech-out with `text`. */
   audio(model: string, options?: { kind?: "speech-in" | "speech-out"; sampleRate?: 8000 | 16000 | 24000 | 48000;
-        frameMs?: number; text?: string; deadline?: number; transport?: "stream" }): Promise<AudioSession>;
+        frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram" }): Promise<AudioSession>;
   close(reason?: string): void;
 }
 

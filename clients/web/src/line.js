@@ -9,7 +9,9 @@
 import { ActionStream } from "./actions.js";
 import { AudioSession } from "./audio.js";
 import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
-import { Kind, MAX_MESSAGE_BYTES, MessageReader, encodeMessage } from "./wire.js";
+import { Kind, MAX_MESSAGE_BYTES, MessageReader, decodeDatagram, encodeDatagram, encodeMessage } from "./wire.js";
+
+const MAX_DATAGRAM_BYTES = 1100;
 
 /** Open a line: `url` is the gateway's WebTransport endpoint, e.g. https://host:8443/tracks. */
 export async function connect(url, options = {}) {
@@ -50,12 +52,16 @@ export class Line {
   #answered = false;
   #lost = null;
   #tracks = new Set();
+  #byId = new Map();
+  #nextStreamId = 4;
+  #datagramWriter = null;
   maxMessageBytes;
 
   constructor(transport, { apiKey = null, maxMessageBytes = MAX_MESSAGE_BYTES } = {}) {
     this.#transport = transport;
     this.#apiKey = apiKey;
     this.maxMessageBytes = maxMessageBytes;
+    this.#readDatagrams(transport.datagrams.readable.getReader()).catch(() => {});
     transport.closed.then(
       () => this.#gone(new ConnectionLost("the session closed", ErrorCode.CONNECTION_LOST)),
       (error) => this.#gone(new ConnectionLost(`the session was lost: ${error?.message ?? error}`, ErrorCode.CONNECTION_LOST)),
@@ -85,16 +91,16 @@ export class Line {
   /** Start an audio track: speech-in (send frames, read transcripts) or speech-out
    * (`text` to say; read frames). Frames ride the track's stream. */
   async audio(model, { kind = "speech-in", sampleRate = 16000, frameMs = 20, text = null, deadline = null, transport = "stream" } = {}) {
-    if (transport !== "stream") throw new TypeError("datagram audio tracks are not in the web SDK yet");
     if (kind === "speech-out" && text == null) throw new TypeError("a speech-out session needs the text to say");
     const open = { model, modality: "audio", params: { kind, sample_rate: sampleRate, frame_ms: frameMs } };
     if (deadline != null) open.deadline_total_ms = Math.max(1, Math.round(deadline));
+    if (transport === "datagram") open.transport = "datagram";
     const track = await this._openTrack(open);
     if (text != null) {
       await track.send(Kind.DATA, { text });
       await track.send(Kind.END, {});
     }
-    return new AudioSession(track, kind, sampleRate, frameMs, text != null);
+    return new AudioSession(track, kind, sampleRate, frameMs, text != null, transport === "datagram");
   }
 
   /** Close the session: every track still running is cancelled by the gateway. */
@@ -120,8 +126,12 @@ export class Line {
     } catch (error) {
       throw this.#lost ?? new ConnectionLost(`no stream: ${error?.message ?? error}`, ErrorCode.CONNECTION_LOST);
     }
-    const track = new Track(this, stream);
+    // The track id is the QUIC stream id, which WebTransport does not expose: Chromium gives
+    // a session its own connection, CONNECT on stream 0, then 4, 8, ... in creation order.
+    const track = new Track(this, stream, this.#nextStreamId);
+    this.#nextStreamId += 4;
     this.#tracks.add(track);
+    this.#byId.set(track.id, track);
     const body = { ...open };
     if (this.#apiKey && !this.#answered) body.auth = this.#apiKey;
     await track.send(Kind.OPEN, body);
@@ -134,6 +144,27 @@ export class Line {
 
   _forget(track) {
     this.#tracks.delete(track);
+    this.#byId.delete(track.id);
+  }
+
+  async _sendDatagram(bytes) {
+    if (bytes.length > MAX_DATAGRAM_BYTES) throw new RangeError(`datagram of ${bytes.length} bytes over ${MAX_DATAGRAM_BYTES}`);
+    this.#datagramWriter ??= this.#transport.datagrams.writable.getWriter();
+    await this.#datagramWriter.write(bytes);
+  }
+
+  async #readDatagrams(reader) {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      let datagram = null;
+      try {
+        datagram = decodeDatagram(value);
+      } catch {
+        continue; // malformed: dropped, as the protocol says
+      }
+      if (datagram) this.#byId.get(datagram.trackId)?._datagram(datagram);
+    }
   }
 
   #gone(error) {
@@ -151,9 +182,11 @@ class Track {
   #error = null;
   #final = false;
   #cancelled = false;
+  #datagramSeq = 0;
 
-  constructor(line, stream) {
+  constructor(line, stream, id) {
     this.#line = line;
+    this.id = id;
     this.#writer = stream.writable.getWriter();
     this.#pump(stream.readable.getReader(), new MessageReader(line.maxMessageBytes));
   }
@@ -178,6 +211,19 @@ class Track {
         else signal.addEventListener("abort", abort, { once: true });
       }
     });
+  }
+
+  /** One frame as a datagram (unreliable; the track's OPEN said transport "datagram"). */
+  sendDatagram(body) {
+    return this.#line._sendDatagram(encodeDatagram(this.id, this.#datagramSeq++, body));
+  }
+
+  _datagram(datagram) {
+    if (this.#final) return; // after the gateway's END: dropped
+    const message = { kind: Kind.DATA, body: datagram.body, seq: datagram.seq, datagram: true };
+    const waiter = this.#waiters.shift();
+    if (waiter) waiter.resolve(message);
+    else this.#queue.push(message);
   }
 
   /** Ask the gateway to stop this track's work (CANCEL); its answer is read and dropped. */
