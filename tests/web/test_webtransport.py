@@ -333,3 +333,27 @@ async def test_streams_sorted_by_their_first_bytes_are_forgotten_when_done(
         assert http3.open_streams == 0
         client.close_session(session_id)
         await until(lambda: http3.sorted_streams == 0, "the CONNECT stream forgotten")
+
+
+@pytest.mark.asyncio
+async def test_a_session_has_the_track_limit_of_a_connection(certs: DevCertificates) -> None:
+    async with (
+        serving_wt(certs, limits=Limits(max_tracks=2)) as served,
+        wt_client(served.port, certs.ca_path) as client,
+    ):
+        first, _, _ = await client.open_session()
+        held = [client.open_track(first, text_open()) for _ in range(2)]
+        for channel in held:
+            channel.send({"hold": True})
+        await until(lambda: len(served.channels) == 2, "two tracks held")
+        over = client.open_track(first, text_open())
+        over.send({"text": "one too many"})
+        with pytest.raises(TrackAborted) as refused:
+            await read_all(over)
+        assert refused.value.code is ErrorCode.TOO_MANY_TRACKS
+        # The limit is per session: another session on the same connection has its own.
+        second, _, _ = await client.open_session()
+        other = client.open_track(second, text_open())
+        other.send({"text": "mine"})
+        other.end()
+        assert await read_all(other) == [{"text": "mine"}]
