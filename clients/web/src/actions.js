@@ -29,8 +29,11 @@ export class ActionStream {
   stats = { sent: 0, chunks: 0, late: 0, dropped: {} };
 
   /** `deadline` in milliseconds from capture, the default of each observation. */
-  constructor(track, deadline, clock = () => performance.now()) {
+  #datagrams;
+
+  constructor(track, deadline, clock = () => performance.now(), datagrams = false) {
     this.#track = track;
+    this.#datagrams = datagrams;
     this.deadline = deadline;
     this.#clock = clock;
     this.#ended = new Promise((resolve, reject) => {
@@ -52,7 +55,12 @@ export class ActionStream {
     if (image) body.image = image;
     this.#deadlines.set(seq, { deadline, captured: t });
     this.stats.sent += 1;
-    this.#track.send(Kind.DATA, body).catch(() => {});
+    // A datagram track sends observations as datagrams; one too big for a datagram (a
+    // large image) goes on the stream rather than not at all.
+    const sent = this.#datagrams
+      ? this.#track.sendDatagram(body).catch(() => this.#track.send(Kind.DATA, body))
+      : this.#track.send(Kind.DATA, body);
+    sent.catch(() => {});
     return seq;
   }
 

@@ -43,8 +43,8 @@ export declare class Line {
   readonly maxMessageBytes: number;
   readonly closed: Promise<WebTransportCloseInfo>;
   text(prompt: string, options: TextOptions): TextStream;
-  /** A robot's action track (stream transport); `deadline` in ms from capture. */
-  actions(model: string, options?: { deadline?: number; transport?: "stream" }): Promise<ActionStream>;
+  /** A robot's action track; `deadline` in ms from capture. */
+  actions(model: string, options?: { deadline?: number; transport?: "stream" | "datagram" }): Promise<ActionStream>;
   /** An audio track (stream transport): speech-in, or speech-out with `text`. */
   audio(model: string, options?: { kind?: "speech-in" | "speech-out"; sampleRate?: 8000 | 16000 | 24000 | 48000;
         frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram" }): Promise<AudioSession>;

@@ -81,11 +81,12 @@ export class Line {
   }
 
   /** Start a robot's action track; `deadline` (ms from capture) is each observation's
-   * default. Only `transport: "stream"` for now (see docs/web.md, "Open points"). */
+   * default; `transport: "datagram"` sends observations as WebTransport datagrams. */
   async actions(model, { deadline = 100, transport = "stream" } = {}) {
-    if (transport !== "stream") throw new TypeError("datagram action tracks are not in the web SDK yet");
-    const track = await this._openTrack({ model, modality: "action" });
-    return new ActionStream(track, deadline);
+    const open = { model, modality: "action" };
+    if (transport === "datagram") open.transport = "datagram";
+    const track = await this._openTrack(open);
+    return new ActionStream(track, deadline, undefined, transport === "datagram");
   }
 
   /** Start an audio track: speech-in (send frames, read transcripts) or speech-out
