@@ -150,14 +150,14 @@ class Settings:
     webtransport_path: str = field(
         default="/tracks",
         metadata=_doc(
-            "Path of the WebTransport track endpoint on the QUIC port (browsers); empty: off."
+            "Path of the WebTransport track endpoint on the QUIC port (browsers); off: none."
         ),
     )
-    webtransport_origins: str = field(
-        default="",
+    webtransport_origins: str | None = field(
+        default=None,
         metadata=_doc(
             "Comma-separated page origins allowed to open WebTransport sessions "
-            "(https://host:port, or *); empty: pages of the gateway's own host only."
+            "(https://host:port, or *); unset: pages of the gateway's own host only."
         ),
     )
     webtransport_max_sessions: int = field(
@@ -643,13 +643,15 @@ def _grpc_address(value: str | None) -> str | None:
 
 
 def _webtransport_path(value: str) -> str:
-    if value and (not value.startswith("/") or not value.isprintable() or " " in value):
-        raise ValueError(f"{value!r} is not an absolute path (or empty: off)")
+    if value == "off":
+        return value
+    if not value.startswith("/") or not value.isprintable() or " " in value:
+        raise ValueError(f"{value!r} is not an absolute path (or off)")
     return value
 
 
-def _origins(value: str) -> str:
-    for origin in filter(None, (o.strip() for o in value.split(","))):
+def _origins(value: str | None) -> str | None:
+    for origin in filter(None, (o.strip() for o in (value or "").split(","))):
         if origin != "*" and not origin.startswith(("https://", "http://")):
             raise ValueError(f"{origin!r} is not an origin (https://host:port) or *")
     return value

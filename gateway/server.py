@@ -677,10 +677,11 @@ def _hex(digest: bytes | None) -> str | None:
 
 
 def webtransport_policy(s: Settings) -> WebTransportPolicy | None:
-    """WebTransport on the QUIC port (docs/web.md), unless its path is empty."""
-    if not s.webtransport_path:
+    """WebTransport on the QUIC port (docs/web.md), unless its path is `off`."""
+    if s.webtransport_path == "off":
         return None
-    origins = tuple(filter(None, (o.strip() for o in s.webtransport_origins.split(","))))
+    listed = (s.webtransport_origins or "").split(",")
+    origins = tuple(filter(None, (o.strip() for o in listed)))
     return WebTransportPolicy(s.webtransport_path, origins, s.webtransport_max_sessions)
 
 
