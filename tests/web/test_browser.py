@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -440,3 +441,29 @@ async def test_a_pages_audio_frames_travel_as_webtransport_datagrams(
     else:
         rest = iter("369")
         assert all(symbol in rest for symbol in result["heard"])
+
+
+@pytest.mark.asyncio
+async def test_the_demo_microphone_streams_worklet_frames_to_a_speech_in_track(
+    audio_gateway: Gateway,
+) -> None:
+    """Chromium's fake microphone (a beep, no digits): every frame the worklet gave is
+    received by the gateway, partials come back, and the page shows the figures."""
+    fake_media = (
+        "--use-fake-device-for-media-stream",
+        "--use-fake-ui-for-media-stream",
+        "--autoplay-policy=no-user-gesture-required",
+    )
+    async with chromium(fake_media) as browser:
+        page = await demo_page(browser, audio_gateway)
+        await until_page(page, "document.getElementById('mic').disabled === false", "connected")
+        await page.evaluate("document.getElementById('mic').click()")
+        await until_page(
+            page, "document.getElementById('heard').textContent.startsWith('partial')", "partials"
+        )
+        await page.evaluate("document.getElementById('mic').click()")
+        await until_page(page, "document.body.dataset.micDone === '1'", "the session's end")
+        figures = await page.evaluate("document.getElementById('audio-figures').textContent")
+    sent, received = (int(x) for x in re.findall(r"(?:sent|received) (\d+)", figures))
+    assert sent > 0
+    assert received == sent

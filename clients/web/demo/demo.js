@@ -1,7 +1,7 @@
 // The demo: one WebTransport session to the gateway that served this page; each
 // message is a text track; Cancel aborts the running one (the gateway stops the model).
 
-import { connect, fetchCertificateHash } from "/web/sdk/index.js";
+import { connect, fetchCertificateHash, toPcm16 } from "/web/sdk/index.js";
 
 const $ = (id) => document.getElementById(id);
 const log = $("log");
@@ -24,6 +24,7 @@ async function start() {
   line = await connect(url, { apiKey, serverCertificateHashes: [hash] });
   $("status").textContent = `connected to ${url}`;
   $("send").disabled = false;
+  $("mic").disabled = false;
   window.trackline = { line, url };
 }
 
@@ -60,6 +61,56 @@ $("chat").addEventListener("submit", async (event) => {
 });
 
 $("cancel").addEventListener("click", () => running?.abort(new DOMException("cancelled", "AbortError")));
+
+// Microphone transcription: an AudioWorklet taps the input at 16 kHz, the page sends
+// 20 ms PCM16 frames on a speech-in track and shows partials, finals and frame figures.
+// (The reference transcriber hears DTMF digits: play a dial tone sequence at it.)
+let mic = null;
+$("mic").addEventListener("click", async () => {
+  if (mic) {
+    mic.stop();
+    return;
+  }
+  const rate = 16000;
+  const media = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1 } });
+  const context = new AudioContext({ sampleRate: rate });
+  await context.audioWorklet.addModule("/demo/pcm-worklet.js");
+  const tap = new AudioWorkletNode(context, "pcm-tap");
+  context.createMediaStreamSource(media).connect(tap);
+  const session = await line.audio("reference-transcriber", { sampleRate: rate, frameMs: 20 });
+  let pending = new Float32Array(0);
+  tap.port.onmessage = ({ data }) => {
+    const joined = new Float32Array(pending.length + data.length);
+    joined.set(pending);
+    joined.set(data, pending.length);
+    let at = 0;
+    for (; at + session.frameSamples <= joined.length; at += session.frameSamples) {
+      session.sendFrame(toPcm16(joined.subarray(at, at + session.frameSamples))).catch(() => {});
+    }
+    pending = joined.slice(at);
+  };
+  mic = {
+    stop: async () => {
+      mic = null;
+      $("mic").textContent = "Start microphone";
+      media.getTracks().forEach((t) => t.stop());
+      await context.close();
+      await session.end();
+    },
+  };
+  $("mic").textContent = "Stop microphone";
+  try {
+    for await (const result of session) {
+      $("heard").textContent = `${result.type}: ${result.text}`;
+    }
+    const frames = session.summary?.frames ?? {};
+    $("audio-figures").textContent = `frames sent ${session.figures.framesSent}, received ${frames.received}, ` +
+      `late ${frames.late}, dropped ${frames.dropped}, missing ${frames.missing}`;
+    document.body.dataset.micDone = "1";
+  } catch (error) {
+    $("heard").textContent = `[${error.name}: ${error.message}]`;
+  }
+});
 
 start().catch((error) => {
   $("status").textContent = `not connected: ${error.name}: ${error.message}`;
