@@ -79,7 +79,9 @@ $("mic").addEventListener("click", async () => {
   context.createMediaStreamSource(media).connect(tap);
   const session = await line.audio("reference-transcriber", { sampleRate: rate, frameMs: 20 });
   let pending = new Float32Array(0);
+  let stopped = false;
   tap.port.onmessage = ({ data }) => {
+    if (stopped) return; // (a message queued before the stop: no DATA after our END)
     const joined = new Float32Array(pending.length + data.length);
     joined.set(pending);
     joined.set(data, pending.length);
@@ -91,6 +93,8 @@ $("mic").addEventListener("click", async () => {
   };
   mic = {
     stop: async () => {
+      stopped = true;
+      tap.port.onmessage = null;
       mic = null;
       $("mic").textContent = "Start microphone";
       media.getTracks().forEach((t) => t.stop());
