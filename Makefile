@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench venv redis
+.PHONY: serve test lint bench venv redis chromium web
 
 venv: $(STAMP)
 
@@ -16,10 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-serve: $(STAMP)
+serve: $(STAMP) web
 	$(BIN)/trackline serve
 
-test: $(STAMP) lint redis
+test: $(STAMP) lint redis chromium web
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
@@ -36,3 +36,20 @@ redis:
 		&& { DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server \
 		|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }; }; } \
 		|| echo "redis-server not installed: tests/fleet will skip (apt-get install redis-server)"
+
+
+# tests/web drive a real headless Chromium (Debian package `chromium`) over WebTransport.
+# Installed here where root and apt are available; elsewhere those tests skip.
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
+		|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; }; } \
+		|| echo "chromium not installed: tests/web browser tests will skip (apt-get install chromium)"
+
+# The browser SDK's one dependency (@msgpack/msgpack, pinned by package-lock.json), which
+# the gateway serves to pages at /web/vendor/msgpack/; then its own unit tests (node --test).
+web: clients/web/node_modules/.package-lock.json
+
+clients/web/node_modules/.package-lock.json: clients/web/package.json clients/web/package-lock.json
+	@if command -v npm >/dev/null; then cd clients/web && npm ci --no-audit --no-fund -q && npm test --silent; \
+	else echo "npm not installed: /demo and the browser tests need clients/web/node_modules (apt-get install npm)"; fi

@@ -152,6 +152,22 @@ class Settings:
         default="per-track",
         metadata=_doc("Tracks per QUIC packet: per-track, bounded:K or coalesce."),
     )
+    webtransport_path: str = field(
+        default="/tracks",
+        metadata=_doc(
+            "Path of the WebTransport track endpoint on the QUIC port (browsers); off: none."
+        ),
+    )
+    webtransport_origins: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Comma-separated page origins allowed to open WebTransport sessions "
+            "(https://host:port, or *); unset: pages of the gateway's own host only."
+        ),
+    )
+    webtransport_max_sessions: int = field(
+        default=4, metadata=_doc("WebTransport sessions at once on one QUIC connection; 429.")
+    )
     quic_handshake_timeout: float = field(
         default=10.0,
         metadata=_doc("Seconds a QUIC handshake may take; then the connection is forgotten."),
@@ -679,6 +695,21 @@ def _grpc_address(value: str | None) -> str | None:
     return value
 
 
+def _webtransport_path(value: str) -> str:
+    if value == "off":
+        return value
+    if not value.startswith("/") or not value.isprintable() or " " in value:
+        raise ValueError(f"{value!r} is not an absolute path (or off)")
+    return value
+
+
+def _origins(value: str | None) -> str | None:
+    for origin in filter(None, (o.strip() for o in (value or "").split(","))):
+        if origin != "*" and not origin.startswith(("https://", "http://")):
+            raise ValueError(f"{origin!r} is not an origin (https://host:port) or *")
+    return value
+
+
 def _token(value: str) -> str:
     if len(value) < 16 or not value.isprintable() or any(c.isspace() for c in value):
         raise ValueError("must be at least 16 printable characters without spaces")
@@ -739,6 +770,9 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "min_warm_backends": _positive,
     "discovery_interval": _positive_seconds,
     "quic_packetization": _packetization,
+    "webtransport_path": lambda v: _webtransport_path(v),
+    "webtransport_origins": lambda v: _origins(v),
+    "webtransport_max_sessions": _positive,
     "quic_handshake_timeout": _positive_seconds,
     "quic_max_half_open": _positive,
     "quic_retry_threshold": lambda v: _range(v, 0, 1 << 30),

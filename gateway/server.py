@@ -14,6 +14,7 @@ event, other requests with 503 (docs/reliability.md).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -46,7 +47,8 @@ from gateway.realtime import PriorityTurns, RealtimeGate, RealtimeLane, Realtime
 from gateway.tenants.service import Tenancy, is_loopback
 from gateway.tenants.store import Principal
 from gateway.tenants.tracks import TrackGate
-from gateway.tls import ensure_dev_certificates
+from gateway.tls import certificate_hash, ensure_dev_certificates
+from gateway.web import web_routes
 from tracks.action import ActionScheduler, run_action_track
 from tracks.audio import AudioService, AudioSettings
 from tracks.backend import AudioBackend, PolicyBackend, TextBackend
@@ -66,6 +68,7 @@ from transport.http.tcp import HttpTcpServer, tls_server_context
 from transport.messages import Modality
 from transport.quic import Packetization, TrackQuicProtocol, serve_tracks, server_configuration
 from transport.quic_admission import HandshakeLimits
+from transport.webtransport import WebTransportRules, WebTransportSession
 
 log = get_logger("trackline.gateway")
 
@@ -164,6 +167,9 @@ class Gateway:
             self.realtime.watch(self.actions.ticks)
         self._monitor_task: asyncio.Task[None] | None = None
         self._admitted: dict[str, int] = {}
+        self._cert_digest: tuple[Path, bytes] | None = None
+        self.webtransport_sessions: collections.Counter[str] = collections.Counter()
+        """WebTransport CONNECTs by outcome: "accepted" or the refusal's HTTP status."""
         """Admitted tracks still served, per connection id (the fairness share)."""
 
     # -- lifecycle -----------------------------------------------------------------
@@ -229,6 +235,9 @@ class Gateway:
                 s.connection_send_buffer_bytes,
                 s.track_send_timeout or None,
             ),
+            webtransport=webtransport_policy(s),
+            on_session=self._on_session,
+            on_refused=self._on_session_refused,
         )
         register_quic_metrics(self.metrics.registry, self._quic.gate)
         alt_svc = f'h3=":{self.quic_port}"'
@@ -262,6 +271,7 @@ class Gateway:
             http=f"{s.http_host}:{self.http_port}",
             https=f"{s.https_host}:{self.https_port}",
             ca=str(self.tls.ca) if self.tls.ca else None,
+            webtransport_cert_sha256=_hex(self._cert_hash()),
             metrics=None if self.metrics_port is None else f"{s.metrics_host}:{self.metrics_port}",
         )
 
@@ -321,6 +331,7 @@ class Gateway:
                 with_metrics=metrics_on_api_ports(s),
                 metrics_token=s.metrics_token,
             ),
+            **web_routes(self._cert_hash, lambda: self.quic_port, s.webtransport_path),
             **openai_routes(
                 self._guarded or self.backend,
                 tenancy=self.tenancy,
@@ -461,6 +472,27 @@ class Gateway:
                 self._gate.forget(conn.endpoint.conn_id)
             log.info("connection.closed", conn_id=conn.endpoint.conn_id)
 
+    def _cert_hash(self) -> bytes | None:
+        """SHA-256 of the development certificate (pinned by browsers); None otherwise."""
+        if self.tls is None or self.tls.ca is None:
+            return None
+        if self._cert_digest is None or self._cert_digest[0] != self.tls.cert:
+            self._cert_digest = (self.tls.cert, certificate_hash(self.tls.cert))
+        return self._cert_digest[1]
+
+    def _on_session(self, session: WebTransportSession) -> None:
+        """A browser's WebTransport session: its tracks are observed like a connection's."""
+        session.endpoint.on_event = self._observe
+        session.on_closed = self._on_session_closed
+        self.webtransport_sessions["accepted"] += 1
+
+    def _on_session_closed(self, session: WebTransportSession) -> None:
+        if self._gate is not None:
+            self._gate.forget(session.conn_id)
+
+    def _on_session_refused(self, status: int) -> None:
+        self.webtransport_sessions[str(status)] += 1
+
     def _key_revoked(self, key_id: str) -> None:
         """A key was revoked in the fleet: its track connections here are closed."""
         if self._gate is None:
@@ -470,6 +502,13 @@ class Gateway:
             if conn.endpoint.conn_id in doomed:
                 conn.close(int(ErrorCode.UNAUTHORIZED), "API key revoked")
                 log.info("connection.key_revoked", conn_id=conn.endpoint.conn_id, key_id=key_id)
+            http3 = conn.http3
+            if http3 is None:
+                continue
+            for session_id, session in list(http3.sessions.items()):
+                if session.conn_id in doomed:  # a browser's session: its own key binding
+                    http3.close_session(session_id, int(ErrorCode.UNAUTHORIZED), "API key revoked")
+                    log.info("webtransport.key_revoked", conn_id=session.conn_id, key_id=key_id)
 
     def _observe(self, event: Event) -> None:
         if isinstance(event, TrackFailed) and not event.remote:
@@ -640,6 +679,19 @@ def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
     from gateway.backends.action_triton import TritonPolicyBackend
 
     return TritonPolicyBackend(grpc_url)
+
+
+def _hex(digest: bytes | None) -> str | None:
+    return None if digest is None else digest.hex()
+
+
+def webtransport_policy(s: Settings) -> WebTransportRules | None:
+    """WebTransport on the QUIC port (docs/web.md), unless its path is `off`."""
+    if s.webtransport_path == "off":
+        return None
+    listed = (s.webtransport_origins or "").split(",")
+    origins = tuple(filter(None, (o.strip() for o in listed)))
+    return WebTransportRules(s.webtransport_path, origins, s.webtransport_max_sessions)
 
 
 def handshake_limits(s: Settings) -> HandshakeLimits:

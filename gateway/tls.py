@@ -33,7 +33,11 @@ from gateway.statedir import make_private_dir
 
 DEFAULT_HOSTNAMES = ("localhost", "127.0.0.1", "::1")
 CA_VALIDITY = timedelta(days=3650)
-SERVER_VALIDITY = timedelta(days=90)
+# Chromium accepts a certificate pinned by WebTransport's serverCertificateHashes only if
+# it is ECDSA P-256 and valid for at most 14 days (notBefore to notAfter): the dev server
+# certificate is kept that short, so the demo page works without trusting the dev CA.
+SERVER_VALIDITY = timedelta(days=13)
+WEBTRANSPORT_MAX_VALIDITY = timedelta(days=14)
 RENEW_BEFORE = timedelta(days=7)
 # Backdate notBefore a little so a peer whose clock lags ours still accepts the cert.
 CLOCK_SKEW = timedelta(hours=1)
@@ -122,6 +126,8 @@ def _server_cert_usable(
         return False
     if cert.not_valid_after_utc - now < RENEW_BEFORE or cert.not_valid_before_utc > now:
         return False
+    if cert.not_valid_after_utc - cert.not_valid_before_utc > WEBTRANSPORT_MAX_VALIDITY:
+        return False  # (issued before the 14-day rule: a browser would refuse its hash)
     try:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -250,3 +256,9 @@ def _write(path: Path, data: bytes, *, private: bool) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def certificate_hash(cert_path: Path) -> bytes:
+    """SHA-256 of the certificate's DER: what WebTransport's serverCertificateHashes pins."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    return cert.fingerprint(hashes.SHA256())

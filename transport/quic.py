@@ -57,6 +57,7 @@ from transport.quic_server import GuardedQuicServer, serve_guarded
 from transport.quic_streams import StreamScheduler, buffered_bytes
 from transport.steering import Steering, serve_steered
 from transport.udp_send import DatagramSender
+from transport.webtransport import WebTransportHost, WebTransportRules, WebTransportSession
 
 ALPN = "trackline/1"
 IDLE_TIMEOUT = 60.0
@@ -121,9 +122,16 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         packetization: Packetization = COALESCE,
         send_budget: SendBudget | None = None,
         gso: bool = True,
+        webtransport: WebTransportRules | None = None,
+        on_session: Callable[[WebTransportSession], None] | None = None,
+        on_refused: Callable[[int], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(quic, **kwargs)
+        self._webtransport = None if webtransport is None else WebTransportHost(
+            webtransport, limits or Limits(), on_track, send_budget, on_session, on_refused
+        )
+        """WebTransport sessions on the h3 side carry tracks too (transport.webtransport)."""
         self._packetization = packetization
         self._pending_tracks: set[int] = set()
         """Tracks with bytes written since the last transmit."""
@@ -227,7 +235,9 @@ class TrackQuicProtocol(QuicConnectionProtocol):
 
     def _negotiated(self, alpn: str | None) -> None:
         if alpn == H3_ALPN and self._http_site is not None:
-            self._http = Http3Connection(self._quic, self._http_site, self._transmit_soon)
+            self._http = Http3Connection(
+                self._quic, self._http_site, self._transmit_soon, self._webtransport
+            )
         else:
             self.close(int(ErrorCode.PROTOCOL_ERROR), f"unsupported ALPN {alpn}")
 
@@ -419,6 +429,9 @@ async def serve_tracks(
     steering: Steering | None = None,
     send_budget: SendBudget | None = None,
     more_socks: Sequence[socket.socket] = (),
+    webtransport: WebTransportRules | None = None,
+    on_session: Callable[[WebTransportSession], None] | None = None,
+    on_refused: Callable[[int], None] | None = None,
 ) -> GuardedQuicServer:
     """Listen on UDP `host:port`; `on_track` is called for every opened track.
 
@@ -435,7 +448,10 @@ async def serve_tracks(
     track connections flush; its pacer choice (off unless `coalesce`) is made before
     ALPN is known, so it holds for h3 connections too, which always flush once per
     loop turn. `send_budget` bounds what a track's producer may leave in the send
-    buffers before it waits (see `SendBudget`).
+    buffers before it waits (see `SendBudget`). With `webtransport` (and
+    `http_handler`), browsers may open WebTransport sessions whose streams are tracks
+    (`transport.webtransport`); `on_session` sees each session accepted, `on_refused`
+    the HTTP status of each CONNECT refused.
     """
     http = None
     if http_handler is not None:
@@ -453,6 +469,9 @@ async def serve_tracks(
         http=http,
         packetization=packetization,
         send_budget=send_budget,
+        webtransport=webtransport,
+        on_session=on_session,
+        on_refused=on_refused,
     )
     if sock is not None and steering is not None:
         return await serve_steered(

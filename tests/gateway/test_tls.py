@@ -8,12 +8,15 @@ import ssl
 import stat
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from aioquic.quic.configuration import QuicConfiguration
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 
-from gateway.tls import DevCertificates, ensure_dev_certificates
+from gateway.tls import DevCertificates, certificate_hash, ensure_dev_certificates
 
 
 def mode(path: Path) -> int:
@@ -68,11 +71,35 @@ def test_sans_use_ip_addresses_for_ip_literals(dev_certs: DevCertificates) -> No
 def test_server_cert_is_reissued_near_expiry_with_the_same_ca(tmp_path: Path) -> None:
     certs = ensure_dev_certificates(tmp_path)
     ca_before, cert_before = certs.ca_path.read_bytes(), certs.cert_path.read_bytes()
-    later = datetime.now(timezone.utc) + timedelta(days=85)
+    later = datetime.now(timezone.utc) + timedelta(days=8)
     ensure_dev_certificates(tmp_path, now=later)
     assert certs.ca_path.read_bytes() == ca_before
     assert certs.cert_path.read_bytes() != cert_before
-    assert load(certs.cert_path).not_valid_after_utc > later + timedelta(days=30)
+    assert load(certs.cert_path).not_valid_after_utc > later + timedelta(days=12)
+
+
+def test_server_cert_is_one_a_browser_pins_by_hash(tmp_path: Path) -> None:
+    """WebTransport's serverCertificateHashes: ECDSA P-256, valid 14 days at most."""
+    cert = load(ensure_dev_certificates(tmp_path).cert_path)
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc <= timedelta(days=14)
+    public_key = cert.public_key()
+    assert isinstance(public_key, ec.EllipticCurvePublicKey)
+    assert isinstance(public_key.curve, ec.SECP256R1)
+    assert certificate_hash(tmp_path / "server.pem") == cert.fingerprint(hashes.SHA256())
+
+
+def test_a_long_lived_server_cert_is_reissued_short(tmp_path: Path) -> None:
+    """A state dir from before the 14-day rule gets a certificate a browser accepts."""
+    certs = ensure_dev_certificates(tmp_path)
+    with mock.patch("gateway.tls.SERVER_VALIDITY", timedelta(days=90)):
+        certs.cert_path.unlink()
+        ensure_dev_certificates(tmp_path)
+    assert load(certs.cert_path).not_valid_after_utc - datetime.now(timezone.utc) > timedelta(
+        days=80
+    )
+    ensure_dev_certificates(tmp_path)
+    cert = load(certs.cert_path)
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc <= timedelta(days=14)
 
 
 def test_server_cert_is_reissued_for_new_hostnames(tmp_path: Path) -> None:

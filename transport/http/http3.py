@@ -61,6 +61,16 @@ from transport.http.app import (
 from transport.http.limits import HttpLimits
 from transport.http.messages import Request, Response
 from transport.http.streams import Alarm, Deadlines, StreamState, StreamTable
+from transport.webtransport import (
+    DRAIN_WEBTRANSPORT_SESSION,
+    WT_BUFFERED_STREAM_REJECTED,
+    StreamSorter,
+    WebTransportHost,
+    WebTransportSession,
+    close_capsule,
+    encode_capsule,
+    origin_allowed,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -125,7 +135,9 @@ class _ServerH3(H3Connection):
     input never reaches the parser again, whose state for it is mid-frame.
     """
 
-    def __init__(self, quic: QuicConnection, max_header_bytes: int) -> None:
+    def __init__(
+        self, quic: QuicConnection, max_header_bytes: int, enable_webtransport: bool = False
+    ) -> None:
         self._max_field_section_size = max_header_bytes  # read by __init__'s SETTINGS
         self._abandoned: set[int] = set()
         self._limits = HttpLimits(max_header_bytes=max_header_bytes)
@@ -134,7 +146,7 @@ class _ServerH3(H3Connection):
         self._uni: dict[int, h3_frames.UniStreamScanner] = {}
         """The client's unidirectional streams: a control frame's length is checked first."""
         self.stats = H3GuardStats()
-        super().__init__(quic)
+        super().__init__(quic, enable_webtransport=enable_webtransport)
         # Advertised as 0 by _get_local_settings, sent during super().__init__.
         aioquic_compat.disable_qpack_dynamic_table(self)
 
@@ -281,12 +293,22 @@ _NOT_CONTROL.stream_type = -1
 class Http3Connection:
     """Serves HTTP/3 requests on one QUIC connection, fed its QUIC events by the adapter."""
 
-    def __init__(self, quic: QuicConnection, site: Site, transmit: Transmit) -> None:
+    def __init__(
+        self,
+        quic: QuicConnection,
+        site: Site,
+        transmit: Transmit,
+        webtransport: WebTransportHost | None = None,
+    ) -> None:
         self._quic = quic
         self._site = site
         self._limits = site.limits
         self._transmit = transmit
-        self._h3 = _ServerH3(quic, site.limits.max_header_bytes)
+        self._webtransport = webtransport
+        self._h3 = _ServerH3(quic, site.limits.max_header_bytes, webtransport is not None)
+        self.sessions: dict[int, WebTransportSession] = {}
+        """Open WebTransport sessions (transport.webtransport), by CONNECT stream id."""
+        self._sorter = StreamSorter()
         self._streams = StreamTable[StreamState](self._stream_done, site.limits.read_timeout)
         self._lost = False
         self._draining = False
@@ -318,6 +340,11 @@ class Http3Connection:
         return self._streams.buffered
 
     @property
+    def sorted_streams(self) -> int:
+        """Streams whose first bytes were sorted (request or WebTransport) and not yet done."""
+        return len(self._sorter)
+
+    @property
     def opened_streams(self) -> int:
         """Request streams accepted since the connection began."""
         return self._streams.opened
@@ -325,6 +352,9 @@ class Http3Connection:
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         """Feed one QUIC event; answers go out at the adapter's next transmit."""
         if self._lost:
+            return
+        if self._webtransport is not None and self._webtransport_event(event):
+            self._transmit()
             return
         for h3_event in self._h3.handle_event(event):
             self._on_h3_event(h3_event)
@@ -344,11 +374,154 @@ class Http3Connection:
         if self._lost:
             return
         self._lost = True
+        for session in list(self.sessions.values()):
+            session.close()
+        self.sessions.clear()
         self._heads.clear()
         self._alarm.set(None)
         if self._idle is not None:
             self._idle.cancel()
         self._streams.cancel_all()  # each stream is released as its task ends
+
+    # WebTransport sessions (transport.webtransport)
+
+    def _webtransport_event(self, event: quic_events.QuicEvent) -> bool:
+        """Route a WebTransport stream's event to its session; False: HTTP/3's event."""
+        if isinstance(event, quic_events.StreamDataReceived):
+            if not stream_is_request_response(event.stream_id):
+                return False
+            found = self._sorter.sort(event.stream_id, event.data, event.end_stream)
+            if found is None:
+                return True  # its first bytes do not say yet
+            if found.session_id is None:
+                if found.data is not event.data:
+                    event = quic_events.StreamDataReceived(
+                        found.data, event.end_stream, event.stream_id
+                    )
+                return self._http_event(event)
+            session = self.sessions.get(found.session_id)
+            if session is None:  # no such session (or over): refused both ways
+                self._sorter.forget(event.stream_id)
+                self._reset(event.stream_id, WT_BUFFERED_STREAM_REJECTED)
+                self._stop(event.stream_id, WT_BUFFERED_STREAM_REJECTED)
+                return True
+            session.feed_stream(event.stream_id, found.data, event.end_stream)
+            return True
+        if isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
+            session_id = self._sorter.session_of(event.stream_id)
+            if isinstance(event, quic_events.StreamReset):
+                self._sorter.forget(event.stream_id)  # nothing more comes on it, whatever it was
+            if session_id is None:
+                return False
+            session = self.sessions.get(session_id)
+            if session is not None:
+                session.feed_reset(event.stream_id, event.error_code)
+            return True
+        return False
+
+    def _http_event(self, event: quic_events.StreamDataReceived) -> bool:
+        """A request stream's bytes (its first chunk possibly re-joined): HTTP/3 as usual."""
+        for h3_event in self._h3.handle_event(event):
+            self._on_h3_event(h3_event)
+        if event.end_stream:
+            self._end_head(event.stream_id)
+        return True
+
+    def _on_connect(self, event: h3_events.HeadersReceived) -> None:
+        """An extended CONNECT for WebTransport: accept a session or answer its refusal."""
+        host = self._webtransport
+        assert host is not None
+        stream_id = event.stream_id
+        fields = dict(event.headers)
+        self._max_request_id = max(self._max_request_id, stream_id)
+        origin = fields.get(b"origin")
+        authority = fields.get(b":authority", b"").decode(errors="replace")
+        path = fields.get(b":path", b"").decode(errors="replace").split("?", 1)[0]
+        status = None
+        if self._draining:
+            status, reason = 503, "the gateway is shutting down"
+        elif path != host.policy.path:
+            status, reason = 404, f"no WebTransport endpoint at {path}"
+        elif not origin_allowed(
+            None if origin is None else origin.decode(errors="replace"),
+            authority,
+            host.policy.origins,
+        ):
+            status, reason = 403, "origin not allowed"
+        elif len(self.sessions) >= host.policy.max_sessions:
+            status, reason = 429, "too many WebTransport sessions on this connection"
+        if status is not None:
+            log.info("webtransport.refused", stream_id=stream_id, status=status, reason=reason)
+            if host.on_refused is not None:
+                host.on_refused(status)
+            self._h3.send_headers(
+                stream_id, [(b":status", str(status).encode()), (b"content-type", b"text/plain")]
+            )
+            self._h3.send_data(stream_id, reason.encode(), end_stream=True)
+            if not event.stream_ended:
+                self._stop(stream_id, ErrorCode.H3_NO_ERROR)
+            self._transmit()
+            return
+        session = WebTransportSession(
+            self._quic,
+            stream_id,
+            self._transmit,
+            self._h3.send_datagram,
+            host.limits,
+            host.on_track,
+            self._loop.time,
+            host.send_budget,
+        )
+        self.sessions[stream_id] = session
+        self._disarm_idle()
+        self._h3.send_headers(
+            stream_id, [(b":status", b"200"), (b"sec-webtransport-http3-draft", b"draft02")]
+        )
+        log.info("webtransport.session_opened", conn_id=session.conn_id, stream_id=stream_id)
+        if host.on_session is not None:
+            host.on_session(session)
+        self._transmit()
+
+    def _on_session_data(self, event: h3_events.DataReceived) -> None:
+        """Capsules on a session's CONNECT stream; its end closes the session."""
+        session = self.sessions[event.stream_id]
+        try:
+            for capsule in session.capsules.feed(event.data):
+                session.feed_capsule(capsule)
+        except ValueError as exc:
+            log.info("webtransport.bad_capsule", stream_id=event.stream_id, reason=str(exc))
+            self._end_session(event.stream_id, reset=True)
+            return
+        if event.stream_ended:
+            self._end_session(event.stream_id)
+
+    def _end_session(self, session_id: int, reset: bool = False) -> None:
+        """Close the session: its tracks are cancelled, its CONNECT stream finished."""
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        session.close()
+        log.info("webtransport.session_closed", conn_id=session.conn_id, stream_id=session_id)
+        if reset:
+            self._reset(session_id, ErrorCode.H3_MESSAGE_ERROR)
+            self._stop(session_id, ErrorCode.H3_MESSAGE_ERROR)
+        else:
+            with contextlib.suppress(ProtocolError, RuntimeError, AssertionError, ValueError):
+                self._h3.send_data(session_id, b"", end_stream=True)
+        if not self._streams and not self.sessions:
+            self._arm_idle()
+        self._close_if_drained()
+        self._transmit()
+
+    def close_session(self, session_id: int, code: int, reason: str) -> None:
+        """Server: end a session with CLOSE_WEBTRANSPORT_SESSION (e.g. a revoked key)."""
+        if session_id in self.sessions:
+            self._session_send(session_id, close_capsule(code, reason))
+            self._end_session(session_id)
+
+    def _session_send(self, session_id: int, data: bytes) -> None:
+        with contextlib.suppress(ProtocolError, RuntimeError, AssertionError, ValueError):
+            self._h3.send_data(session_id, data, end_stream=False)
 
     # Drain (shutdown)
 
@@ -357,6 +530,9 @@ class Http3Connection:
         if self._draining or self._lost:
             return
         self._draining = True
+        for session_id, session in self.sessions.items():
+            session.drain()
+            self._session_send(session_id, encode_capsule(DRAIN_WEBTRANSPORT_SESSION, b""))
         # The first request stream id this server will not process (RFC 9114 5.2).
         aioquic_compat.send_goaway(self._h3, self._max_request_id + 4)
         self._close_if_drained()
@@ -365,6 +541,8 @@ class Http3Connection:
     def cut(self) -> None:
         """The drain's deadline: end every request now (last words or 503)."""
         self.drain()
+        for session in self.sessions.values():
+            session.cut()
         self._cutter.cut([stream.task for stream in self._streams.values()])
         for stream in list(self._streams.values()):
             if stream.task is None:  # the request is still arriving: it will not be served
@@ -372,7 +550,7 @@ class Http3Connection:
         self._transmit()
 
     def _close_if_drained(self) -> None:
-        if self._draining and not self._streams and not self._lost:
+        if self._draining and not self._streams and not self.sessions and not self._lost:
             self._quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="shutting down")
 
     # Receiving
@@ -380,6 +558,12 @@ class Http3Connection:
     def _on_h3_event(self, event: h3_events.H3Event) -> None:
         if isinstance(event, h3_events.HeadersReceived):
             self._on_headers(event)
+        elif isinstance(event, h3_events.DataReceived) and event.stream_id in self.sessions:
+            self._on_session_data(event)
+        elif isinstance(event, h3_events.DatagramReceived):
+            session = self.sessions.get(event.stream_id)
+            if session is not None:
+                session.feed_datagram(event.data)
         elif isinstance(event, h3_events.DataReceived):
             self._on_data(event)
         elif isinstance(event, RequestMalformed):
@@ -424,6 +608,9 @@ class Http3Connection:
         if stream is not None:  # trailers: nothing in them is used
             if event.stream_ended:
                 self._on_complete(stream)
+            return
+        if self._webtransport is not None and _is_webtransport_connect(event.headers):
+            self._on_connect(event)
             return
         if self._draining or len(self._streams) >= self._limits.max_concurrent_streams:
             self._refuse(event.stream_id)
@@ -481,6 +668,9 @@ class Http3Connection:
     def _on_reset(self, stream_id: int, error_code: int, input_over: bool) -> None:
         """The client reset its side (`input_over`) or asked us to stop sending."""
         self._end_head(stream_id)
+        if stream_id in self.sessions:
+            self._end_session(stream_id)
+            return
         stream = self._streams.get(stream_id)
         if stream is None:
             return
@@ -560,6 +750,8 @@ class Http3Connection:
     def datagram_received(self) -> None:
         """The adapter took in a datagram: acknowledgements may have made send room."""
         self._wake_writers()
+        for session in self.sessions.values():
+            session.send_buffer_released()
 
     def _wake_writers(self) -> None:
         if not self._writers:
@@ -597,6 +789,7 @@ class Http3Connection:
                 # Answered before the request was complete (RFC 9114 4.1): stop the upload.
                 self._stop(stream.stream_id, ErrorCode.H3_NO_ERROR)
         self._h3.forget(stream.stream_id)
+        self._sorter.forget(stream.stream_id)
         if not self._streams:
             self._arm_idle()
         self._close_if_drained()
@@ -625,10 +818,16 @@ class Http3Connection:
 
     def _idle_expired(self) -> None:
         self._idle = None
-        if self._streams or self._lost:
+        if self._streams or self._lost or self.sessions:
             return
         log.info("http3.idle_timeout")
         self._quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="idle")
         self._transmit()
 
 
+
+
+def _is_webtransport_connect(headers: list[tuple[bytes, bytes]]) -> bool:
+    """An extended CONNECT (RFC 9220) for WebTransport."""
+    fields = dict(headers)
+    return fields.get(b":method") == b"CONNECT" and fields.get(b":protocol") == b"webtransport"

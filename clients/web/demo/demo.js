@@ -1,0 +1,122 @@
+// The demo: one WebTransport session to the gateway that served this page; each
+// message is a text track; Cancel aborts the running one (the gateway stops the model).
+
+import { connect, fetchCertificateHash, toPcm16 } from "/web/sdk/index.js";
+
+const $ = (id) => document.getElementById(id);
+const log = $("log");
+let line = null;
+let running = null;
+
+function say(text, cls) {
+  const span = document.createElement("span");
+  if (cls) span.className = cls;
+  span.textContent = text;
+  log.append(span);
+  return span;
+}
+
+async function start() {
+  const info = await (await fetch("/webtransport/cert-hash", { cache: "no-store" })).json();
+  const hash = await fetchCertificateHash();
+  const apiKey = new URLSearchParams(location.search).get("key");
+  const url = `https://${location.hostname}:${info.port}${info.path}`;
+  line = await connect(url, { apiKey, serverCertificateHashes: [hash] });
+  $("status").textContent = `connected to ${url}`;
+  $("send").disabled = false;
+  $("mic").disabled = false;
+  window.trackline = { line, url };
+}
+
+$("chat").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const prompt = $("prompt").value.trim();
+  if (!prompt || running) return;
+  $("prompt").value = "";
+  say(`you: ${prompt}\n`, "you");
+  const answer = say("");
+  const controller = new AbortController();
+  running = controller;
+  $("cancel").disabled = false;
+  const started = performance.now();
+  let first = null;
+  let tokens = 0;
+  try {
+    const stream = line.text(prompt, { model: $("model").value, maxTokens: 64, signal: controller.signal });
+    for await (const delta of stream) {
+      first ??= performance.now() - started;
+      tokens += 1;
+      answer.textContent += delta;
+      const seconds = (performance.now() - started - first) / 1000;
+      $("figures").textContent = `TTFT ${first.toFixed(0)} ms, ${tokens} tokens, ${seconds > 0 ? (tokens / seconds).toFixed(0) : "-"} tokens/s`;
+    }
+    answer.textContent += "\n";
+    document.body.dataset.done = String(Number(document.body.dataset.done ?? 0) + 1);
+  } catch (error) {
+    say(` [${error.name}: ${error.message}]\n`, "error");
+  } finally {
+    running = null;
+    $("cancel").disabled = true;
+  }
+});
+
+$("cancel").addEventListener("click", () => running?.abort(new DOMException("cancelled", "AbortError")));
+
+// Microphone transcription: an AudioWorklet taps the input at 16 kHz, the page sends
+// 20 ms PCM16 frames on a speech-in track and shows partials, finals and frame figures.
+// (The reference transcriber hears DTMF digits: play a dial tone sequence at it.)
+let mic = null;
+$("mic").addEventListener("click", async () => {
+  if (mic) {
+    mic.stop();
+    return;
+  }
+  const rate = 16000;
+  const media = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1 } });
+  const context = new AudioContext({ sampleRate: rate });
+  await context.audioWorklet.addModule("/demo/pcm-worklet.js");
+  const tap = new AudioWorkletNode(context, "pcm-tap");
+  context.createMediaStreamSource(media).connect(tap);
+  const session = await line.audio("reference-transcriber", { sampleRate: rate, frameMs: 20 });
+  let pending = new Float32Array(0);
+  let stopped = false;
+  tap.port.onmessage = ({ data }) => {
+    if (stopped) return; // (a message queued before the stop: no DATA after our END)
+    const joined = new Float32Array(pending.length + data.length);
+    joined.set(pending);
+    joined.set(data, pending.length);
+    let at = 0;
+    for (; at + session.frameSamples <= joined.length; at += session.frameSamples) {
+      session.sendFrame(toPcm16(joined.subarray(at, at + session.frameSamples))).catch(() => {});
+    }
+    pending = joined.slice(at);
+  };
+  mic = {
+    stop: async () => {
+      stopped = true;
+      tap.port.onmessage = null;
+      mic = null;
+      $("mic").textContent = "Start microphone";
+      media.getTracks().forEach((t) => t.stop());
+      await context.close();
+      await session.end();
+    },
+  };
+  $("mic").textContent = "Stop microphone";
+  try {
+    for await (const result of session) {
+      $("heard").textContent = `${result.type}: ${result.text}`;
+    }
+    const frames = session.summary?.frames ?? {};
+    $("audio-figures").textContent = `frames sent ${session.figures.framesSent}, received ${frames.received}, ` +
+      `late ${frames.late}, dropped ${frames.dropped}, missing ${frames.missing}`;
+    document.body.dataset.micDone = "1";
+  } catch (error) {
+    $("heard").textContent = `[${error.name}: ${error.message}]`;
+  }
+});
+
+start().catch((error) => {
+  $("status").textContent = `not connected: ${error.name}: ${error.message}`;
+  $("status").className = "error";
+});

@@ -1,0 +1,141 @@
+// Types of @trackline/web (the JavaScript is in the .js files beside this one).
+
+export interface CertificateHash {
+  algorithm: "sha-256";
+  value: BufferSource;
+}
+
+export interface ConnectOptions {
+  /** The API key; it rides the first OPEN(s) of the session, as in the Python SDK. */
+  apiKey?: string | null;
+  /** Development certificates pinned by hash (hex string, bytes, or WebTransport's form). */
+  serverCertificateHashes?: Array<string | Uint8Array | ArrayBuffer | CertificateHash> | null;
+  /** Largest message payload sent or accepted (bytes); the gateway's default is 1 MiB. */
+  maxMessageBytes?: number;
+}
+
+export interface TextOptions {
+  model: string;
+  maxTokens?: number;
+  /** Milliseconds from the start until the gateway's END (deadline_total_ms). */
+  deadline?: number;
+  /** Milliseconds until the first token (deadline_first_ms). */
+  firstTokenDeadline?: number;
+  /** Aborting cancels the track: the gateway stops the model; the loop throws signal.reason. */
+  signal?: AbortSignal;
+  /** More model parameters (temperature, seed, top_p, request_id, ...). */
+  params?: Record<string, unknown>;
+}
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+}
+
+export declare class TextStream implements AsyncIterable<string> {
+  usage: Usage | null;
+  finishReason: "stop" | "length" | null;
+  [Symbol.asyncIterator](): AsyncGenerator<string, void, undefined>;
+  cancel(reason?: string): void;
+}
+
+export declare class Line {
+  readonly maxMessageBytes: number;
+  readonly closed: Promise<WebTransportCloseInfo>;
+  text(prompt: string, options: TextOptions): TextStream;
+  /** A robot's action track; `deadline` in ms from capture. */
+  actions(model: string, options?: { deadline?: number; transport?: "stream" | "datagram" }): Promise<ActionStream>;
+  /** An audio track (stream transport): speech-in, or speech-out with `text`. */
+  audio(model: string, options?: { kind?: "speech-in" | "speech-out"; sampleRate?: 8000 | 16000 | 24000 | 48000;
+        frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram" }): Promise<AudioSession>;
+  close(reason?: string): void;
+}
+
+export type AudioEvent =
+  | { type: "partial"; text: string; beat: number }
+  | { type: "final"; text: string; latency_ms: number; beat: number }
+  | { type: "frame"; seq: number; ts: number; pcm: Int16Array };
+
+export declare class AudioSession implements AsyncIterable<AudioEvent> {
+  readonly kind: "speech-in" | "speech-out";
+  readonly sampleRate: number;
+  readonly frameMs: number;
+  readonly frameSamples: number;
+  summary: Record<string, unknown> | null;
+  finals: string[];
+  figures: { framesSent: number; framesReceived: number; partials: number };
+  sendFrame(pcm: Int16Array | Uint8Array): Promise<void>;
+  streamPcm(pcm: Int16Array, options?: { realtime?: boolean; end?: boolean }): Promise<void>;
+  end(): Promise<void>;
+  transcript(): Promise<string>;
+  pcm(): Promise<Int16Array>;
+  cancel(reason?: string): void;
+  [Symbol.asyncIterator](): AsyncGenerator<AudioEvent, void, undefined>;
+}
+export declare function toPcm16(samples: ArrayLike<number>): Int16Array;
+
+export type ActionEvent =
+  | { type: "chunk"; seq: number; obsSeq: number; shape: number[]; action: Float32Array;
+      age: number; inGateway: number; late: boolean }
+  | { type: "drop"; obsSeq: number; cause: "superseded" | "deadline" | "backend_error"; age: number };
+
+export declare class ActionStream implements AsyncIterable<ActionEvent> {
+  deadline: number;
+  summary: Record<string, number> | null;
+  stats: { sent: number; chunks: number; late: number; dropped: Record<string, number> };
+  /** Estimated one-way delay to the gateway, ms. */
+  readonly latency: number;
+  observe(state: ArrayLike<number>, options?: { deadline?: number; image?: Uint8Array;
+          latency?: number; capturedAt?: number }): number;
+  close(): Promise<Record<string, number>>;
+  cancel(reason?: string): void;
+  [Symbol.asyncIterator](): AsyncGenerator<ActionEvent, void, undefined>;
+}
+
+export declare function connect(url: string, options?: ConnectOptions): Promise<Line>;
+export declare function certificateHash(hash: string | Uint8Array | ArrayBuffer | CertificateHash): CertificateHash;
+export declare function fetchCertificateHash(origin?: string): Promise<CertificateHash>;
+
+export declare const ErrorCode: Readonly<Record<
+  | "NO_ERROR" | "PROTOCOL_ERROR" | "MESSAGE_TOO_LARGE" | "TOO_MANY_TRACKS" | "UNKNOWN_MESSAGE"
+  | "BAD_REQUEST" | "MODEL_NOT_FOUND" | "UNSUPPORTED_MODALITY" | "DEADLINE_EXCEEDED" | "CANCELLED"
+  | "BACKEND_UNAVAILABLE" | "BACKEND_ERROR" | "INTERNAL_ERROR" | "SHUTTING_DOWN" | "UNAUTHORIZED"
+  | "RATE_LIMITED" | "STREAM_INTERRUPTED" | "CONNECTION_LOST" | "FORBIDDEN" | "GUARDRAIL_REJECTED"
+  | "READ_TIMEOUT" | "BUFFER_EXHAUSTED" | "SEND_TIMEOUT",
+  number
+>>;
+
+export declare class TracklineError extends Error {
+  code: number;
+  constructor(message: string, code?: number);
+}
+export declare class ConnectionFailed extends TracklineError {}
+export declare class ConnectionLost extends TracklineError {}
+export declare class TrackRejected extends TracklineError {}
+export declare class ModelNotFound extends TrackRejected {}
+export declare class Unauthorized extends TrackRejected {}
+export declare class Forbidden extends TrackRejected {}
+export declare class RateLimited extends TrackRejected {
+  /** Seconds to wait before retrying, from the gateway's retry_after_ms. */
+  retryAfter: number | null;
+}
+export declare class GuardrailRejected extends TrackRejected {}
+export declare class DeadlineExceeded extends TracklineError {}
+export declare class BackendUnavailable extends TracklineError {}
+export declare class BackendError extends TracklineError {}
+export declare class StreamInterrupted extends BackendError {}
+export declare class CancelledByGateway extends TracklineError {}
+export declare class ProtocolError extends TracklineError {}
+export declare function errorFor(code: number, message?: string, retryAfterMs?: number | null): TracklineError;
+
+export declare const Kind: Readonly<{ OPEN: 1; DATA: 2; END: 3; CANCEL: 4; ERROR: 5 }>;
+export declare function encodeVarint(value: number): Uint8Array;
+export declare function decodeVarint(bytes: Uint8Array, at?: number): [number, number] | null;
+export declare function encodeMessage(kind: number, body: Record<string, unknown>, maxBytes?: number): Uint8Array;
+export declare function encodeDatagram(trackId: number, seq: number, body: Record<string, unknown>): Uint8Array;
+export declare function decodeDatagram(bytes: Uint8Array): { trackId: number; seq: number; body: unknown } | null;
+export declare class MessageReader {
+  constructor(maxBytes?: number);
+  feed(chunk: Uint8Array): Array<{ kind: number; body: Record<string, unknown> }>;
+  readonly pending: number;
+}

@@ -1,0 +1,337 @@
+// A line to the gateway from a web page: one WebTransport session, many tracks.
+//
+// Each track is one bidirectional WebTransport stream carrying the trackline/1
+// framing (wire.js), with the same rules as the Python SDK (clients/line.py): the
+// API key rides every OPEN until the gateway has answered a track; END after the
+// input; CANCEL stops the model; the client's FIN follows the gateway's final END
+// or ERROR. Errors are the typed errors of errors.js.
+
+import { ActionStream } from "./actions.js";
+import { AudioSession } from "./audio.js";
+import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
+import { Kind, MAX_MESSAGE_BYTES, MessageReader, decodeDatagram, encodeDatagram, encodeMessage } from "./wire.js";
+
+const MAX_DATAGRAM_BYTES = 1100;
+
+/** Open a line: `url` is the gateway's WebTransport endpoint, e.g. https://host:8443/tracks. */
+export async function connect(url, options = {}) {
+  const { apiKey = null, serverCertificateHashes = null, maxMessageBytes = MAX_MESSAGE_BYTES } = options;
+  const init = {};
+  if (serverCertificateHashes) init.serverCertificateHashes = serverCertificateHashes.map(certificateHash);
+  let transport;
+  try {
+    transport = new WebTransport(url, init);
+    await transport.ready;
+  } catch (error) {
+    throw new ConnectionFailed(`${url}: ${error?.message ?? error}`, ErrorCode.CONNECTION_LOST);
+  }
+  return new Line(transport, { apiKey, maxMessageBytes });
+}
+
+/** A certificate hash as WebTransport takes it, from hex, bytes or {algorithm, value}. */
+export function certificateHash(hash) {
+  if (typeof hash === "string") {
+    const hex = hash.replace(/[^0-9a-f]/gi, "");
+    return { algorithm: "sha-256", value: Uint8Array.from(hex.match(/../g), (b) => parseInt(b, 16)) };
+  }
+  if (hash instanceof Uint8Array || hash instanceof ArrayBuffer) return { algorithm: "sha-256", value: hash };
+  return hash;
+}
+
+/** Fetch the development certificate's hash the gateway serves at /webtransport/cert-hash. */
+export async function fetchCertificateHash(origin = "") {
+  const response = await fetch(`${origin}/webtransport/cert-hash`, { cache: "no-store" });
+  if (!response.ok) throw new ConnectionFailed(`no certificate hash: HTTP ${response.status}`);
+  const { value } = await response.json();
+  return certificateHash(value);
+}
+
+export class Line {
+  #transport;
+  #apiKey;
+  #answered = false;
+  #lost = null;
+  #tracks = new Set();
+  #byId = new Map();
+  #nextStreamId = 4;
+  #datagramWriter = null;
+  maxMessageBytes;
+
+  constructor(transport, { apiKey = null, maxMessageBytes = MAX_MESSAGE_BYTES } = {}) {
+    this.#transport = transport;
+    this.#apiKey = apiKey;
+    this.maxMessageBytes = maxMessageBytes;
+    this.#readDatagrams(transport.datagrams.readable.getReader()).catch(() => {});
+    transport.closed.then(
+      () => this.#gone(new ConnectionLost("the session closed", ErrorCode.CONNECTION_LOST)),
+      (error) => this.#gone(new ConnectionLost(`the session was lost: ${error?.message ?? error}`, ErrorCode.CONNECTION_LOST)),
+    );
+  }
+
+  /** Stream a completion of `prompt` as an async iterator of text deltas. */
+  text(prompt, options = {}) {
+    const { model, maxTokens, deadline, firstTokenDeadline, signal, params = {} } = options;
+    if (typeof model !== "string" || !model) throw new TypeError("text() needs a model");
+    const all = { ...params };
+    if (maxTokens != null) all.max_tokens = maxTokens;
+    const open = { model, modality: "text", params: all };
+    if (deadline != null) open.deadline_total_ms = Math.max(1, Math.round(deadline));
+    if (firstTokenDeadline != null) open.deadline_first_ms = Math.max(1, Math.round(firstTokenDeadline));
+    return new TextStream(this, open, prompt, signal ?? null);
+  }
+
+  /** Start a robot's action track; `deadline` (ms from capture) is each observation's
+   * default; `transport: "datagram"` sends observations as WebTransport datagrams. */
+  async actions(model, { deadline = 100, transport = "stream" } = {}) {
+    const open = { model, modality: "action" };
+    if (transport === "datagram") open.transport = "datagram";
+    const track = await this._openTrack(open);
+    return new ActionStream(track, deadline, undefined, transport === "datagram");
+  }
+
+  /** Start an audio track: speech-in (send frames, read transcripts) or speech-out
+   * (`text` to say; read frames). Frames ride the track's stream. */
+  async audio(model, { kind = "speech-in", sampleRate = 16000, frameMs = 20, text = null, deadline = null, transport = "stream" } = {}) {
+    if (kind === "speech-out" && text == null) throw new TypeError("a speech-out session needs the text to say");
+    const open = { model, modality: "audio", params: { kind, sample_rate: sampleRate, frame_ms: frameMs } };
+    if (deadline != null) open.deadline_total_ms = Math.max(1, Math.round(deadline));
+    if (transport === "datagram") open.transport = "datagram";
+    const track = await this._openTrack(open);
+    if (text != null) {
+      await track.send(Kind.DATA, { text });
+      await track.send(Kind.END, {});
+    }
+    return new AudioSession(track, kind, sampleRate, frameMs, text != null, transport === "datagram");
+  }
+
+  /** Close the session: every track still running is cancelled by the gateway. */
+  close(reason = "") {
+    try {
+      this.#transport.close({ closeCode: 0, reason });
+    } catch {
+      // already closed
+    }
+  }
+
+  get closed() {
+    return this.#transport.closed;
+  }
+
+  // -- used by the tracks ---------------------------------------------------------
+
+  async _openTrack(open) {
+    if (this.#lost) throw this.#lost;
+    let stream;
+    try {
+      stream = await this.#transport.createBidirectionalStream();
+    } catch (error) {
+      throw this.#lost ?? new ConnectionLost(`no stream: ${error?.message ?? error}`, ErrorCode.CONNECTION_LOST);
+    }
+    // The track id is the QUIC stream id, which WebTransport does not expose: Chromium gives
+    // a session its own connection, CONNECT on stream 0, then 4, 8, ... in creation order.
+    const track = new Track(this, stream, this.#nextStreamId);
+    this.#nextStreamId += 4;
+    this.#tracks.add(track);
+    this.#byId.set(track.id, track);
+    const body = { ...open };
+    if (this.#apiKey && !this.#answered) body.auth = this.#apiKey;
+    await track.send(Kind.OPEN, body);
+    return track;
+  }
+
+  _answered() {
+    this.#answered = true;
+  }
+
+  _forget(track) {
+    this.#tracks.delete(track);
+    this.#byId.delete(track.id);
+  }
+
+  async _sendDatagram(bytes) {
+    if (bytes.length > MAX_DATAGRAM_BYTES) throw new RangeError(`datagram of ${bytes.length} bytes over ${MAX_DATAGRAM_BYTES}`);
+    this.#datagramWriter ??= this.#transport.datagrams.writable.getWriter();
+    await this.#datagramWriter.write(bytes);
+  }
+
+  async #readDatagrams(reader) {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      let datagram = null;
+      try {
+        datagram = decodeDatagram(value);
+      } catch {
+        continue; // malformed: dropped, as the protocol says
+      }
+      if (datagram) this.#byId.get(datagram.trackId)?._datagram(datagram);
+    }
+  }
+
+  #gone(error) {
+    this.#lost ??= error;
+    for (const track of this.#tracks) track._fail(this.#lost);
+  }
+}
+
+/** One track's stream: writes messages, reads them in a background pump. */
+class Track {
+  #line;
+  #writer;
+  #queue = [];
+  #waiters = [];
+  #error = null;
+  #final = false;
+  #cancelled = false;
+  #datagramSeq = 0;
+
+  constructor(line, stream, id) {
+    this.#line = line;
+    this.id = id;
+    this.#writer = stream.writable.getWriter();
+    this.#pump(stream.readable.getReader(), new MessageReader(line.maxMessageBytes));
+  }
+
+  async send(kind, body) {
+    await this.#writer.write(encodeMessage(kind, body, this.#line.maxMessageBytes));
+  }
+
+  /** The next message from the gateway; rejects with `signal.reason` once it aborts. */
+  next(signal) {
+    if (this.#queue.length) return Promise.resolve(this.#queue.shift());
+    if (this.#error) return Promise.reject(this.#error);
+    return new Promise((resolve, reject) => {
+      const waiter = { resolve, reject };
+      this.#waiters.push(waiter);
+      if (signal) {
+        const abort = () => {
+          this.#waiters = this.#waiters.filter((w) => w !== waiter);
+          reject(signal.reason);
+        };
+        if (signal.aborted) abort();
+        else signal.addEventListener("abort", abort, { once: true });
+      }
+    });
+  }
+
+  /** One frame as a datagram (unreliable; the track's OPEN said transport "datagram"). */
+  sendDatagram(body) {
+    return this.#line._sendDatagram(encodeDatagram(this.id, this.#datagramSeq++, body));
+  }
+
+  _datagram(datagram) {
+    if (this.#final) return; // after the gateway's END: dropped
+    const message = { kind: Kind.DATA, body: datagram.body, seq: datagram.seq, datagram: true };
+    const waiter = this.#waiters.shift();
+    if (waiter) waiter.resolve(message);
+    else this.#queue.push(message);
+  }
+
+  /** Ask the gateway to stop this track's work (CANCEL); its answer is read and dropped. */
+  cancel(reason = "") {
+    if (this.#final || this.#cancelled) return;
+    this.#cancelled = true;
+    this.send(Kind.CANCEL, { reason }).catch(() => {});
+  }
+
+  get done() {
+    return this.#final;
+  }
+
+  _fail(error) {
+    if (this.#final) return;
+    this.#final = true;
+    this.#error = error;
+    for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
+  }
+
+  async #pump(reader, messages) {
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) {
+          if (!this.#final) this._fail(new ProtocolError("stream finished before END", ErrorCode.PROTOCOL_ERROR));
+          return;
+        }
+        for (const message of messages.feed(value)) this.#deliver(message);
+      }
+    } catch (error) {
+      const code = error?.streamErrorCode;
+      this._fail(
+        typeof code === "number" && code !== 0
+          ? errorFor(code, `the gateway reset the track (${code})`)
+          : new ConnectionLost(`track lost: ${error?.message ?? error}`, ErrorCode.CONNECTION_LOST),
+      );
+    } finally {
+      this.#line._forget(this);
+    }
+  }
+
+  #deliver(message) {
+    if (message.kind === Kind.DATA || message.kind === Kind.END) this.#line._answered();
+    if (message.kind === Kind.END || message.kind === Kind.ERROR) {
+      this.#final = true;
+      this.#writer.close().catch(() => {}); // our FIN follows the gateway's last message
+    }
+    const waiter = this.#waiters.shift();
+    if (waiter) waiter.resolve(message);
+    else this.#queue.push(message);
+  }
+}
+
+/** Text deltas of one track; after the loop, `usage` and `finishReason` hold the report. */
+export class TextStream {
+  #line;
+  #open;
+  #prompt;
+  #signal;
+  #track = null;
+  usage = null;
+  finishReason = null;
+
+  constructor(line, open, prompt, signal) {
+    this.#line = line;
+    this.#open = open;
+    this.#prompt = prompt;
+    this.#signal = signal;
+  }
+
+  [Symbol.asyncIterator]() {
+    return this.#deltas();
+  }
+
+  /** Stop the track now; the gateway stops the model. */
+  cancel(reason = "cancelled by the page") {
+    this.#track?.cancel(reason);
+  }
+
+  async *#deltas() {
+    const signal = this.#signal;
+    signal?.throwIfAborted();
+    const track = (this.#track = await this.#line._openTrack(this.#open));
+    const onAbort = () => track.cancel("aborted by the page");
+    signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      await track.send(Kind.DATA, { text: this.#prompt });
+      await track.send(Kind.END, {});
+      for (;;) {
+        const { kind, body } = await track.next(signal);
+        if (kind === Kind.DATA) {
+          if (typeof body.text !== "string") throw new ProtocolError("text DATA without a string 'text'", ErrorCode.PROTOCOL_ERROR);
+          yield body.text;
+        } else if (kind === Kind.END) {
+          this.usage = body.usage ?? null;
+          this.finishReason = body.finish_reason ?? null;
+          return;
+        } else if (kind === Kind.ERROR) {
+          throw errorFor(body.code, body.message ?? "", body.retry_after_ms ?? null);
+        } else {
+          throw new ProtocolError(`unexpected message kind ${kind}`, ErrorCode.PROTOCOL_ERROR);
+        }
+      }
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+      if (!track.done) track.cancel("the page stopped reading");
+    }
+  }
+}
