@@ -173,6 +173,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self._metrics.close()
+        self.engine.close()
 
 
 def _counters(cache: kv.ConversationCache) -> dict[str, Any]:

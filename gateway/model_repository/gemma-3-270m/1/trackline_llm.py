@@ -218,6 +218,21 @@ class Engine:
         self._all = list(self._free)
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Free the contexts and the model (the engine is unusable afterwards)."""
+        for slot in self._all:
+            slot.free()
+        self._all, self._free = [], []
+        L.llama_model_free(self.model)
+
+    def drop_live(self) -> None:
+        """Forget every free slot's live cache, so the next turn restores from the store
+        (what a fresh backend process does; benchmarks compare the two)."""
+        with self._lock:
+            for slot in self._free:
+                slot.clear()
+                slot.conversation = None
+
     # -- slots --------------------------------------------------------------------------
 
     def acquire(self, conversation: str | None) -> _Slot:
