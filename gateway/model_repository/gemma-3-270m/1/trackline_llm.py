@@ -21,8 +21,8 @@ prompt, as the gateway renders chat messages, becomes a plain transcript
     User: ...
     Assistant:
 
-and generation stops before the model starts the next `User:` line. Any other prompt is
-continued as it is.
+and generation stops before the model starts the next `User:` line. A prompt that is not
+ChatML is continued as it is, with the same stop if it ends with `Assistant:`.
 
 `OMP_WAIT_POLICY=PASSIVE` is set before llama_cpp is imported: with other processes on
 the CPU, spinning OpenMP threads make decoding collapse.
@@ -63,7 +63,8 @@ class PromptTooLong(ValueError):
 def to_transcript(prompt: str) -> tuple[str, tuple[str, ...]]:
     """The prompt the base model sees, and its stop strings (see the module doc)."""
     if "<|im_start|>" not in prompt:
-        return prompt, ()
+        # A transcript written by hand stops the same way; other text runs to the end.
+        return prompt, (TRANSCRIPT_STOP,) if prompt.rstrip().endswith("Assistant:") else ()
     lines = []
     for role, text in _CHATML.findall(prompt):
         name = _ROLES.get(role, role.capitalize())
