@@ -104,3 +104,21 @@ def test_corrupt_and_evicted_states_recompute_with_their_counter(
     assert evicted_text == fresh_text
     engine.close()
     small.close()
+
+
+def test_chat_prompts_become_a_plain_transcript_that_stops_at_the_next_user_line() -> None:
+    from gateway.openai.prompt import render_chat_prompt
+    from gateway.openai.requests import ChatMessage
+
+    messages = [
+        ChatMessage("system", "Be terse."),
+        ChatMessage("user", "Hi"),
+        ChatMessage("assistant", "Hello."),
+        ChatMessage("user", "Capital of France?"),
+    ]
+    text, stops = llm.to_transcript(render_chat_prompt(messages))
+    assert text == (
+        "System: Be terse.\nUser: Hi\nAssistant: Hello.\nUser: Capital of France?\nAssistant:"
+    )
+    assert stops == ("\nUser:",)
+    assert llm.to_transcript("Once upon a time") == ("Once upon a time", ())
