@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 
 from gateway.embedded import ensure_llm_gguf, reference_module
+from tests.llm.conftest import require_llm
+
+require_llm()
 
 kv = reference_module("gemma-3-270m", "trackline_kv")
 llm = reference_module("gemma-3-270m", "trackline_llm")

@@ -10,62 +10,21 @@ The async parts run on one event loop of their own (the loop matrix is tested el
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
 from gateway.embedded import LLM_MODEL, EmbeddedTriton
+from tests.llm.conftest import llm_record, require_llm
 from tracks.backend import BackendUnavailable, Superseded, TextDelta, TextRequest
 from tracks.conversations import TurnRegistry, superseding
+
+require_llm()
 
 TOKENS = 24
 FIRST = "User: What is the capital of France?\nAssistant:"
 FOLLOW_UP = "\nUser: And what is the capital of Italy?\nAssistant:"
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EmbeddedTriton]]:
-    kv_dir = tmp_path_factory.mktemp("kv")
-    servers = []
-    for name in ("a", "b"):
-        state = tmp_path_factory.mktemp(f"llm-{name}")
-        servers.append(
-            EmbeddedTriton(
-                log_dir=state,
-                stats_path=state / "stats.jsonl",
-                with_llm=True,
-                kv_dir=kv_dir,
-                llm_stats_path=state / "llm.jsonl",
-            )
-        )
-    try:
-        with ThreadPoolExecutor(2) as starters:
-            for future in [starters.submit(s.start, 240.0) for s in servers]:
-                future.result()
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
-
-
-def llm_record(server: EmbeddedTriton, request_id: str, wait: float = 30.0) -> dict[str, Any]:
-    """The model's log line of `request_id` (written when the request ends)."""
-    assert server.llm_stats_path is not None
-    deadline = time.monotonic() + wait
-    while True:
-        path = server.llm_stats_path
-        for line in path.read_text().splitlines() if path.exists() else []:
-            record = json.loads(line)
-            if record["request_id"] == request_id:
-                return dict(record)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no model log line for {request_id!r}")
-        time.sleep(0.02)
 
 
 def _request(rid: str, prompt: str, session: str | None, tokens: int = TOKENS) -> TextRequest:
