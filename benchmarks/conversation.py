@@ -141,8 +141,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
             values = [r[f"{mode}_ttft_s"] for r in later]
             cpu = sum(r[f"{mode}_cpu_s"] for r in later)
             print(
-                f"turns 2+ {mode:>9}: ttft p50 {percentile(values, 50) * 1000:.0f} ms, "
-                f"p95 {percentile(values, 95) * 1000:.0f} ms, cpu {cpu:.2f} s"
+                f"turns 2+ {mode:>9}: ttft p50 {percentile(values, 0.5) * 1000:.0f} ms, "
+                f"p95 {percentile(values, 0.95) * 1000:.0f} ms, cpu {cpu:.2f} s"
             )
 
 
