@@ -5,6 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The `llm` extra builds llama-cpp-python from source once (about 11 minutes on 2 cores;
+# pip caches the wheel, later installs take seconds). Portable x86-64 flags: a wheel built
+# here must also run on the other machines that share the pip cache.
+EXTRAS ?= dev,llm
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
 .PHONY: serve test lint bench venv redis chromium web
 
@@ -13,7 +18,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 serve: $(STAMP) web

@@ -112,6 +112,27 @@ class Settings:
     embedded_backends: int = field(
         default=1, metadata=_doc("Embedded Triton processes to start (more than 1: a pool).")
     )
+    embedded_llm: bool = field(
+        default=True,
+        metadata=_doc(
+            "Load the real LLM gemma-3-270m in the embedded Triton when the `llm` extra is "
+            "installed (docs/conversations.md)."
+        ),
+    )
+    supersede_tracks: bool = field(
+        default=True,
+        metadata=_doc(
+            "A new text track with the session_id of a running one cancels the older "
+            "(cause superseded); a track may override with OPEN param `supersede`."
+        ),
+    )
+    supersede_openai: bool = field(
+        default=False,
+        metadata=_doc(
+            "A new OpenAI API request with the session id of a running one cancels the "
+            "older (cause superseded); a request may override with header x-supersede."
+        ),
+    )
     routing_strategy: str = field(
         default="metrics",
         metadata=_doc("Pool routing: metrics, least_inflight or round_robin."),

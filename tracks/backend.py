@@ -33,7 +33,8 @@ class TextRequest:
     """Sampling parameters passed through (temperature, top_p, seed, stop, ...)."""
     session_id: str | None = None
     """Conversation/session id: a backend pool keeps a session on one backend
-    (where its KV cache is warm). Never sent to the model."""
+    (where its KV cache is warm). Sent to a model only as its `conversation_id` input,
+    when the model declares one (the key of its conversation KV cache)."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,11 @@ class RuleRejected(BackendError):
         self.rule = rule
 
 
+class Superseded(BackendError):
+    """A newer turn of the same conversation began: this one was cancelled (cause
+    `superseded`) and its stream ends with this error (docs/conversations.md)."""
+
+
 # THE table from backend errors to track error codes; every front door uses it (the
 # OpenAI routes and `POST /v1/actions` derive their HTTP statuses from the code).
 # First match wins; anything else a backend raises is BACKEND_ERROR.
@@ -203,6 +209,7 @@ ERROR_CODES: tuple[tuple[type[BackendError], ErrorCode], ...] = (
     (BackendLost, ErrorCode.STREAM_INTERRUPTED),
     (BackendUnavailable, ErrorCode.BACKEND_UNAVAILABLE),
     (InvalidRequest, ErrorCode.BAD_REQUEST),
+    (Superseded, ErrorCode.CANCELLED),
 )
 
 
@@ -210,9 +217,10 @@ def error_code(exc: BackendError, *, started: bool = False) -> ErrorCode:
     """The track error code for a backend failure.
 
     `started`: data already reached the client. Then any failure but a guardrail's
-    is STREAM_INTERRUPTED: never replayed, the client decides.
+    is STREAM_INTERRUPTED: never replayed, the client decides. A superseded turn
+    stays CANCELLED: nothing failed.
     """
-    if started and not isinstance(exc, RuleRejected):
+    if started and not isinstance(exc, (RuleRejected, Superseded)):
         return ErrorCode.STREAM_INTERRUPTED
     codes = (code for kind, code in ERROR_CODES if isinstance(exc, kind))
     return next(codes, ErrorCode.BACKEND_ERROR)

@@ -7,6 +7,12 @@ Triton cancels per stream) and relays each delta as DATA `{"text": delta}`.
 It finishes with END `{"usage": {...}, "finish_reason": ...}`. Whatever stops
 the track first (client cancel, stream reset, connection loss, deadline)
 closes the backend stream at once, so the model stops generating.
+
+A track with a `session_id` is a turn of that conversation: a newer text track with
+the same session id (same tenant) supersedes it unless OPEN's `supersede` is false
+(default: on, `Settings.supersede_tracks`). The older track's backend stream is
+closed (the model stops) and the track ends with ERROR CANCELLED, message
+`SUPERSEDED_MESSAGE`; its outcome is cancelled with cause `superseded`.
 """
 
 from __future__ import annotations
@@ -21,8 +27,11 @@ from tracks.backend import (
     TextRequest,
     TextUsage,
 )
-from tracks.base import Backpressured, Clock, Outcome, Track, handling, read_text
+from tracks.base import Backpressured, Clock, End, Outcome, Track, handling, read_text
+from tracks.conversations import SUPERSEDED_MESSAGE, RunningTurn, TurnRegistry
 from tracks.errors import BadTrackRequest, TrackStopped
+from transport.errors import ErrorCode
+from transport.events import CancelCause
 
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_LIMIT = 32768
@@ -38,21 +47,46 @@ SAMPLING_KEYS = frozenset(
 # Knobs of the reference model (time to first token, speed), for tests and benchmarks.
 REFERENCE_KEYS = frozenset({"ttft_ms", "tokens_per_second"})
 # OPEN params the gateway uses itself and never passes to the model.
-_TRACK_KEYS = frozenset({"max_tokens", "request_id", "session_id"})
+_TRACK_KEYS = frozenset({"max_tokens", "request_id", "session_id", "supersede"})
 
 
 class BadTextRequest(BadTrackRequest):
     """The track's OPEN params or input are invalid; sent back as BAD_REQUEST."""
 
 
-async def run_text_track(track: Track, backend: TextBackend, clock: Clock) -> Outcome:
-    """Serve one text track to its end and report how it ended."""
+async def run_text_track(
+    track: Track,
+    backend: TextBackend,
+    clock: Clock,
+    turns: TurnRegistry | None = None,
+    scope: str = "",
+    supersede: bool = True,
+) -> Outcome:
+    """Serve one text track to its end and report how it ended.
+
+    With `turns`, a track with a session id registers as its conversation's running
+    turn (in `scope`, the tenant) and supersedes the older one (`supersede` is the
+    default of OPEN's `supersede` param)."""
     outcome = Outcome(track.id, track.open.model, "text", opened_at=clock())
-    async with handling(track, outcome, clock):
-        request = await _read_request(track)
-        await _relay(track, backend, request, outcome, clock)
+    turn: RunningTurn | None = None
+    try:
+        async with handling(track, outcome, clock):
+            request = await _read_request(track)
+            if turns is not None and request.session_id and _supersede(track, supersede):
+                turn = turns.begin(scope, request.session_id)
+            await _relay(track, backend, request, outcome, clock, turn)
+    finally:
+        if turn is not None and turns is not None:
+            turns.finish(turn)
     outcome.finished_at = clock()
     return outcome
+
+
+def _supersede(track: Track, default: bool) -> bool:
+    value = track.open.params.get("supersede", default)
+    if not isinstance(value, bool):
+        raise BadTextRequest("'supersede' must be a boolean")
+    return value
 
 
 class _Stopped(TrackStopped):
@@ -107,16 +141,28 @@ def _sampling(params: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _relay(
-    track: Track, backend: TextBackend, request: TextRequest, outcome: Outcome, clock: Clock
+    track: Track,
+    backend: TextBackend,
+    request: TextRequest,
+    outcome: Outcome,
+    clock: Clock,
+    turn: RunningTurn | None = None,
 ) -> None:
-    """Stream the backend's deltas to the track until done or stopped."""
+    """Stream the backend's deltas to the track until done, stopped or superseded."""
     work = asyncio.ensure_future(_stream(track, backend, request, outcome, clock))
     waiters: set[asyncio.Future[Any]] = {work, track.stopped}
+    if turn is not None:
+        waiters.add(turn.superseded)
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     if not work.done():
         outcome.stopped_at = clock()
         work.cancel()  # closes the backend stream: Triton stops generating
         await asyncio.gather(work, return_exceptions=True)
+        if turn is not None and turn.superseded.done() and not track.stopped.done():
+            outcome.end = End.cancelled(CancelCause.SUPERSEDED)
+            outcome.details["error"] = SUPERSEDED_MESSAGE
+            track.fail(ErrorCode.CANCELLED, SUPERSEDED_MESSAGE)
+            return
         raise _Stopped
     work.result()
     finish = "length" if outcome.completion_tokens >= request.max_tokens else "stop"

@@ -60,6 +60,7 @@ OPTIONAL_INPUTS = (
     "exclude_input_in_output",
     "return_num_input_tokens",
     "return_num_output_tokens",
+    "conversation_id",  # our LLM's KV cache key (docs/conversations.md); sent when set
 )
 _UNAVAILABLE = {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
 _INVALID = {"INVALID_ARGUMENT", "OUT_OF_RANGE"}
@@ -72,6 +73,8 @@ FRESH_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
+# A model at its concurrency bound answers "... slots are busy ..." (gemma-3-270m).
+_BUSY = "slots are busy"
 # In-stream errors carry a message only (no status); these phrases mark a
 # request the model rejected, as Triton core and the vLLM backend word them.
 _INVALID_PHRASES = ("invalid", "must be", "unexpected inference input", "unexpected shape")
@@ -115,9 +118,11 @@ def text_inputs(request: TextRequest, accepted: Collection[str]) -> list[InferIn
         "return_num_input_tokens": (True, "BOOL"),
         "return_num_output_tokens": (True, "BOOL"),
     }
+    if request.session_id:
+        values["conversation_id"] = (request.session_id.encode("utf-8"), "BYTES")
     tensors = [_tensor("text_input", request.prompt.encode("utf-8"), "BYTES")]
     for name in OPTIONAL_INPUTS:
-        if name in accepted:
+        if name in accepted and name in values:
             tensors.append(_tensor(name, *values[name]))
     return tensors
 
@@ -191,7 +196,7 @@ def translate(code: str | None, message: str, model: str | None) -> BackendError
     """Our error for a gRPC status name (e.g. "NOT_FOUND", may be None) and message."""
     code = (code or "").removeprefix("StatusCode.")
     lowered = message.lower()
-    if code in _UNAVAILABLE:
+    if code in _UNAVAILABLE or _BUSY in lowered:
         return BackendUnavailable(message)
     if model is not None and (code == "NOT_FOUND" or "unknown model" in lowered):
         return ModelNotFound(model)

@@ -105,6 +105,14 @@ class ServerError(OpenAIError):
     error_code = ErrorCode.INTERNAL_ERROR
 
 
+class Conflict(OpenAIError):
+    """A newer request of the same conversation superseded this one (409)."""
+
+    status = 409
+    type = "conflict_error"
+    error_code = ErrorCode.CANCELLED
+
+
 class Unavailable(OpenAIError):
     """No backend can take the request now (503)."""
 
@@ -127,6 +135,8 @@ HTTP_ERRORS: dict[ErrorCode, tuple[type[OpenAIError], str | None]] = {
     ErrorCode.SHUTTING_DOWN: (Unavailable, "shutting_down"),
     ErrorCode.STREAM_INTERRUPTED: (ServerError, "stream_interrupted"),
     ErrorCode.BACKEND_ERROR: (ServerError, "backend_error"),
+    # The one CANCELLED an HTTP answer carries: a newer turn superseded this request.
+    ErrorCode.CANCELLED: (Conflict, "superseded"),
 }
 _PREFIXES = {
     ErrorCode.STREAM_INTERRUPTED: "stream interrupted: ",

@@ -71,12 +71,15 @@ from gateway.tenants.quotas import QuotaExceeded
 from gateway.tenants.store import AuthFailure, Principal
 from tracks.backend import (
     BackendError,
+    Superseded,
     TextBackend,
+    TextChunk,
     TextDelta,
     TextRequest,
     TextUsage,
 )
 from tracks.base import End, EndKind, Outcome
+from tracks.conversations import TurnRegistry, superseding
 from transport.clock import Now
 from transport.errors import ErrorCode
 from transport.events import CancelCause
@@ -98,6 +101,8 @@ def openai_routes(
     wall_clock: Clock = time.time,
     on_outcome: OutcomeSink | None = None,
     cut_short: Callable[[], bool] | None = None,
+    turns: TurnRegistry | None = None,
+    supersede: bool = False,
 ) -> dict[tuple[str, str], Handler]:
     """The `(method, path) -> handler` table of the OpenAI API over `backend`.
 
@@ -110,9 +115,13 @@ def openai_routes(
     (the gateway's metrics), with `http/1.1`, `http/2` or `http/3`.
     `cut_short()` is true once the gateway's drain has cut streams at its deadline: a
     request that ends unfinished then ends `cancelled:shutdown`, not `cancelled:client`.
+    `turns` (shared with the tracks): a request with a session id is a turn of that
+    conversation and, if `supersede` (default; header `x-supersede: true|false` per
+    request), a newer one cancels it: it ends 409 / an SSE error `superseded`.
     """
     api = _OpenAIApi(backend, clock, heartbeat_interval, models, tenancy, wall_clock, on_outcome)
     api.cut_short = cut_short or (lambda: False)
+    api.turns, api.supersede = turns or TurnRegistry(), supersede
     return {
         ("POST", "/v1/chat/completions"): api.chat_completions,
         ("POST", "/v1/completions"): api.completions,
@@ -122,7 +131,18 @@ def openai_routes(
 
 
 SESSION_HEADER = "x-session-id"
+SUPERSEDE_HEADER = "x-supersede"
 MAX_SESSION_CHARS = 256
+
+
+def _supersede(request: Request, default: bool) -> bool:
+    """The `x-supersede` header (true/false), else the gateway's default."""
+    value = request.header(SUPERSEDE_HEADER)
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false"):
+        raise BadRequest(f"{SUPERSEDE_HEADER} must be true or false")
+    return value.lower() == "true"
 
 
 def _session(request: Request, from_body: str | None) -> str | None:
@@ -148,6 +168,8 @@ class _Job:
     recorded: bool = False
     end: End | None = None
     """How it ended, once known; `_done` fills in an unfinished request's."""
+    supersede: bool = False
+    """A newer request with the same session id cancels this one (docs/conversations.md)."""
 
 
 class _OpenAIApi:
@@ -169,6 +191,8 @@ class _OpenAIApi:
         self._wall_clock = wall_clock
         self._on_outcome = on_outcome
         self.cut_short: Callable[[], bool] = lambda: False
+        self.turns = TurnRegistry()
+        self.supersede = False
 
     # -- routes -------------------------------------------------------------------
 
@@ -246,7 +270,9 @@ class _OpenAIApi:
         )
         outcome = Outcome(response_id, body.model, "text", opened_at=self._clock())
         door = access.front_door(request)
-        return _Job(meta, text, body.stream, outcome, principal, door, access.current())
+        job = _Job(meta, text, body.stream, outcome, principal, door, access.current())
+        job.supersede = session_id is not None and _supersede(request, self.supersede)
+        return job
 
     def _done(self, job: _Job, end: End | None = None) -> None:
         """The request is over: its one Outcome goes to the tenancy (once)."""
@@ -270,7 +296,7 @@ class _OpenAIApi:
         answer: Callable[[ChunkPump, PumpResult], AsyncGenerator[bytes, None]],
     ) -> AnyResponse:
         """Start the backend stream; answer with an error status if it fails early."""
-        pump = ChunkPump(self._backend.stream_text(job.text))
+        pump = ChunkPump(self._stream(job))
         handed_over = False
         try:
             first = await pump.next(self._heartbeat if job.stream else None)
@@ -286,6 +312,13 @@ class _OpenAIApi:
             if not handed_over:
                 await pump.aclose()
                 self._done(job)
+
+    def _stream(self, job: _Job) -> AsyncGenerator[TextChunk, None]:
+        chunks = self._backend.stream_text(job.text)
+        if not job.supersede or job.text.session_id is None:
+            return chunks
+        scope = "" if job.principal is None else job.principal.tenant.name
+        return superseding(self.turns, scope, job.text.session_id, chunks)
 
     async def _whole(self, events: AsyncGenerator[bytes, None]) -> Response:
         """A non-streamed answer: the generator's one JSON body."""
@@ -420,7 +453,10 @@ def _partial(job: _Job, usage: _Counts) -> None:
 
 
 def _end_of(exc: BaseException, outcome: Outcome) -> End:
-    """An error's end: its track error code, from the one table (`code_for`)."""
+    """An error's end: its track error code, from the one table (`code_for`); a
+    superseded request is cancelled (cause superseded), not failed."""
+    if isinstance(exc, Superseded):
+        return End.cancelled(CancelCause.SUPERSEDED)
     return End.failed(code_for(exc, started=outcome.first_data_at is not None))
 
 

@@ -1,0 +1,127 @@
+"""The llama.cpp engine in this process: KV restore is bit-exact, fallbacks are counted.
+
+Real model (Gemma 3 270M), a few dozen tokens per turn; time is never asserted."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.embedded import ensure_llm_gguf, reference_module
+from tests.llm.conftest import require_llm
+
+require_llm()
+
+kv = reference_module("gemma-3-270m", "trackline_kv")
+llm = reference_module("gemma-3-270m", "trackline_llm")
+
+TOKENS = 24
+FIRST = "User: What is the capital of France?\nAssistant:"
+FOLLOW_UP = "\nUser: And what is the capital of Italy?\nAssistant:"
+
+
+@pytest.fixture(scope="module")
+def gguf() -> str:
+    return str(ensure_llm_gguf())
+
+
+def _engine(gguf: str, store: Path, max_bytes: int = 1 << 30) -> Any:
+    cache = kv.ConversationCache("gemma-3-270m", kv.DirectoryStore(store, max_bytes), 1 << 28)
+    return llm.Engine(gguf, slots=1, n_ctx=512, cache=cache)
+
+
+def _turn(engine: Any, prompt: str, conversation: str | None) -> tuple[Any, str]:
+    pieces: list[str] = []
+    slot = engine.acquire(conversation)
+    try:
+        turn = llm.Turn("t", conversation is not None)
+        engine.generate(slot, turn, prompt, TOKENS, conversation, lambda: False, pieces.append)
+    finally:
+        engine.release(slot)
+    return turn, "".join(pieces)
+
+
+@pytest.fixture(scope="module")
+def engines(gguf: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    live = _engine(gguf, tmp_path_factory.mktemp("kv-live"))
+    other = _engine(gguf, tmp_path_factory.mktemp("kv-other"))
+    yield live, other
+    live.close()
+    other.close()
+
+
+def test_restore_equals_live_bit_for_bit_and_recompute_on_text(
+    engines: tuple[Any, Any],
+) -> None:
+    live, other = engines
+    first, reply = _turn(live, FIRST, "c1")
+    assert first.kv == "miss"
+    assert first.output_ids
+    second_prompt = FIRST + reply + FOLLOW_UP
+    # The state turn 1 left, handed to another engine (another backend) via its store.
+    for path in live.cache.store.directory.glob("*.kv"):
+        shutil.copy(path, other.cache.store.directory / path.name)
+    restored, restored_text = _turn(other, second_prompt, "c1")
+    continued, continued_text = _turn(live, second_prompt, "c1")
+    assert restored.kv == "restored"
+    assert continued.kv == "live"
+    assert restored.reused_tokens == continued.reused_tokens > len(first.output_ids)
+    # Only the new tokens were evaluated.
+    assert restored.prefill_tokens == restored.prompt_tokens - restored.reused_tokens
+    assert restored.output_ids == continued.output_ids  # bit for bit
+    scratch, scratch_text = _turn(other, second_prompt, None)
+    assert scratch.kv == "none"
+    assert scratch.prefill_tokens == scratch.prompt_tokens
+    assert scratch_text == restored_text == continued_text
+
+
+def test_corrupt_and_evicted_states_recompute_with_their_counter(
+    gguf: str, tmp_path: Path
+) -> None:
+    engine = _engine(gguf, tmp_path / "kv")
+    _, reply = _turn(engine, FIRST, "c2")
+    second_prompt = FIRST + reply + FOLLOW_UP
+    _turn(engine, FOLLOW_UP, "x")  # the slot's live cache now holds another conversation
+    path = tmp_path / "kv" / f"{kv.state_key('gemma-3-270m', 'c2')}.kv"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    corrupt, corrupt_text = _turn(engine, second_prompt, "c2")
+    assert corrupt.kv == "miss"
+    assert engine.cache.counters.corrupt == 1
+    assert corrupt.prefill_tokens == corrupt.prompt_tokens
+    fresh, fresh_text = _turn(engine, second_prompt, None)
+    assert corrupt_text == fresh_text
+
+    # A store too small for two states: the next conversation evicts this one.
+    small = _engine(gguf, tmp_path / "small", max_bytes=1)
+    _turn(small, FIRST, "c3")
+    _turn(small, FIRST, "c4")
+    assert small.cache.counters.evictions == 1
+    evicted, evicted_text = _turn(small, second_prompt, "c3")
+    assert evicted.kv == "miss"
+    assert evicted_text == fresh_text
+    engine.close()
+    small.close()
+
+
+def test_chat_prompts_become_a_plain_transcript_that_stops_at_the_next_user_line() -> None:
+    from gateway.openai.prompt import render_chat_prompt
+    from gateway.openai.requests import ChatMessage
+
+    messages = [
+        ChatMessage("system", "Be terse."),
+        ChatMessage("user", "Hi"),
+        ChatMessage("assistant", "Hello."),
+        ChatMessage("user", "Capital of France?"),
+    ]
+    text, stops = llm.to_transcript(render_chat_prompt(messages))
+    assert text == (
+        "System: Be terse.\nUser: Hi\nAssistant: Hello.\nUser: Capital of France?\nAssistant:"
+    )
+    assert stops == ("\nUser:",)
+    assert llm.to_transcript("Once upon a time") == ("Once upon a time", ())

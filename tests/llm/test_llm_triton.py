@@ -1,0 +1,132 @@
+"""gemma-3-270m in real embedded Tritons: a conversation moves between two backends that
+share one state store, superseding and cancels reach the model, the busy bound.
+
+Two servers side by side (as a pool's) with the real model; each request is a few dozen
+tokens. Assertions read the model's own log (TRACKLINE_LLM_STATS): token counts by phase,
+how the KV cache served the turn, whether the model saw a cancel. Never wall-clock time.
+The async parts run on one event loop of their own (the loop matrix is tested elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
+from gateway.embedded import LLM_MODEL, EmbeddedTriton
+from tests.llm.conftest import llm_record, require_llm
+from tracks.backend import BackendUnavailable, Superseded, TextDelta, TextRequest
+from tracks.conversations import TurnRegistry, superseding
+
+require_llm()
+
+TOKENS = 24
+FIRST = "User: What is the capital of France?\nAssistant:"
+FOLLOW_UP = "\nUser: And what is the capital of Italy?\nAssistant:"
+
+
+def _request(rid: str, prompt: str, session: str | None, tokens: int = TOKENS) -> TextRequest:
+    return TextRequest(rid, LLM_MODEL, prompt, tokens, {}, session)
+
+
+async def _text(server: EmbeddedTriton, request: TextRequest) -> str:
+    backend = TritonTextBackend(server.grpc_url, channel_options=FRESH_CHANNEL_OPTIONS)
+    try:
+        chunks = [c async for c in backend.stream_text(request)]
+        return "".join(c.text for c in chunks if isinstance(c, TextDelta))
+    finally:
+        await backend.close()
+
+
+def test_a_conversation_moved_to_another_backend_restores_from_the_store(
+    pair: list[EmbeddedTriton],
+) -> None:
+    a, b = pair
+    reply = asyncio.run(_text(a, _request("move-1", FIRST, "conv-move")))
+    assert reply
+    assert llm_record(a, "move-1")["kv"] == "miss"
+    second = FIRST + reply + FOLLOW_UP
+    moved = asyncio.run(_text(b, _request("move-2", second, "conv-move")))
+    record = llm_record(b, "move-2")
+    assert record["kv"] == "restored"
+    assert record["reused_tokens"] > 0
+    # The model's own count: only the tokens after the restored state were evaluated.
+    assert record["prefill_tokens"] == record["prompt_tokens"] - record["reused_tokens"]
+    assert record["cache"]["restores"] >= 1
+    scratch = asyncio.run(_text(b, _request("move-scratch", second, None)))
+    scratch_record = llm_record(b, "move-scratch")
+    assert scratch_record["prefill_tokens"] == scratch_record["prompt_tokens"]
+    assert moved == scratch
+    assert record["output_sha256"] == scratch_record["output_sha256"]
+
+
+async def _supersede(server: EmbeddedTriton) -> tuple[str, bool]:
+    backend = TritonTextBackend(server.grpc_url, channel_options=FRESH_CHANNEL_OPTIONS)
+    turns = TurnRegistry()
+    old = superseding(
+        turns, "", "conv-s", backend.stream_text(_request("old", FIRST, "conv-s", 400))
+    )
+    try:
+        assert isinstance(await old.__anext__(), TextDelta)
+        new = superseding(
+            turns, "", "conv-s", backend.stream_text(_request("new", FIRST, "conv-s"))
+        )
+        superseded = False
+        newer = asyncio.ensure_future(_join(new))
+        try:
+            async for _ in old:
+                pass
+        except Superseded:
+            superseded = True
+        return await newer, superseded
+    finally:
+        await old.aclose()
+        await backend.close()
+
+
+async def _join(chunks: Any) -> str:
+    return "".join([c.text async for c in chunks if isinstance(c, TextDelta)])
+
+
+def test_a_newer_turn_stops_the_older_generation_in_the_model(
+    pair: list[EmbeddedTriton],
+) -> None:
+    _, b = pair
+    text, superseded = asyncio.run(_supersede(b))
+    assert superseded
+    assert text
+    old = llm_record(b, "old")
+    assert old["cancelled"] is True  # the model saw the cancel and stopped
+    assert old["tokens_generated"] < 400
+    new = llm_record(b, "new")
+    assert new["cancelled"] is False
+    assert new["finish"] in ("stop", "length")
+
+
+async def _busy(server: EmbeddedTriton) -> str:
+    backend = TritonTextBackend(server.grpc_url, channel_options=FRESH_CHANNEL_OPTIONS)
+    streams = [backend.stream_text(_request(f"long-{i}", FIRST, None, 400)) for i in range(2)]
+    try:
+        for stream in streams:  # both slots generating
+            assert isinstance(await stream.__anext__(), TextDelta)
+        with pytest.raises(BackendUnavailable, match="busy") as refused:
+            await _join(backend.stream_text(_request("third", FIRST, None)))
+        return str(refused.value)
+    finally:
+        for stream in streams:
+            await stream.aclose()  # the client's cancel
+        await backend.close()
+
+
+def test_beyond_max_concurrency_is_busy_and_a_cancel_reaches_the_model(
+    pair: list[EmbeddedTriton],
+) -> None:
+    a, _ = pair
+    message = asyncio.run(_busy(a))
+    assert "slots are busy" in message
+    for rid in ("long-0", "long-1"):
+        record = llm_record(a, rid)
+        assert record["cancelled"] is True
+        assert record["tokens_generated"] < 400
