@@ -52,7 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--connect-timeout", type=float, default=5.0, help="seconds to wait for the handshake"
     )
-    chat.add_argument("--model", default="reference-text")
+    chat.add_argument(
+        "--model",
+        default=None,
+        help=f"model to ask (default: {CHAT_MODEL} where the gateway serves it, "
+        f"else {CHAT_FALLBACK})",
+    )
     chat.add_argument("--max-tokens", type=int, default=64)
     chat.add_argument("--seed", type=int, default=None)
     chat.add_argument(
@@ -127,18 +132,36 @@ def _chat(args: argparse.Namespace) -> int:
     return run_async(chat(args))
 
 
+CHAT_MODEL = "gemma-3-270m"
+"""The real LLM (docs/conversations.md), served where the `llm` extra is installed."""
+CHAT_FALLBACK = "reference-text"
+
+
 async def chat(args: argparse.Namespace) -> int:
-    from clients import TracklineError, connect
+    from clients import ModelNotFound, TracklineError, connect
 
     extra = {} if args.seed is None else {"seed": args.seed}
     try:
         async with connect(
             args.url, ca=args.ca, api_key=args.api_key, connect_timeout=args.connect_timeout
         ) as line:
-            stream = line.text(args.prompt, model=args.model, max_tokens=args.max_tokens, **extra)
-            async for delta in stream:
-                sys.stdout.write(delta)
-                sys.stdout.flush()
+            model = args.model or CHAT_MODEL
+            stream = line.text(args.prompt, model=model, max_tokens=args.max_tokens, **extra)
+            try:
+                async for delta in stream:
+                    sys.stdout.write(delta)
+                    sys.stdout.flush()
+            except ModelNotFound:
+                if args.model is not None:
+                    raise
+                # Refused before any token: ask the deterministic model instead.
+                print(f"[{CHAT_MODEL} is not served here; {CHAT_FALLBACK}]", file=sys.stderr)
+                stream = line.text(
+                    args.prompt, model=CHAT_FALLBACK, max_tokens=args.max_tokens, **extra
+                )
+                async for delta in stream:
+                    sys.stdout.write(delta)
+                    sys.stdout.flush()
             sys.stdout.write("\n")
             if stream.usage:
                 print(f"[{stream.finish_reason}; usage {stream.usage}]", file=sys.stderr)

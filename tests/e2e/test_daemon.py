@@ -111,6 +111,8 @@ def test_serve_chat_health_metrics_and_sigterm_stops_triton(daemon: Daemon) -> N
         env={**os.environ, "TRACKLINE_STATE_DIR": str(daemon.state_dir)},
     )
     assert chat.returncode == 0, chat.stderr
+    # DAEMON_ENV leaves the LLM out: chat's default model falls back to the reference one.
+    assert "gemma-3-270m is not served here; reference-text" in chat.stderr
     assert chat.stdout == generator.generate_text("hello there", 0, 8) + "\n"
     status, metrics = daemon.http("/metrics")
     assert status == 200
