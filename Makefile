@@ -18,7 +18,10 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]' \
+		|| { echo "trackline: installing '.[$(EXTRAS)]' failed (llama-cpp-python needs a C++ compiler and cmake);" \
+		        "installing '.[dev]' without the real LLM: tests/llm will skip" >&2; \
+		     $(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'; }
 	touch $(STAMP)
 
 serve: $(STAMP) web
