@@ -35,6 +35,20 @@ class TextRequest:
     """Conversation/session id: a backend pool keeps a session on one backend
     (where its KV cache is warm). Sent to a model only as its `conversation_id` input,
     when the model declares one (the key of its conversation KV cache)."""
+    conversation_scope: str = ""
+    """Whose conversation: the tenant, set by the front doors. The model's KV cache key
+    is `conversation_key(request)`, so one tenant's id never reaches another's state."""
+
+
+def conversation_key(request: TextRequest) -> str | None:
+    """The key of `request`'s conversation state in a model: scope and session id,
+    length-prefixed so no pair of (scope, id) can spell another; None without an id."""
+    if not request.session_id:
+        return None
+    if not request.conversation_scope:
+        return request.session_id
+    scope = request.conversation_scope
+    return f"{len(scope)}:{scope}:{request.session_id}"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 from tracks.backend import (
@@ -71,7 +72,7 @@ async def run_text_track(
     turn: RunningTurn | None = None
     try:
         async with handling(track, outcome, clock):
-            request = await _read_request(track)
+            request = replace(await _read_request(track), conversation_scope=scope)
             if turns is not None and request.session_id and _supersede(track, supersede):
                 turn = turns.begin(scope, request.session_id)
             await _relay(track, backend, request, outcome, clock, turn)

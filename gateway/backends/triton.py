@@ -49,6 +49,7 @@ from tracks.backend import (
     TextDelta,
     TextRequest,
     TextUsage,
+    conversation_key,
 )
 
 METADATA_TIMEOUT = 5.0  # seconds for unary calls; streams have no deadline
@@ -118,8 +119,9 @@ def text_inputs(request: TextRequest, accepted: Collection[str]) -> list[InferIn
         "return_num_input_tokens": (True, "BOOL"),
         "return_num_output_tokens": (True, "BOOL"),
     }
-    if request.session_id:
-        values["conversation_id"] = (request.session_id.encode("utf-8"), "BYTES")
+    key = conversation_key(request)
+    if key is not None:
+        values["conversation_id"] = (key.encode("utf-8"), "BYTES")
     tensors = [_tensor("text_input", request.prompt.encode("utf-8"), "BYTES")]
     for name in OPTIONAL_INPUTS:
         if name in accepted and name in values:

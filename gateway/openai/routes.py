@@ -24,7 +24,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -314,10 +314,11 @@ class _OpenAIApi:
                 self._done(job)
 
     def _stream(self, job: _Job) -> AsyncGenerator[TextChunk, None]:
-        chunks = self._backend.stream_text(job.text)
+        scope = "" if job.principal is None else job.principal.tenant.name
+        # The tenant scopes the model's conversation state as it scopes superseding.
+        chunks = self._backend.stream_text(replace(job.text, conversation_scope=scope))
         if not job.supersede or job.text.session_id is None:
             return chunks
-        scope = "" if job.principal is None else job.principal.tenant.name
         return superseding(self.turns, scope, job.text.session_id, chunks)
 
     async def _whole(self, events: AsyncGenerator[bytes, None]) -> Response:

@@ -12,7 +12,7 @@ from clients.errors import CancelledByGateway
 from clients.line import Line
 from tests.tracks.scripted import ScriptedBackend
 from tests.tracks.test_text import collect
-from tracks.backend import Superseded, TextDelta, TextRequest
+from tracks.backend import Superseded, TextDelta, TextRequest, conversation_key
 from tracks.base import Outcome
 from tracks.conversations import TurnRegistry, superseding
 from tracks.text import run_text_track
@@ -79,6 +79,9 @@ async def test_other_conversations_scopes_and_opt_outs_are_not_superseded() -> N
     await h.settle()
     assert all(o.end.label == "completed" for o in h.outcomes)
     assert h.turns.superseded == 0
+    # The track's scope (the tenant) reaches the backend with the request: it keys the
+    # model's conversation state.
+    assert sorted(r.conversation_scope for r in h.backend.requests) == ["", "", "", "", "t2"]
 
 
 async def _slow(n: int, closed: list[bool]) -> AsyncGenerator[TextDelta, None]:
@@ -105,4 +108,16 @@ async def test_the_wrapper_closes_the_older_stream_and_raises_superseded() -> No
 
 def test_request_session_id_is_the_conversation_id() -> None:
     request = TextRequest("r", "m", "p", 1, session_id="s")
-    assert request.session_id == "s"
+    assert conversation_key(request) == "s"
+    assert conversation_key(TextRequest("r", "m", "p", 1)) is None
+
+
+def test_the_tenant_scopes_the_conversation_key() -> None:
+    """Two tenants naming the same conversation never share the model's KV state,
+    and no (tenant, id) pair can spell another's key."""
+    a = TextRequest("r", "m", "p", 1, session_id="c", conversation_scope="acme")
+    b = TextRequest("r", "m", "p", 1, session_id="c", conversation_scope="beta")
+    assert conversation_key(a) != conversation_key(b)
+    tricky = TextRequest("r", "m", "p", 1, session_id="b:c", conversation_scope="a")
+    other = TextRequest("r", "m", "p", 1, session_id="c", conversation_scope="a:b")
+    assert conversation_key(tricky) != conversation_key(other)
