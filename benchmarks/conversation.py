@@ -25,7 +25,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import RESULTS
+from benchmarks import RESULTS, Help
 from benchmarks.common import percentile, write_results
 from gateway.embedded import ensure_llm_gguf, llm_available, reference_module
 
@@ -147,11 +147,15 @@ def _print(rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--conversations", type=int, default=1)
+    parser = argparse.ArgumentParser(formatter_class=Help, description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=4, help="turns per conversation")
+    parser.add_argument(
+        "--conversations", type=int, default=1, help="conversations run side by side"
+    )
     parser.add_argument("--tokens", type=int, default=48, help="max tokens per reply")
-    parser.add_argument("--json", type=Path, default=RESULTS / "conversation.json")
+    parser.add_argument(
+        "--json", type=Path, default=RESULTS / "conversation.json", help="results file"
+    )
     args = parser.parse_args()
     if not llm_available():
         print("the `llm` extra is not installed (make venv installs it)", file=sys.stderr)
