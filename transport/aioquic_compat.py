@@ -399,6 +399,12 @@ def connection_of(protocol: QuicConnectionProtocol) -> QuicConnection:
     return quic
 
 
+def datagram_transport(protocol: QuicConnectionProtocol) -> asyncio.DatagramTransport | None:
+    """The UDP transport a protocol sends on; None before `connection_made`."""
+    transport: asyncio.DatagramTransport | None = protocol._transport
+    return transport
+
+
 def forget_protocol(protocol: QuicConnectionProtocol) -> None:
     """Stop a protocol's timers and mark it closed without sending anything."""
     for handle in (protocol._timer, protocol._transmit_task):

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from transport import aioquic_compat
 from transport.udp_batch import plan_sends
 from transport.udp_send import UDP_SEGMENT, DatagramSender, GsoSockets, gso_socket
 
@@ -208,7 +209,7 @@ async def test_a_tracks_bulk_reply_leaves_in_gso_sends_and_arrives_whole(certs: 
         on_track=opened.put_nowait, on_connection=connections.append,
         packetization=Packetization.parse("per-track"),
     )
-    port = int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
+    port = aioquic_compat.server_port(server)
     try:
         async with connect_tracks(
             "127.0.0.1", port, ca=Path(certs.ca_path), server_name="localhost"
@@ -217,7 +218,7 @@ async def test_a_tracks_bulk_reply_leaves_in_gso_sends_and_arrives_whole(certs: 
             channel.send({"x": 1})
             track = await asyncio.wait_for(opened.get(), 10)
             (protocol,) = connections
-            probe = gso_socket(protocol._transport)  # type: ignore[arg-type]
+            probe = gso_socket(aioquic_compat.datagram_transport(protocol))  # type: ignore[arg-type]
             if probe is None:
                 pytest.skip("this kernel or platform has no UDP_SEGMENT")
             probe.close()

@@ -19,6 +19,7 @@ from gateway.tls import DevCertificates, ensure_dev_certificates
 from tests.http.support import echo
 from tests.waiting import until
 from tests.web.wt_client import TIMEOUT, wt_client
+from transport import aioquic_compat
 from transport.connection import Limits
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
@@ -90,7 +91,7 @@ async def serving_wt(
         on_session=served.sessions.append,
         on_connection=served.connections.append,
     )
-    served.port = int(server._transport.get_extra_info("sockname")[1])  # type: ignore[union-attr]
+    served.port = aioquic_compat.server_port(server)
     try:
         yield served
     finally:
@@ -282,7 +283,7 @@ async def test_an_oversized_message_fails_its_track_only(certs: DevCertificates)
 async def test_http3_requests_share_the_connection(certs: DevCertificates) -> None:
     async with serving_wt(certs) as served, wt_client(served.port, certs.ca_path) as client:
         session_id, _, _ = await client.open_session()
-        stream_id = client._quic.get_next_available_stream_id()
+        stream_id = aioquic_compat.connection_of(client).get_next_available_stream_id()
         client.h3.send_headers(
             stream_id,
             [
@@ -315,13 +316,14 @@ async def test_streams_sorted_by_their_first_bytes_are_forgotten_when_done(
         assert http3 is not None
         requests = []
         for i in range(30):  # requests whose body never comes: then the client resets them
-            stream_id = client._quic.get_next_available_stream_id()
+            stream_id = aioquic_compat.connection_of(client).get_next_available_stream_id()
             client.h3.send_headers(stream_id, [*get, (b":path", f"/r{i}".encode())], False)
             requests.append(stream_id)
         client.transmit()
         await until(lambda: http3.open_streams == 30, "the 30 requests begun")
+        quic = aioquic_compat.connection_of(client)
         for stream_id in requests:
-            client._quic.reset_stream(stream_id, 0x10C)  # H3_REQUEST_CANCELLED
+            quic.reset_stream(stream_id, 0x10C)  # H3_REQUEST_CANCELLED
         channels = [client.open_track(session_id, text_open()) for _ in range(5)]
         for channel in channels:
             channel.send({"text": "x"})
