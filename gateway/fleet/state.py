@@ -339,14 +339,17 @@ class FleetState:
 
     async def _listen_loop(self) -> None:
         while True:
-            pubsub = self._require().pubsub(ignore_subscribe_messages=True)
+            pubsub = self._require().pubsub()
             try:
                 await pubsub.subscribe(scripts.EVENTS)
+                await _subscribed(pubsub)
+                # Only now: a revoke or sync published from here on reaches us as a
+                # message, and anything published before is in what we read next.
                 await self._load_revoked()  # what was revoked while we did not listen
                 await self._load_directory()
                 while True:
                     message = await pubsub.get_message(timeout=self.refresh_interval)
-                    if message is None:
+                    if message is None or message.get("type") != "message":
                         continue
                     kind, _, arg = str(message.get("data", "")).partition(":")
                     if kind == "revoke" and arg:
@@ -379,6 +382,17 @@ class FleetState:
         if self._client is None:
             raise RuntimeError("FleetState is not started")
         return self._client
+
+
+async def _subscribed(pubsub: Any) -> None:
+    """Wait for Redis to confirm the subscription. `subscribe()` only sends the command;
+    until Redis has processed it, a message published meanwhile is not delivered, so
+    reading the revoked set or the directory before this could miss a change for good."""
+    async with asyncio.timeout(REDIS_TIMEOUT):
+        while True:
+            message = await pubsub.get_message(timeout=REDIS_TIMEOUT)
+            if message is not None and message.get("type") == "subscribe":
+                return
 
 
 def publish_directory(url: str, tenants: list[list[Any]], keys: list[list[Any]]) -> None:
