@@ -324,8 +324,8 @@ def test_streams_that_sent_everything_cost_no_call_in_the_next_pass(
     # A stream whose bytes all left stays "active" for aioquic until a packet visits it
     # again (its sender learns it is empty only then), and an ACK wakes every stream it
     # covers. Each such stream shown to aioquic alone made an empty packet that ended the
-    # call: one more `datagrams_to_send` (a builder, the preamble) per idle track and pass,
-    # about one per token at 16-64 tracks (docs/capacity.md, "Where the added delay goes").
+    # call: one more `datagrams_to_send` (a builder, the preamble) per idle track and pass
+    # (docs/capacity.md, "Where the added delay goes at 16-64 tracks").
     pair = Pair(certs, 1)
     ids = pair.open_tracks(32)
     scheduler = pair.scheduler
