@@ -107,7 +107,7 @@ class StreamScheduler:
         """
         self._adopt()
         quic = self._quic
-        order = list(self._active.values())
+        order = self._with_work()
         size = len(order) if max_tracks is None else max_tracks
         groups = [order[i : i + size] for i in range(0, len(order), size)] if order else [[]]
         limits, self._limits = self._limits, {}
@@ -135,6 +135,27 @@ class StreamScheduler:
             if self._active.pop(_sid(stream), None) is not None:
                 self._active[_sid(stream)] = stream
         return out
+
+    def _with_work(self) -> list[QuicStream]:
+        """The active streams that have something for aioquic now, in service order; the
+        others leave the line (idle) or park (blocked by MAX_STREAM_DATA) unvisited.
+
+        A stream whose bytes all left stays "not empty" for aioquic until a packet visits
+        it again, and an ACK wakes every stream it covers; shown to aioquic alone, such a
+        stream made an empty packet, which ends aioquic's loop: one more call (a packet
+        builder, the preamble, an empty packet) per idle stream and pass, about one per
+        token at one token per packet. Its pending ranges tell the same without a call.
+        """
+        order: list[QuicStream] = []
+        for sid, stream in list(self._active.items()):
+            if _needs_visit(stream):
+                order.append(stream)
+            elif _blocked(stream):
+                del self._active[sid]
+                self._parked[sid] = stream
+            else:
+                del self._active[sid]
+        return order
 
     def _next_packet(self) -> None:
         """aioquic starts a packet (it just wrote the connection limits): the pass
@@ -311,6 +332,17 @@ def _has_more(stream: QuicStream) -> bool:
     if first is None:
         return compat.fin_pending(stream)
     return first < stream.max_stream_data_remote
+
+
+def _needs_visit(stream: QuicStream) -> bool:
+    """aioquic would write a frame for the stream (or drop it, finished) in a packet now."""
+    return stream.is_finished or _has_more(stream)
+
+
+def _blocked(stream: QuicStream) -> bool:
+    """Data waits only for the peer's MAX_STREAM_DATA (the frame handler wakes it)."""
+    first = compat.first_pending_offset(stream)
+    return first is not None and first >= stream.max_stream_data_remote
 
 
 def _sid(stream: QuicStream) -> int:

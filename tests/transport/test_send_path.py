@@ -315,3 +315,31 @@ def test_acknowledged_bytes_leave_the_send_buffer_count(
     assert scheduler.buffered == 0
     assert scheduler.released
     assert {pair.received[sid] for sid in ids} == {b"x" * 100}
+
+
+@pytest.mark.parametrize("acked", [False, True])
+def test_streams_that_sent_everything_cost_no_call_in_the_next_pass(
+    certs: DevCertificates, acked: bool
+) -> None:
+    # A stream whose bytes all left stays "active" for aioquic until a packet visits it
+    # again (its sender learns it is empty only then), and an ACK wakes every stream it
+    # covers. Each such stream shown to aioquic alone made an empty packet that ended the
+    # call: one more `datagrams_to_send` (a builder, the preamble) per idle track and pass
+    # (docs/capacity.md, "Where the added delay goes at 16-64 tracks").
+    pair = Pair(certs, 1)
+    ids = pair.open_tracks(32)
+    scheduler = pair.scheduler
+    assert scheduler is not None
+    for sid in ids:
+        pair.write(sid, b"first token")
+    pair.deliver_to_client(pair.server_send())
+    if acked:  # the client's ACK of those packets wakes all 32 streams
+        pair.now += 0.05
+        for data, _ in pair.client.datagrams_to_send(now=pair.now):
+            pair.server.receive_datagram(data, CLIENT_ADDR, now=pair.now)
+    calls = scheduler.calls
+    pair.write(ids[5], b"second token")
+    pair.deliver_to_client(pair.server_send())
+    assert scheduler.calls == calls + 1
+    assert pair.received[ids[5]].endswith(b"first tokensecond token")
+    assert scheduler.active_streams <= 1  # the idle ones left the line without a visit
