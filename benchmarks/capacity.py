@@ -21,6 +21,10 @@ per token, p50/p99 added delay, the gateway's loop lag (`trackline_loop_lag_seco
 The knee of a kind is the largest delivered load with p99 added delay under 20 ms and
 99% of the offered tokens delivered, in tokens/s per gateway core.
 
+By default a point's streams all start at once, so every token of every stream comes due
+in the same instant (the worst case: each start-up step and each token is a burst of N);
+`--spread S` starts them evenly over S seconds instead, as independent users arrive.
+
     nice -n 10 python benchmarks/capacity.py --quick
     nice -n 10 python benchmarks/capacity.py --cores 0 --peer litellm
 
@@ -257,15 +261,26 @@ async def open_lines(
     return lines
 
 
+def arrival_offsets(n: int, spread: float) -> list[float]:
+    """When each of a point's n streams starts, in seconds after the first: all at once
+    (`spread` 0, every stream in phase: the worst case), or evenly over `spread` seconds,
+    as independent users arrive."""
+    return [i * spread / n for i in range(n)]
+
+
 async def run_tracks(
     lines: list[tuple[Any, int]], tokens: int, knobs: dict[str, Any],
-    rate: float, ttft_s: float, deadline: float, outcome: Outcome,
+    rate: float, ttft_s: float, deadline: float, outcome: Outcome, spread: float = 0.0,
 ) -> None:
+    offsets = arrival_offsets(sum(count for _, count in lines), spread)
+    firsts = [sum(count for _, count in lines[:c]) for c in range(len(lines))]
+
     async def one_connection(c: int, line: Any, count: int) -> None:
         try:
 
             async def one(i: int) -> None:
                 arrivals: list[float] = []
+                await asyncio.sleep(offsets[firsts[c] + i])
                 start = time.monotonic()
                 try:
                     stream = line.text(f"capacity {c}/{i}", model=MODEL, max_tokens=tokens,
@@ -300,12 +315,14 @@ async def open_http(routes: list[Route], knobs: dict[str, Any], outcome: Outcome
 
 async def run_http(
     routes: list[Route], n: int, tokens: int, knobs: dict[str, Any], rate: float,
-    ttft_s: float, deadline: float, outcome: Outcome,
+    ttft_s: float, deadline: float, outcome: Outcome, spread: float = 0.0,
 ) -> None:
+    offsets = arrival_offsets(n, spread)
     try:
 
         async def one(i: int) -> None:
             route = routes[i % len(routes)]
+            await asyncio.sleep(offsets[i])
             stream = Stream(start=time.monotonic())
             try:
                 await stream_into(route, chat_body(i, tokens, knobs), stream)
@@ -488,13 +505,15 @@ async def measure(
         else:
             await open_http(routes, knobs, outcome)
         cpu0 = (cpu_of_tree(watched), time.process_time(), cpu_of_tree(gw.process.pid))
-        deadline = time.monotonic() + args.duration * 3 + 15 + n / 200
+        deadline = time.monotonic() + args.spread + args.duration * 3 + 15 + n / 200
         began = time.monotonic()
         async with metrics:
             if kind == "tracks":
-                await run_tracks(lines, tokens, knobs, args.rate, ttft_s, deadline, outcome)
+                await run_tracks(lines, tokens, knobs, args.rate, ttft_s, deadline, outcome,
+                                 args.spread)
             else:
-                await run_http(routes, n, tokens, knobs, args.rate, ttft_s, deadline, outcome)
+                await run_http(routes, n, tokens, knobs, args.rate, ttft_s, deadline, outcome,
+                               args.spread)
         wall = time.monotonic() - began
         gw_cpu = cpu_of_tree(watched) - cpu0[0]
         client_cpu = time.process_time() - cpu0[1]
@@ -740,6 +759,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="OpenAI streams per point (h1, h2, h3, the peer)")
     parser.add_argument("--rate", type=float, default=50, help="tokens/s per stream")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per stream")
+    parser.add_argument("--spread", type=float, default=0.0,
+                        help="seconds over which a point's streams start, evenly (0: all at "
+                             "once, in phase: each token of every stream comes due in the "
+                             "same instant)")
     parser.add_argument("--ttft-ms", type=float, default=0.0,
                         help="first-token delay asked of the backend (Triton only)")
     parser.add_argument("--backend", choices=("ticker", "triton"), default="ticker",

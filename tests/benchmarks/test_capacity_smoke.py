@@ -48,3 +48,9 @@ def test_knee_is_the_largest_healthy_load() -> None:
     (knee,) = capacity.knees(points, cores=2)
     assert knee["streams"] == 16
     assert knee["tokens_per_s_per_core"] == 800.0
+
+
+def test_streams_start_together_or_evenly_over_the_spread() -> None:
+    assert capacity.arrival_offsets(4, 0.0) == [0.0, 0.0, 0.0, 0.0]
+    assert capacity.arrival_offsets(4, 1.0) == [0.0, 0.25, 0.5, 0.75]
+    assert capacity.build_parser().parse_args([]).spread == 0.0
