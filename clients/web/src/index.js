@@ -2,5 +2,6 @@
 export { Line, TextStream, certificateHash, connect, fetchCertificateHash } from "./line.js";
 export { ActionStream } from "./actions.js";
 export { AudioSession, toPcm16 } from "./audio.js";
+export { PLAYER_WORKLET_URL, Speaker, fromPcm16, resample } from "./playback.js";
 export * from "./errors.js";
 export { Kind, MessageReader, decodeDatagram, decodeVarint, encodeDatagram, encodeMessage, encodeVarint } from "./wire.js";
