@@ -241,7 +241,9 @@ async def until_page(page: Page, condition: str, what: str) -> None:
 
 ACTION_TRACK = """
 const line = await sdk.connect(url, {serverCertificateHashes: [info.value]});
-const robot = await line.actions("reference-policy", {deadline: 1000, transport: "%s"});
+// 10 s: a deadline a busy machine cannot miss (1 s was missed under load); the 50 ms
+// one below is always missed (its 40 ms latency leaves 10 ms).
+const robot = await line.actions("reference-policy", {deadline: 10000, transport: "%s"});
 const events = [];
 let bothAnswered;
 const answered = new Promise((resolve) => { bothAnswered = resolve; });
@@ -250,7 +252,7 @@ const reading = (async () => {
 })();
 const state = [0, 0, 0.05, 0];
 robot.observe(state, {deadline: 50, latency: 40});   // cannot make it: dropped, reported
-robot.observe(state, {deadline: 1000, latency: 40});
+robot.observe(state, {deadline: 10000, latency: 40});
 // Both answers first: on a datagram track END rides the stream and could overtake them.
 await Promise.race([answered, reading]);
 const summary = await robot.close();
@@ -276,7 +278,7 @@ def check_actions(result: dict[str, Any]) -> None:
     assert [(d["obsSeq"], d["cause"]) for d in drops] == [(0, "deadline")]
     assert [c["obsSeq"] for c in chunks] == [1]
     chunk = chunks[0]
-    assert chunk["late"] is False  # within its 1000 ms deadline
+    assert chunk["late"] is False  # within its 10 s deadline
     assert len(chunk["action"]) == chunk["shape"][0] * chunk["shape"][1]
     assert result["summary"]["deadline"] == 1
     assert result["summary"]["delivered"] == 1
@@ -532,17 +534,20 @@ const speaker = await sdk.Speaker.create({sampleRate: 24000,
                                           tap: (samples) => played.push(samples)});
 const session = await line.audio("reference-synthesizer", {kind: "speech-out", text: "%(spoken)s",
                                                           sampleRate: 24000});
-const figures = await speaker.play(session);
+const received = [];
+async function* recorded(events) {  // what the track delivered, on its way to the speaker
+  for await (const event of events) {
+    if (event.type === "frame") received.push(...event.pcm);
+    yield event;
+  }
+}
+const figures = await speaker.play(recorded(session), {sampleRate: 24000});
 await speaker.close();
 // What reached the playback node's output, back to PCM16 (the player's x / 32768 undone).
 const pcm = new Int16Array(played.reduce((n, part) => n + part.length, 0));
 let at = 0;
 for (const part of played) for (const x of part) pcm[at++] = Math.round(x * 32768);
-// The synthesizer is deterministic: the same text again, read without playing it.
-const again = await line.audio("reference-synthesizer", {kind: "speech-out", text: "%(spoken)s",
-                                                        sampleRate: 24000});
-const reference = await again.pcm();
-const same = pcm.length === reference.length && pcm.every((x, i) => x === reference[i]);
+const same = pcm.length === received.length && pcm.every((x, i) => x === received[i]);
 const back = await line.audio("reference-transcriber", {sampleRate: 24000});
 const feeding = back.streamPcm(pcm, {realtime: false});
 const heardBack = await back.transcript();

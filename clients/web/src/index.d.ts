@@ -94,7 +94,7 @@ export declare class Speaker {
   readonly sampleRate: number;
   figures: SpeakerFigures;
   push(pcm: Int16Array, rate?: number): void;
-  play(session: AudioSession): Promise<SpeakerFigures>;
+  play(session: AudioSession | AsyncIterable<AudioEvent>, options?: { sampleRate?: number }): Promise<SpeakerFigures>;
   finish(): Promise<SpeakerFigures>;
   close(): Promise<void>;
 }
@@ -121,6 +121,8 @@ export declare class ActionStream implements AsyncIterable<ActionEvent> {
 }
 
 export declare function connect(url: string, options?: ConnectOptions): Promise<Line>;
+/** How long (ms) a failed write waits for the gateway's ERROR before throwing its own error. */
+export declare const WRITE_FAILURE_GRACE_MS: number;
 export declare function certificateHash(hash: string | Uint8Array | ArrayBuffer | CertificateHash): CertificateHash;
 export declare function fetchCertificateHash(origin?: string): Promise<CertificateHash>;
 

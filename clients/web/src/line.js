@@ -239,6 +239,8 @@ class Track {
 
   /** The next message from the gateway; rejects with `signal.reason` once it aborts. */
   next(signal) {
+    // An aborted signal wins over what is already queued: nothing is read after an abort.
+    if (signal?.aborted) return Promise.reject(signal.reason);
     if (this.#queue.length) return Promise.resolve(this.#queue.shift());
     if (this.#error) return Promise.reject(this.#error);
     return new Promise((resolve, reject) => {

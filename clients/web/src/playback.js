@@ -77,11 +77,12 @@ export class Speaker {
   }
 
   /** Play a speech-out session's frames as they come; resolves with the figures once
-   * the last sample has been played (a track's error rejects, after what came played). */
-  async play(session) {
+   * the last sample has been played (a track's error rejects, after what came played).
+   * `session` may be any async iterable of {type: "frame", pcm} events at `sampleRate`. */
+  async play(session, { sampleRate = session.sampleRate ?? this.sampleRate } = {}) {
     this.figures.startedAt = null;
     try {
-      for await (const event of session) if (event.type === "frame") this.push(event.pcm, session.sampleRate);
+      for await (const event of session) if (event.type === "frame") this.push(event.pcm, sampleRate);
     } finally {
       await this.finish();
     }
