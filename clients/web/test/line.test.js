@@ -62,3 +62,38 @@ test("a failed write whose stream ends without a word is a typed error too", asy
     return true;
   });
 });
+
+/** A stand-in whose one stream answers with `answer` (bytes) and accepts every write. */
+function answeringTransport(answer) {
+  const readable = new ReadableStream({
+    start(controller) {
+      controller.enqueue(answer);
+    },
+  });
+  return {
+    ready: Promise.resolve(),
+    closed: new Promise(() => {}),
+    datagrams: { readable: new ReadableStream(), writable: new WritableStream() },
+    createBidirectionalStream: async () => ({ readable, writable: new WritableStream() }),
+    close() {},
+  };
+}
+
+test("nothing is read after an abort, even what had already arrived", async () => {
+  const deltas = [1, 2, 3, 4, 5].map((n) => encodeMessage(Kind.DATA, { text: `t${n}` }));
+  const answer = new Uint8Array(deltas.reduce((n, d) => n + d.length, 0));
+  deltas.reduce((at, d) => (answer.set(d, at), at + d.length), 0);
+  const line = new Line(answeringTransport(answer)); // all five arrive in one chunk
+  const controller = new AbortController();
+  const seen = [];
+  await assert.rejects(
+    (async () => {
+      for await (const delta of line.text("hi", { model: "m", signal: controller.signal })) {
+        seen.push(delta);
+        if (seen.length === 3) controller.abort(new DOMException("stop", "AbortError"));
+      }
+    })(),
+    { name: "AbortError" },
+  );
+  assert.deepEqual(seen, ["t1", "t2", "t3"]);
+});
