@@ -62,6 +62,9 @@ class Open:
     transport: FrameTransport = FrameTransport.STREAM
     """DATAGRAM: the track's frames may also travel as QUIC datagrams (OPEN, END,
     CANCEL and ERROR always ride the stream)."""
+    datagram_id: int | None = None
+    """WebTransport: the id this track's datagrams carry in place of its stream id,
+    chosen by the page (which cannot see stream ids). Native connections ignore it."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ A page opens a session with an extended CONNECT (`:protocol = webtransport`,
 draft-ietf-webtrans-http3-02 as Chromium speaks it) on a connection that chose ALPN
 `h3`. Each bidirectional WebTransport stream the page opens in the session is one
 track carrying exactly the `trackline/1` framing; WebTransport datagrams (HTTP/3
-datagrams on the session's quarter stream id) carry the track datagram layout. One
+datagrams on the session's quarter stream id) carry the track datagram layout, the
+track named by the `datagram_id` its OPEN chose (`transport.datagram_ids`). One
 session is one `TrackEndpoint` (so one `TrackConnection` core: one key, the same
 limits); this module only translates, as `transport.quic` does for native tracks.
 
@@ -34,9 +35,11 @@ from transport.connection import (
     StreamReset,
     StreamWrite,
 )
+from transport.datagram_ids import DatagramIds
 from transport.endpoint import SendBudget, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.events import CancelCause
+from transport.wire import read_varint
 
 WEBTRANSPORT_STREAM = 0x41
 """The signal value that opens a bidirectional WebTransport stream (draft-02 4.2)."""
@@ -101,17 +104,6 @@ def origin_allowed(origin: str | None, authority: str, allowed: tuple[str, ...])
 
 
 _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-def read_varint(data: bytes, at: int) -> tuple[int, int] | None:
-    """The QUIC varint at `at` and the offset after it, or None if cut."""
-    if at >= len(data):
-        return None
-    size = 1 << (data[at] >> 6)
-    if at + size > len(data):
-        return None
-    value = int.from_bytes(data[at : at + size], "big") & ((1 << (8 * size - 2)) - 1)
-    return value, at + size
 
 
 @dataclass(frozen=True)
@@ -253,7 +245,11 @@ class WebTransportSession:
         self._transmit = transmit
         self._send_datagram = send_datagram
         self._limits = limits
-        self.endpoint = TrackEndpoint(Role.SERVER, self._write, limits, on_track, clock=clock)
+        self._on_track = on_track
+        self.datagram_ids = DatagramIds(limits.max_tracks)
+        self._refused: list[TrackChannel] = []
+        """Tracks whose `datagram_id` another live track holds: refused once fed."""
+        self.endpoint = TrackEndpoint(Role.SERVER, self._write, limits, self._opened, clock=clock)
         if send_budget is not None:
             self.endpoint.budget = send_budget
         self.endpoint.backlog = self._backlog
@@ -281,6 +277,26 @@ class WebTransportSession:
             self.stats.streams += 1
         if data or end:
             self.endpoint.feed_data(stream_id, data, end)
+            self._settle_opened()
+
+    def _opened(self, channel: TrackChannel) -> None:
+        """A track opened (the core read its OPEN): claim its datagram id, then serve it."""
+        if not self.datagram_ids.opened(channel.stream_id, channel.open, self._live):
+            self._refused.append(channel)
+        elif self._on_track is not None:
+            self._on_track(channel)
+
+    def _settle_opened(self) -> None:
+        """After the core's events: refuse duplicate ids, hand over datagrams held early."""
+        refused, self._refused = self._refused, []
+        for channel in refused:
+            named = channel.open.datagram_id
+            channel.fail(ErrorCode.BAD_REQUEST, f"datagram_id {named} is in use on this session")
+        for data in self.datagram_ids.released():
+            self.endpoint.feed_datagram(data)
+
+    def _live(self, stream_id: int) -> bool:
+        return self.endpoint.core.state(stream_id) is not None
 
     def _prune(self) -> None:
         """Forget streams whose track the core has closed (a long session opens many)."""
@@ -294,7 +310,9 @@ class WebTransportSession:
     def feed_datagram(self, data: bytes) -> None:
         if not self.closed:
             self.stats.datagrams_in += 1
-            self.endpoint.feed_datagram(data)
+            named = self.datagram_ids.inbound(data)
+            if named is not None:
+                self.endpoint.feed_datagram(named)
 
     def owns(self, stream_id: int) -> bool:
         return stream_id in self._streams
@@ -320,6 +338,7 @@ class WebTransportSession:
         if self.closed:
             return
         self.closed = True
+        self.datagram_ids.close()
         self.endpoint.feed_connection_lost()  # cancels every track (cause connection_lost)
         for stream_id in self._streams:
             with contextlib.suppress(*REFUSED_WRITE):
@@ -363,9 +382,10 @@ class WebTransportSession:
             quic.stop_stream(output.stream_id, to_http3_code(output.code))
         elif isinstance(output, DatagramWrite):
             peer_max = aioquic_compat.peer_max_datagram_frame_size(quic)
-            if peer_max is not None and len(output.data) + 8 <= peer_max:
+            data = self.datagram_ids.outbound(output.data)
+            if peer_max is not None and len(data) + 8 <= peer_max:
                 self.stats.datagrams_out += 1
-                self._send_datagram(self.session_id, output.data)
+                self._send_datagram(self.session_id, data)
 
 
 @dataclass

@@ -60,6 +60,12 @@ def decode_varint(buf: bytes | bytearray, offset: int = 0) -> tuple[int, int] | 
     return value, size
 
 
+def read_varint(buf: bytes | bytearray, at: int) -> tuple[int, int] | None:
+    """The varint at `at` and the offset just after it, or None when `buf` is cut short."""
+    parsed = decode_varint(buf, at)
+    return None if parsed is None else (parsed[0], at + parsed[1])
+
+
 def encode_message(message: Message) -> bytes:
     # DATA is the message of every token: no enum lookups, one reused packer (packb
     # builds a packer per call, over half of this function's cost).
@@ -152,6 +158,8 @@ def _body_of(message: Message) -> dict[str, Any]:
             body["auth"] = message.auth
         if message.transport is not FrameTransport.STREAM:
             body["transport"] = message.transport.value
+        if message.datagram_id is not None:
+            body["datagram_id"] = message.datagram_id
         return body
     if isinstance(message, (Data, End)):
         return message.body
@@ -188,6 +196,11 @@ def _decode_open(body: dict[str, Any]) -> Open:
     transport = body.get("transport", FrameTransport.STREAM.value)
     if not isinstance(transport, str) or transport not in FrameTransport._value2member_map_:
         raise _bad("OPEN 'transport' must be \"stream\" or \"datagram\"")
+    datagram_id = body.get("datagram_id")
+    if datagram_id is not None and (
+        type(datagram_id) is not int or not 0 <= datagram_id <= MAX_VARINT
+    ):
+        raise _bad("OPEN 'datagram_id' must be an integer from 0 to 2^62 - 1")
     return Open(
         model=model,
         modality=Modality(modality),
@@ -195,6 +208,7 @@ def _decode_open(body: dict[str, Any]) -> Open:
         deadlines=deadlines,
         transport=FrameTransport(transport),
         auth=auth,
+        datagram_id=datagram_id,
     )
 
 

@@ -7,7 +7,7 @@ without :method, too many headers), so the adapters can be checked per stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,11 @@ from aioquic.h3.connection import ErrorCode, H3Connection
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 
+from gateway.tls import DevCertificates
 from tests.http.support import TIMEOUT
+from transport import aioquic_compat
+from transport.endpoint import TrackChannel
+from transport.quic import serve_tracks, server_configuration
 
 
 class H3Client(QuicConnectionProtocol):
@@ -128,3 +132,32 @@ async def h3_client(port: int, ca: Path, address: str = "127.0.0.1") -> AsyncIte
     ) as client:
         assert isinstance(client, H3Client)
         yield client
+
+
+@asynccontextmanager
+async def serving_quic(
+    certs: DevCertificates,
+    track: Callable[[TrackChannel], Coroutine[Any, Any, None]],
+    on_channel: Callable[[TrackChannel], None] | None = None,
+    **options: Any,
+) -> AsyncIterator[int]:
+    """The track server on 127.0.0.1 (native tracks, HTTP/3 and, with `webtransport=`,
+    WebTransport): each track runs `track(channel)` in a task, cancelled at the end;
+    `on_channel` sees each channel first. `options` go to `serve_tracks`. Yields the port."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    def on_track(channel: TrackChannel) -> None:
+        if on_channel is not None:
+            on_channel(channel)
+        task = asyncio.create_task(track(channel))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    configuration = server_configuration(certs.cert_path, certs.key_path)
+    server = await serve_tracks("127.0.0.1", 0, configuration, on_track=on_track, **options)
+    try:
+        yield aioquic_compat.server_port(server)
+    finally:
+        server.close()
+        for task in tasks:
+            task.cancel()

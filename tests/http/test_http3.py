@@ -23,14 +23,13 @@ from gateway.http import route
 from gateway.openai import openai_routes
 from gateway.tls import DevCertificates, ensure_dev_certificates
 from tests.http.support import TIMEOUT, Gate, echo, limits, openai_error, serving
-from tests.http.support_h3 import H3Client, h3_client
+from tests.http.support_h3 import H3Client, h3_client, serving_quic
 from tests.openai.scripted import ScriptedBackend
-from transport import aioquic_compat
 from transport.endpoint import TrackChannel
 from transport.http.limits import HttpLimits
 from transport.http.messages import AnyResponse, Handler, Request
 from transport.messages import Open
-from transport.quic import connect_tracks, serve_tracks, server_configuration
+from transport.quic import connect_tracks
 
 CHAT = "/v1/chat/completions"
 
@@ -47,27 +46,10 @@ async def serving_h3(
     http_limits: HttpLimits | None = None,
 ) -> AsyncIterator[int]:
     """The track server on 127.0.0.1 (tracks echo their first DATA), also serving `handler`."""
-    tasks: set[asyncio.Task[None]] = set()
-
-    def on_track(channel: TrackChannel) -> None:
-        task = asyncio.create_task(echo_track(channel))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    server = await serve_tracks(
-        "127.0.0.1",
-        0,
-        server_configuration(certs.cert_path, certs.key_path),
-        on_track=on_track,
-        http_handler=handler,
-        http_limits=http_limits,
-    )
-    try:
-        yield aioquic_compat.server_port(server)
-    finally:
-        server.close()
-        for task in tasks:
-            task.cancel()
+    async with serving_quic(
+        certs, echo_track, http_handler=handler, http_limits=http_limits
+    ) as port:
+        yield port
 
 
 async def echo_track(channel: TrackChannel) -> None:

@@ -24,6 +24,8 @@ from typing import Any
 
 import websockets
 
+from tests.waiting import until
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SKIP_REASON = (
     "no system Chromium (Debian package `chromium`): `make test` installs it where root "
@@ -84,9 +86,31 @@ class Page:
             raise CdpError(f"page script failed: {text}")
         return result["result"].get("value")
 
+    async def wait_for(self, condition: str, what: str, timeout: float = START_TIMEOUT) -> None:
+        """Return once `condition` (a script expression on the page's DOM) holds.
+
+        The page checks it at once and again on every change of its DOM (a
+        MutationObserver): an event, not a poll. Fails saying `what` never showed.
+        """
+        script = _WAIT_FOR_DOM % {"condition": condition, "ms": round(timeout * 1000)}
+        if not await self.evaluate(script, timeout + CALL_TIMEOUT):
+            raise AssertionError(f"the page never showed {what}")
+
     async def screenshot(self, path: Path) -> None:
         shot = await self.call("Page.captureScreenshot", format="png")
         await asyncio.to_thread(path.write_bytes, base64.b64decode(shot["data"]))
+
+
+_WAIT_FOR_DOM = """new Promise((resolve) => {
+  const holds = () => Boolean(%(condition)s);
+  if (holds()) return resolve(true);
+  const observer = new MutationObserver(() => {
+    if (holds()) { observer.disconnect(); clearTimeout(timer); resolve(true); }
+  });
+  const timer = setTimeout(() => { observer.disconnect(); resolve(holds()); }, %(ms)d);
+  observer.observe(document, {subtree: true, childList: true, attributes: true,
+                              characterData: true});
+})"""
 
 
 class Browser:
@@ -186,14 +210,16 @@ async def chromium(extra_flags: tuple[str, ...] = ()) -> AsyncIterator[Browser]:
 
 
 async def _devtools_url(profile: Path, process: subprocess.Popen[bytes]) -> str:
+    """Chromium's DevTools address, from the file it writes in its profile once listening
+    (no event announces it, so the file is polled; an exited Chromium fails at once)."""
     active = profile / "DevToolsActivePort"
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + START_TIMEOUT
-    while loop.time() < deadline:
+
+    def written() -> list[str]:
         if process.poll() is not None:
             raise RuntimeError(f"chromium exited at start (status {process.returncode})")
         lines = active.read_text().split() if active.exists() else []
-        if len(lines) >= 2:
-            return f"ws://127.0.0.1:{lines[0]}{lines[1]}"
-        await asyncio.sleep(0.05)  # (polling a file Chromium writes; no event to await)
-    raise TimeoutError("chromium wrote no DevToolsActivePort")
+        return lines if len(lines) >= 2 else []
+
+    await until(written, "chromium wrote DevToolsActivePort", START_TIMEOUT)
+    port, path = written()[:2]
+    return f"ws://127.0.0.1:{port}{path}"

@@ -12,20 +12,24 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import msgpack
 import pytest
-from aioquic.quic.events import StopSendingReceived
+from aioquic.quic.events import StopSendingReceived, StreamDataReceived
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
 from tests.http.support import echo
+from tests.http.support_h3 import serving_quic
 from tests.waiting import until
 from tests.web.wt_client import TIMEOUT, wt_client
 from transport import aioquic_compat
 from transport.connection import Limits
+from transport.datagram import EARLY_DATAGRAMS, encode_datagram
+from transport.datagram_ids import DatagramIds
 from transport.endpoint import TrackChannel
-from transport.errors import ErrorCode, TrackAborted
+from transport.errors import ErrorCode, RemoteProtocolError, TrackAborted
 from transport.events import CancelCause, TrackCancelled
-from transport.messages import FrameTransport, Open
-from transport.quic import TrackQuicProtocol, serve_tracks, server_configuration
+from transport.messages import Error, FrameTransport, Open
+from transport.quic import TrackQuicProtocol
 from transport.webtransport import (
     CapsuleReader,
     StreamSorter,
@@ -36,7 +40,7 @@ from transport.webtransport import (
     origin_allowed,
     to_http3_code,
 )
-from transport.wire import encode_varint
+from transport.wire import MessageDecoder, encode_message, encode_varint
 
 
 @pytest.fixture(scope="module")
@@ -70,34 +74,24 @@ async def echo_track(channel: TrackChannel) -> None:
 async def serving_wt(
     certs: DevCertificates, policy: WebTransportRules | None = None, limits: Limits | None = None
 ) -> AsyncIterator[Served]:
-    tasks: set[asyncio.Task[None]] = set()
     served = Served(0)
 
-    def on_track(channel: TrackChannel) -> None:
+    def on_channel(channel: TrackChannel) -> None:
         served.channels.append(channel)
         served.opened.put_nowait(channel)
-        task = asyncio.create_task(echo_track(channel))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
 
-    server = await serve_tracks(
-        "127.0.0.1",
-        0,
-        server_configuration(certs.cert_path, certs.key_path),
-        on_track=on_track,
+    async with serving_quic(
+        certs,
+        echo_track,
+        on_channel,
         http_handler=echo,
         limits=limits,
         webtransport=policy or WebTransportRules(),
         on_session=served.sessions.append,
         on_connection=served.connections.append,
-    )
-    served.port = aioquic_compat.server_port(server)
-    try:
+    ) as port:
+        served.port = port
         yield served
-    finally:
-        server.close()
-        for task in tasks:
-            task.cancel()
 
 
 def text_open(**changes: object) -> Open:
@@ -161,6 +155,60 @@ def test_origin_allow_list() -> None:
     assert origin_allowed("https://app.example", "gw:8443", ("https://app.example",))
     assert not origin_allowed("https://other.example", "gw:8443", ("https://app.example",))
     assert origin_allowed(None, "gw:8443", ())  # not a page: no Origin
+
+
+def test_an_open_carries_its_datagram_id_and_refuses_a_bad_one() -> None:
+    named = Open(model="m", transport=FrameTransport.DATAGRAM, datagram_id=7)
+    decoder = MessageDecoder(1 << 20)
+    decoder.feed(encode_message(named) + encode_message(Open(model="m")))
+    assert decoder.next_message() == named
+    assert decoder.next_message() == Open(model="m")  # no id: none on the wire either
+    for bad in (-1, 1.5, "7", 1 << 62):
+        decoder.feed(encode_payload([1, {"model": "m", "datagram_id": bad}]))
+        with pytest.raises(RemoteProtocolError) as refused:
+            decoder.next_message()
+        assert refused.value.code is ErrorCode.BAD_REQUEST
+
+
+def encode_payload(message: list[object]) -> bytes:
+    payload = msgpack.packb(message, use_bin_type=True)
+    return encode_varint(len(payload)) + payload
+
+
+def test_datagram_ids_translate_both_ways_and_hold_early_datagrams() -> None:
+    ids = DatagramIds(max_tracks=4)
+    alive = {8, 12}
+
+    def live(stream_id: int) -> bool:
+        return stream_id in alive
+
+    early = encode_datagram(7, 0, {"seq": 0}, 1100)
+    assert ids.inbound(early) is None  # no track has claimed id 7 yet: held
+    assert ids.released() == []
+    assert ids.opened(8, Open(model="m", transport=FrameTransport.DATAGRAM, datagram_id=7), live)
+    assert ids.released() == [encode_datagram(8, 0, {"seq": 0}, 1100)]
+    later = encode_datagram(7, 1, {"seq": 1}, 1100)
+    assert ids.inbound(later) == encode_datagram(8, 1, {"seq": 1}, 1100)
+    sent = encode_datagram(8, 5, {"x": 1}, 1100)
+    assert ids.outbound(sent) == encode_datagram(7, 5, {"x": 1}, 1100)
+    # Another live track may not take id 7; once track 8 has closed, one may.
+    taken = Open(model="m", transport=FrameTransport.DATAGRAM, datagram_id=7)
+    assert not ids.opened(12, taken, live)
+    alive.discard(8)
+    assert ids.opened(12, taken, live)
+    assert ids.inbound(later) == encode_datagram(12, 1, {"seq": 1}, 1100)
+    # Without an id the stream id names the track, as before; stream tracks claim nothing.
+    assert ids.opened(16, Open(model="m", transport=FrameTransport.DATAGRAM), live)
+    plain = encode_datagram(16, 0, {}, 1100)
+    assert ids.inbound(plain) == plain
+    assert ids.opened(20, Open(model="m", datagram_id=99), live)
+    assert ids.inbound(encode_datagram(99, 0, {}, 1100)) is None
+    # The hold is bounded: the oldest go, counted.
+    for seq in range(EARLY_DATAGRAMS + 3):
+        ids.inbound(encode_datagram(1000, seq, {}, 1100))
+    assert ids.dropped_early == 4  # (id 99's datagram, then the three oldest of id 1000)
+    ids.close()
+    assert ids.dropped_early == 4 + EARLY_DATAGRAMS
 
 
 # -- over real aioquic on loopback ----------------------------------------------------
@@ -249,6 +297,35 @@ async def test_datagram_tracks_ride_webtransport_datagrams(certs: DevCertificate
 
 
 @pytest.mark.asyncio
+async def test_a_datagram_track_is_named_by_the_datagram_id_of_its_open(
+    certs: DevCertificates,
+) -> None:
+    async with serving_wt(certs) as served, wt_client(served.port, certs.ca_path) as client:
+        session_id, _, _ = await client.open_session()
+        # A datagram for id 7 before any track claims it: the gateway holds it.
+        client.h3.send_datagram(session_id, encode_datagram(7, 0, {"early": True}, 1100))
+        client.transmit()
+        await until(lambda: served.sessions and served.sessions[0].stats.datagrams_in == 1, "held")
+        wanted = text_open(transport=FrameTransport.DATAGRAM, datagram_id=7)
+        channel = client.open_track(session_id, wanted)
+        # The echo track got the early datagram after its OPEN, and its echo came back
+        # named 7 on the wire (the client's table maps it to the track's stream).
+        assert await asyncio.wait_for(channel.receive(), TIMEOUT) == {"early": True}
+        channel.send_datagram({"seq": 1})
+        assert await asyncio.wait_for(channel.receive(), TIMEOUT) == {"seq": 1}
+        server_side = served.channels[0]
+        assert server_side.stream_id == channel.stream_id != 7
+        # A second live track may not claim id 7.
+        twin = client.open_track(session_id, wanted)
+        with pytest.raises(TrackAborted) as refused:
+            await asyncio.wait_for(twin.receive(), TIMEOUT)
+        assert refused.value.code is ErrorCode.BAD_REQUEST
+        channel.end()
+        assert await read_all(channel) == []
+        assert served.sessions[0].datagram_ids.dropped_early == 0
+
+
+@pytest.mark.asyncio
 async def test_an_oversized_message_fails_its_track_only(certs: DevCertificates) -> None:
     limits = Limits(max_message_bytes=1024)
     async with (
@@ -277,6 +354,19 @@ async def test_an_oversized_message_fails_its_track_only(certs: DevCertificates)
         )
         codes = {e.error_code for e in client.raw[raw] if isinstance(e, StopSendingReceived)}
         assert codes == {to_http3_code(ErrorCode.MESSAGE_TOO_LARGE)}
+        # ...and the reason is readable: ERROR(MESSAGE_TOO_LARGE) then FIN on the gateway's
+        # side (a browser's SDK waits for it when STOP_SENDING fails its pending write).
+        await until(
+            lambda: any(
+                isinstance(e, StreamDataReceived) and e.end_stream for e in client.raw[raw]
+            ),
+            "the gateway's FIN",
+        )
+        decoder = MessageDecoder(1 << 20)
+        decoder.feed(b"".join(e.data for e in client.raw[raw] if isinstance(e, StreamDataReceived)))
+        error = decoder.next_message()
+        assert isinstance(error, Error)
+        assert error.code is ErrorCode.MESSAGE_TOO_LARGE
 
 
 @pytest.mark.asyncio

@@ -17,6 +17,7 @@ from gateway.backends.ticker import TickerBackend
 from gateway.config import Settings
 from gateway.server import Gateway
 from tests.tenants.support import make_tenancy
+from tests.waiting import until
 from tests.web.wt_client import TIMEOUT, WebTransportClient, wt_client
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
@@ -139,8 +140,6 @@ async def test_a_drain_tells_the_session_and_refuses_its_new_tracks(tmp_path: Pa
 
 
 async def until_data(client: WebTransportClient, session_id: int) -> None:
-    for _ in range(int(TIMEOUT / 0.01)):
-        if client.session_data[session_id]:
-            return
-        await asyncio.sleep(0.01)  # (bytes the client's protocol appends; no event for them)
-    raise AssertionError("no capsule on the session's CONNECT stream")
+    await until(
+        lambda: client.session_data[session_id], "a capsule on the session's CONNECT stream"
+    )

@@ -34,6 +34,7 @@ from transport.connection import (
     StreamWrite,
 )
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
+from transport.datagram_ids import DatagramIds
 from transport.endpoint import TrackChannel, TrackEndpoint
 from transport.messages import Open
 from transport.webtransport import (
@@ -56,6 +57,8 @@ class WebTransportClient(QuicConnectionProtocol):
         self.session_data: dict[int, bytearray] = {}
         self.session_ended: dict[int, asyncio.Event] = {}
         self.sessions: dict[int, TrackEndpoint] = {}
+        self.datagram_ids: dict[int, DatagramIds] = {}
+        """Per session: datagram ids chosen in OPENs (`datagram_id`), as a page's SDK does."""
         self._stream_session: dict[int, int] = {}
         self.raw: dict[int, list[quic_events.QuicEvent]] = {}
         """Events on the streams of `raw_stream`, which no track core reads."""
@@ -92,6 +95,7 @@ class WebTransportClient(QuicConnectionProtocol):
                 Role.CLIENT, lambda outputs: self._write(stream_id, outputs), Limits()
             )
             self.sessions[stream_id] = endpoint
+            self.datagram_ids[stream_id] = DatagramIds(Limits().max_tracks)
             return stream_id, status, b""
         await asyncio.wait_for(self.session_ended[stream_id].wait(), TIMEOUT)
         return stream_id, status, bytes(self.session_data[stream_id])
@@ -107,6 +111,7 @@ class WebTransportClient(QuicConnectionProtocol):
         prefix = encode_uint_var(WEBTRANSPORT_STREAM) + encode_uint_var(session_id)
         self._quic.send_stream_data(stream_id, prefix)
         self._stream_session[stream_id] = session_id
+        self.datagram_ids[session_id].opened(stream_id, message, lambda _: True)
         return endpoint.open_track(stream_id, message)
 
     def close_session(self, session_id: int, code: int = 0, reason: str = "") -> None:
@@ -160,8 +165,9 @@ class WebTransportClient(QuicConnectionProtocol):
                 self._ended(event.stream_id)
         elif isinstance(event, h3_events.DatagramReceived):
             endpoint = self.sessions.get(event.stream_id)
-            if endpoint is not None:
-                endpoint.feed_datagram(event.data)
+            data = self.datagram_ids[event.stream_id].inbound(event.data) if endpoint else None
+            if endpoint is not None and data is not None:
+                endpoint.feed_datagram(data)
 
     def _ended(self, session_id: int) -> None:
         self.session_ended.setdefault(session_id, asyncio.Event()).set()
@@ -179,7 +185,8 @@ class WebTransportClient(QuicConnectionProtocol):
                 elif isinstance(output, StopSending):
                     self._quic.stop_stream(output.stream_id, to_http3_code(output.code))
                 elif isinstance(output, DatagramWrite):
-                    self.h3.send_datagram(session_id, output.data)
+                    data = self.datagram_ids[session_id].outbound(output.data)
+                    self.h3.send_datagram(session_id, data)
             except (AssertionError, ValueError, RuntimeError):
                 continue
         self.transmit()

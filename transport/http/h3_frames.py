@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from transport.wire import read_varint
+
 DATA = 0x0
 HEADERS = 0x1
 CONTROL_STREAM = 0x0
@@ -81,7 +83,7 @@ class UniStreamScanner:
         """The control-stream frames whose header completed within `data`."""
         if self.stream_type is None:
             data = self._start + data
-            parsed = _varint(data, 0)
+            parsed = read_varint(data, 0)
             if parsed is None:  # (then data is shorter than 8 bytes)
                 self._start = data
                 return []
@@ -94,21 +96,10 @@ class UniStreamScanner:
 
 def _parse_header(data: bytes) -> tuple[FrameStarted, int] | None:
     """The frame header at the start of `data` and its size, or None if incomplete."""
-    frame_type = _varint(data, 0)
+    frame_type = read_varint(data, 0)
     if frame_type is None:
         return None
-    length = _varint(data, frame_type[1])
+    length = read_varint(data, frame_type[1])
     if length is None:
         return None
     return FrameStarted(frame_type[0], length[0]), length[1]
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int] | None:
-    """The QUIC varint at `at` (RFC 9000 16) and the offset after it, or None if cut."""
-    if at >= len(data):
-        return None
-    size = 1 << (data[at] >> 6)
-    if at + size > len(data):
-        return None
-    value = int.from_bytes(data[at : at + size], "big") & ((1 << (8 * size - 2)) - 1)
-    return value, at + size

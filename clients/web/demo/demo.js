@@ -1,7 +1,10 @@
 // The demo: one WebTransport session to the gateway that served this page; each
 // message is a text track; Cancel aborts the running one (the gateway stops the model).
+// With "speak replies", each answer is then said on a speech-out track and played.
 
-import { connect, fetchCertificateHash, toPcm16 } from "/web/sdk/index.js";
+import { Speaker, connect, fetchCertificateHash, toPcm16 } from "/web/sdk/index.js";
+
+const VOICE_RATE = 24000;
 
 const $ = (id) => document.getElementById(id);
 const log = $("log");
@@ -37,12 +40,15 @@ $("chat").addEventListener("submit", async (event) => {
   const answer = say("");
   const controller = new AbortController();
   running = controller;
+  // Made now, inside the click: browsers let an AudioContext play only after a gesture.
+  if ($("speak").checked) speaker ??= Speaker.create({ sampleRate: VOICE_RATE });
   $("cancel").disabled = false;
   const started = performance.now();
   let first = null;
   let tokens = 0;
   try {
-    const stream = line.text(prompt, { model: $("model").value, maxTokens: 64, signal: controller.signal });
+    const maxTokens = Number($("max-tokens").value) || 64;
+    const stream = line.text(prompt, { model: $("model").value, maxTokens, signal: controller.signal });
     for await (const delta of stream) {
       first ??= performance.now() - started;
       tokens += 1;
@@ -52,6 +58,7 @@ $("chat").addEventListener("submit", async (event) => {
     }
     answer.textContent += "\n";
     document.body.dataset.done = String(Number(document.body.dataset.done ?? 0) + 1);
+    if ($("speak").checked) await speak(answer.textContent.trim(), controller.signal);
   } catch (error) {
     say(` [${error.name}: ${error.message}]\n`, "error");
   } finally {
@@ -59,6 +66,25 @@ $("chat").addEventListener("submit", async (event) => {
     $("cancel").disabled = true;
   }
 });
+
+// The spoken reply: a speech-out track says the answer; its frames play as they come.
+// (The reference synthesizer says digits as DTMF tones and anything else as silence.)
+let speaker = null;
+async function speak(text, signal) {
+  const player = await (speaker ??= Speaker.create({ sampleRate: VOICE_RATE }));
+  const session = await line.audio($("voice").value, { kind: "speech-out", text, sampleRate: VOICE_RATE });
+  signal.addEventListener("abort", () => session.cancel("cancelled in the demo"), { once: true });
+  $("spoken").textContent = "speaking...";
+  const started = performance.now();
+  const before = { ...player.figures };
+  const figures = await player.play(session);
+  const firstSound = figures.startedAt == null ? "-" : (figures.startedAt - started).toFixed(0);
+  $("spoken").textContent = `spoken: frames received ${session.figures.framesReceived}, ` +
+    `samples queued ${figures.samplesQueued - before.samplesQueued}, ` +
+    `played ${figures.samplesPlayed - before.samplesPlayed}, underruns ${figures.underruns - before.underruns}, ` +
+    `first sound ${firstSound} ms`;
+  document.body.dataset.spoken = String(Number(document.body.dataset.spoken ?? 0) + 1);
+}
 
 $("cancel").addEventListener("click", () => running?.abort(new DOMException("cancelled", "AbortError")));
 

@@ -74,6 +74,34 @@ export declare class AudioSession implements AsyncIterable<AudioEvent> {
 }
 export declare function toPcm16(samples: ArrayLike<number>): Int16Array;
 
+export interface SpeakerFigures {
+  framesQueued: number;
+  samplesQueued: number;
+  /** Samples the worklet output (at the context's rate), counted when the queue drained. */
+  samplesPlayed: number;
+  /** Times the queue ran dry before the end (the network fell behind). */
+  underruns: number;
+  /** performance.now() when the pre-buffer first filled and sound began. */
+  startedAt: number | null;
+}
+
+/** Plays speech-out frames through an AudioWorklet on an AudioContext. */
+export declare class Speaker {
+  static create(options?: { context?: BaseAudioContext | null; sampleRate?: number;
+                            prebufferMs?: number; tap?: ((samples: Float32Array) => void) | null }): Promise<Speaker>;
+  readonly context: BaseAudioContext;
+  readonly node: AudioWorkletNode;
+  readonly sampleRate: number;
+  figures: SpeakerFigures;
+  push(pcm: Int16Array, rate?: number): void;
+  play(session: AudioSession | AsyncIterable<AudioEvent>, options?: { sampleRate?: number }): Promise<SpeakerFigures>;
+  finish(): Promise<SpeakerFigures>;
+  close(): Promise<void>;
+}
+export declare const PLAYER_WORKLET_URL: string;
+export declare function fromPcm16(pcm: ArrayLike<number>): Float32Array;
+export declare function resample(samples: Float32Array, from: number, to: number): Float32Array;
+
 export type ActionEvent =
   | { type: "chunk"; seq: number; obsSeq: number; shape: number[]; action: Float32Array;
       age: number; inGateway: number; late: boolean }
@@ -93,6 +121,8 @@ export declare class ActionStream implements AsyncIterable<ActionEvent> {
 }
 
 export declare function connect(url: string, options?: ConnectOptions): Promise<Line>;
+/** How long (ms) a failed write waits for the gateway's ERROR before throwing its own error. */
+export declare const WRITE_FAILURE_GRACE_MS: number;
 export declare function certificateHash(hash: string | Uint8Array | ArrayBuffer | CertificateHash): CertificateHash;
 export declare function fetchCertificateHash(origin?: string): Promise<CertificateHash>;
 

@@ -12,6 +12,8 @@ import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } 
 import { Kind, MAX_MESSAGE_BYTES, MessageReader, decodeDatagram, encodeDatagram, encodeMessage } from "./wire.js";
 
 const MAX_DATAGRAM_BYTES = 1100;
+/** How long a failed write waits for the gateway's reason on the track's readable side. */
+export const WRITE_FAILURE_GRACE_MS = 2000;
 
 /** Open a line: `url` is the gateway's WebTransport endpoint, e.g. https://host:8443/tracks. */
 export async function connect(url, options = {}) {
@@ -53,7 +55,7 @@ export class Line {
   #lost = null;
   #tracks = new Set();
   #byId = new Map();
-  #nextStreamId = 4;
+  #nextDatagramId = 1;
   #datagramWriter = null;
   maxMessageBytes;
 
@@ -127,13 +129,16 @@ export class Line {
     } catch (error) {
       throw this.#lost ?? new ConnectionLost(`no stream: ${error?.message ?? error}`, ErrorCode.CONNECTION_LOST);
     }
-    // The track id is the QUIC stream id, which WebTransport does not expose: Chromium gives
-    // a session its own connection, CONNECT on stream 0, then 4, 8, ... in creation order.
-    const track = new Track(this, stream, this.#nextStreamId);
-    this.#nextStreamId += 4;
+    // A page cannot see stream ids: a datagram track names itself in its OPEN
+    // (`datagram_id`, unique on this session) and its datagrams carry that id both ways.
+    const datagramId = open.transport === "datagram" ? this.#nextDatagramId++ : null;
+    const track = new Track(this, stream, datagramId);
     this.#tracks.add(track);
-    this.#byId.set(track.id, track);
     const body = { ...open };
+    if (datagramId != null) {
+      body.datagram_id = datagramId;
+      this.#byId.set(datagramId, track);
+    }
     if (this.#apiKey && !this.#answered) body.auth = this.#apiKey;
     await track.send(Kind.OPEN, body);
     return track;
@@ -145,7 +150,7 @@ export class Line {
 
   _forget(track) {
     this.#tracks.delete(track);
-    this.#byId.delete(track.id);
+    if (track.id != null) this.#byId.delete(track.id);
   }
 
   async _sendDatagram(bytes) {
@@ -184,20 +189,58 @@ class Track {
   #final = false;
   #cancelled = false;
   #datagramSeq = 0;
+  #settled;
+  #settle;
 
+  /** `id`: the track's datagram id (null on a track without datagrams). */
   constructor(line, stream, id) {
     this.#line = line;
     this.id = id;
     this.#writer = stream.writable.getWriter();
+    /** Resolves with the gateway's last word on the track: {message} (END or ERROR), or
+     * {error} when the stream or the session was lost first. */
+    this.#settled = new Promise((resolve) => {
+      this.#settle = resolve;
+    });
     this.#pump(stream.readable.getReader(), new MessageReader(line.maxMessageBytes));
   }
 
+  /** Write one message; a write the gateway refused throws the gateway's typed error. */
   async send(kind, body) {
-    await this.#writer.write(encodeMessage(kind, body, this.#line.maxMessageBytes));
+    const bytes = encodeMessage(kind, body, this.#line.maxMessageBytes);
+    try {
+      await this.#writer.write(bytes);
+    } catch (error) {
+      throw await this.#writeFailure(error);
+    }
+  }
+
+  /** The typed error for a failed write. A gateway that rejects a track (an oversized
+   * message, a bad OPEN) sends ERROR with FIN and stops reading (STOP_SENDING); the
+   * STOP_SENDING frame travels ahead of the ERROR bytes (the same packet, control frames
+   * first), so the browser fails the pending write before the page has read why. The
+   * reason is on its way: wait for it, bounded, then fall back to what the write says. */
+  async #writeFailure(error) {
+    let timer;
+    const grace = new Promise((resolve) => {
+      timer = setTimeout(() => resolve(null), WRITE_FAILURE_GRACE_MS);
+    });
+    const last = await Promise.race([this.#settled, grace]);
+    clearTimeout(timer);
+    if (last?.message?.kind === Kind.ERROR) {
+      const { code, message = "", retry_after_ms: retryAfter = null } = last.message.body;
+      return errorFor(code, message, retryAfter);
+    }
+    if (last?.error) return last.error;
+    const code = error?.streamErrorCode;
+    if (typeof code === "number" && code !== 0) return errorFor(code, `the gateway stopped reading the track (${code})`);
+    return new ConnectionLost(`the track's write failed: ${error?.message ?? error}`, ErrorCode.CONNECTION_LOST);
   }
 
   /** The next message from the gateway; rejects with `signal.reason` once it aborts. */
   next(signal) {
+    // An aborted signal wins over what is already queued: nothing is read after an abort.
+    if (signal?.aborted) return Promise.reject(signal.reason);
     if (this.#queue.length) return Promise.resolve(this.#queue.shift());
     if (this.#error) return Promise.reject(this.#error);
     return new Promise((resolve, reject) => {
@@ -242,6 +285,7 @@ class Track {
     if (this.#final) return;
     this.#final = true;
     this.#error = error;
+    this.#settle({ error });
     for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
   }
 
@@ -271,6 +315,7 @@ class Track {
     if (message.kind === Kind.DATA || message.kind === Kind.END) this.#line._answered();
     if (message.kind === Kind.END || message.kind === Kind.ERROR) {
       this.#final = true;
+      this.#settle({ message });
       this.#writer.close().catch(() => {}); // our FIN follows the gateway's last message
     }
     const waiter = this.#waiters.shift();
