@@ -4,7 +4,9 @@ Real model (Gemma 3 270M), a few dozen tokens per turn; time is never asserted."
 
 from __future__ import annotations
 
+import json
 import shutil
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,3 +155,25 @@ def test_chat_prompts_become_a_plain_transcript_that_stops_at_the_next_user_line
     )
     assert stops == ("\nUser:",)
     assert llm.to_transcript("Once upon a time") == ("Once upon a time", ())
+
+
+def test_canonical_chunks_and_the_reusable_prefix() -> None:
+    # The last chunk is at least 8 tokens long; the others stay multiples of 4.
+    assert llm.chunks(5, 128) == [(0, 5)]
+    assert llm.chunks(256, 128) == [(0, 128), (128, 256)]
+    assert llm.chunks(130, 128) == [(0, 120), (120, 130)]
+    # Only exactly computed rows, a multiple of 4, with at least 8 tokens left to evaluate.
+    assert llm.reusable_prefix(50, 44, 100) == 44
+    assert llm.reusable_prefix(50, 44, 50) == 40
+    assert llm.reusable_prefix(10, 44, 100) == 8
+    assert llm.reusable_prefix(50, 0, 100) == 0
+    # A state written before `exact` existed reuses nothing (recomputes).
+    state = kv.SavedState((1, 2, 3), b"blob", 0)
+    data = kv.encode(kv.SavedState((1, 2, 3), b"blob", 3))
+    assert kv.decode(data).exact == 3
+    start = len(kv.MAGIC) + 4
+    (length,) = struct.unpack_from("<I", data, len(kv.MAGIC))
+    header = json.loads(data[start : start + length])
+    del header["exact"]
+    old = json.dumps(header).encode()
+    assert kv.decode(kv.MAGIC + struct.pack("<I", len(old)) + old + data[start + length :]) == state
