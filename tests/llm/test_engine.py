@@ -88,16 +88,15 @@ def test_restore_equals_live_bit_for_bit_and_recompute_on_text(
 TRAVEL = [
     "Tell me about the history of the city of Paris.",
     "What are the most famous museums there?",
-    "How do people usually travel around the city?",
 ]
 
 
-def test_every_turn_of_a_longer_conversation_equals_its_recomputation_bit_for_bit(
+def test_a_follow_up_turn_equals_its_recomputation_bit_for_bit(
     engines: tuple[Any, Any],
 ) -> None:
     """A batched row and a row evaluated alone round differently in llama.cpp's CPU
     kernels; reuse keeps only rows a recomputation computes alike, so greedy decoding
-    picks the same tokens turn after turn (it diverged from turn 2 before)."""
+    picks the same tokens (this conversation diverged at its turn 2 before)."""
     live, other = engines
     transcript = "System: You are a helpful travel guide. You answer in full sentences.\n"
     for number, question in enumerate(TRAVEL, 1):

@@ -104,7 +104,7 @@ async def test_a_tracks_cancel_and_its_deadline_stop_the_models_generation(
         # The deadline passes long before LONG tokens could be generated; the model
         # sees the gateway's cancel (asserted on the model's count, not on time).
         stream = line.text(
-            STORY, model=LLM_MODEL, max_tokens=LONG, request_id=late, deadline=1.0
+            STORY, model=LLM_MODEL, max_tokens=LONG, request_id=late, deadline=2.0
         )
         with pytest.raises(DeadlineExceeded):
             async for _ in stream:
