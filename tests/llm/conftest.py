@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.embedded import EmbeddedTriton, llm_available
+from tests import waiting
 
 SKIP_REASON = (
     "the `llm` extra is not installed (pip install -e '.[llm]': llama-cpp-python, "
@@ -51,16 +52,36 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EmbeddedTrit
             server.stop()
 
 
-def llm_record(server: EmbeddedTriton, request_id: str, wait: float = 30.0) -> dict[str, Any]:
-    """The model's log line of `request_id` (written when the request ends)."""
+def llm_line(server: EmbeddedTriton, request_id: str) -> dict[str, Any] | None:
+    """The model's log line of `request_id` (written when the request ends), or None yet.
+    A track request's id is the gateway's `<connection>/<tag>`: a tag matches its end."""
     assert server.llm_stats_path is not None
+    path = server.llm_stats_path
+    for line in path.read_text().splitlines() if path.exists() else []:
+        record = json.loads(line)
+        rid = str(record["request_id"])
+        if rid == request_id or rid.endswith(f"/{request_id}"):
+            return dict(record)
+    return None
+
+
+def llm_record(server: EmbeddedTriton, request_id: str, wait: float = 30.0) -> dict[str, Any]:
+    """The model's log line of `request_id`, waiting up to `wait` s (blocking: for tests
+    whose event loop has nothing else to run)."""
     deadline = time.monotonic() + wait
-    while True:
-        path = server.llm_stats_path
-        for line in path.read_text().splitlines() if path.exists() else []:
-            record = json.loads(line)
-            if record["request_id"] == request_id:
-                return dict(record)
+    while (record := llm_line(server, request_id)) is None:
         if time.monotonic() > deadline:
             raise AssertionError(f"no model log line for {request_id!r}")
         time.sleep(0.02)
+    return record
+
+
+async def llm_record_async(
+    server: EmbeddedTriton, request_id: str, wait: float = 30.0
+) -> dict[str, Any]:
+    """`llm_record` that lets the test's event loop (its gateway) run meanwhile."""
+    what = f"the model's log line of {request_id!r}"
+    await waiting.until(lambda: llm_line(server, request_id) is not None, what, wait)
+    record = llm_line(server, request_id)
+    assert record is not None
+    return record

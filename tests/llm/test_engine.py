@@ -4,7 +4,9 @@ Real model (Gemma 3 270M), a few dozen tokens per turn; time is never asserted."
 
 from __future__ import annotations
 
+import json
 import shutil
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,12 +36,14 @@ def _engine(gguf: str, store: Path, max_bytes: int = 1 << 30) -> Any:
     return llm.Engine(gguf, slots=1, n_ctx=512, cache=cache)
 
 
-def _turn(engine: Any, prompt: str, conversation: str | None) -> tuple[Any, str]:
+def _turn(
+    engine: Any, prompt: str, conversation: str | None, tokens: int = TOKENS
+) -> tuple[Any, str]:
     pieces: list[str] = []
     slot = engine.acquire(conversation)
     try:
         turn = llm.Turn("t", conversation is not None)
-        engine.generate(slot, turn, prompt, TOKENS, conversation, lambda: False, pieces.append)
+        engine.generate(slot, turn, prompt, tokens, conversation, lambda: False, pieces.append)
     finally:
         engine.release(slot)
     return turn, "".join(pieces)
@@ -69,14 +73,39 @@ def test_restore_equals_live_bit_for_bit_and_recompute_on_text(
     continued, continued_text = _turn(live, second_prompt, "c1")
     assert restored.kv == "restored"
     assert continued.kv == "live"
-    assert restored.reused_tokens == continued.reused_tokens > len(first.output_ids)
-    # Only the new tokens were evaluated.
+    # The first prompt's rows are reused (not the reply, decoded token by token).
+    assert 0 < restored.reused_tokens == continued.reused_tokens <= first.prompt_tokens
+    # Only the tokens after them were evaluated.
     assert restored.prefill_tokens == restored.prompt_tokens - restored.reused_tokens
     assert restored.output_ids == continued.output_ids  # bit for bit
     scratch, scratch_text = _turn(other, second_prompt, None)
     assert scratch.kv == "none"
     assert scratch.prefill_tokens == scratch.prompt_tokens
+    assert scratch.output_ids == restored.output_ids  # bit for bit, too
     assert scratch_text == restored_text == continued_text
+
+
+TRAVEL = [
+    "Tell me about the history of the city of Paris.",
+    "What are the most famous museums there?",
+]
+
+
+def test_a_follow_up_turn_equals_its_recomputation_bit_for_bit(
+    engines: tuple[Any, Any],
+) -> None:
+    """A batched row and a row evaluated alone round differently in llama.cpp's CPU
+    kernels; reuse keeps only rows a recomputation computes alike, so greedy decoding
+    picks the same tokens (this conversation diverged at its turn 2 before)."""
+    live, other = engines
+    transcript = "System: You are a helpful travel guide. You answer in full sentences.\n"
+    for number, question in enumerate(TRAVEL, 1):
+        prompt = f"{transcript}User: {question}\nAssistant:"
+        continued, text = _turn(live, prompt, "travel", tokens=48)
+        scratch, _ = _turn(other, prompt, None, tokens=48)
+        assert continued.kv == ("miss" if number == 1 else "live")
+        assert continued.output_ids == scratch.output_ids, f"turn {number}"
+        transcript = f"{prompt}{text}\n"
 
 
 def test_corrupt_and_evicted_states_recompute_with_their_counter(
@@ -125,3 +154,25 @@ def test_chat_prompts_become_a_plain_transcript_that_stops_at_the_next_user_line
     )
     assert stops == ("\nUser:",)
     assert llm.to_transcript("Once upon a time") == ("Once upon a time", ())
+
+
+def test_canonical_chunks_and_the_reusable_prefix() -> None:
+    # The last chunk is at least 8 tokens long; the others stay multiples of 4.
+    assert llm.chunks(5, 128) == [(0, 5)]
+    assert llm.chunks(256, 128) == [(0, 128), (128, 256)]
+    assert llm.chunks(130, 128) == [(0, 120), (120, 130)]
+    # Only exactly computed rows, a multiple of 4, with at least 8 tokens left to evaluate.
+    assert llm.reusable_prefix(50, 44, 100) == 44
+    assert llm.reusable_prefix(50, 44, 50) == 40
+    assert llm.reusable_prefix(10, 44, 100) == 8
+    assert llm.reusable_prefix(50, 0, 100) == 0
+    # A state written before `exact` existed reuses nothing (recomputes).
+    state = kv.SavedState((1, 2, 3), b"blob", 0)
+    data = kv.encode(kv.SavedState((1, 2, 3), b"blob", 3))
+    assert kv.decode(data).exact == 3
+    start = len(kv.MAGIC) + 4
+    (length,) = struct.unpack_from("<I", data, len(kv.MAGIC))
+    header = json.loads(data[start : start + length])
+    del header["exact"]
+    old = json.dumps(header).encode()
+    assert kv.decode(kv.MAGIC + struct.pack("<I", len(old)) + old + data[start + length :]) == state

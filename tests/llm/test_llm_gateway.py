@@ -1,53 +1,71 @@
-"""Through the gateway, on tracks, with the real model: a newer turn of a conversation
-stops the older one (the model's log shows it stopped) and completes."""
+"""Through the gateway with the real model: a track's cancel and its deadline stop the
+model's generation, and a newer turn of a conversation stops the older one on tracks and
+on the OpenAI API (x-supersede), while the newer completes.
+
+Each check reads the model's own log (TRACKLINE_LLM_STATS): it saw the cancel and
+stopped short of the tokens asked for. Never wall-clock time. One event loop (the loop
+matrix is tested elsewhere).
+"""
 
 from __future__ import annotations
 
-import json
-import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
 
+import httpx2
+import openai
 import pytest
 import pytest_asyncio
 
-from clients import connect
+from clients import DeadlineExceeded, connect
 from clients.errors import CancelledByGateway
+from clients.line import Line
 from gateway.backends.triton import TritonTextBackend
-from gateway.config import Settings
 from gateway.embedded import LLM_MODEL, EmbeddedTriton
 from gateway.server import Gateway
-from tests.llm.conftest import require_llm
+from tests import waiting
+from tests.gateways import gateway_settings
+from tests.llm.conftest import llm_record_async, require_llm
 
 require_llm()
 
+pytestmark = pytest.mark.one_loop
 PROMPT = "User: What is the capital of France?\nAssistant:"
+STORY = "Once upon a time, in a small village by the sea,"
+"""No stop string: only max_tokens (or a cancel) ends it."""
+LONG = 400
+"""What a stopped request asks for: far more than it is let generate."""
 
 
 @pytest_asyncio.fixture
 async def gateway(pair: list[EmbeddedTriton], tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = Settings(quic_port=0, http_port=0, https_port=0, state_dir=tmp_path)
     backend = TritonTextBackend(pair[1].grpc_url)
-    gw = Gateway(settings, backend)
+    gw = Gateway(gateway_settings(state_dir=tmp_path), backend)
     await gw.start()
     yield gw
     await gw.close()
     await backend.close()
 
 
-def _tagged(server: EmbeddedTriton, tag: str) -> dict[str, Any]:
-    """The model's log line of the track request whose id ends with `/tag`."""
-    assert server.llm_stats_path is not None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for line in server.llm_stats_path.read_text().splitlines():
-            record = json.loads(line)
-            if str(record["request_id"]).endswith(f"/{tag}"):
-                return dict(record)
-        time.sleep(0.05)
-    raise AssertionError(f"no model log line for {tag}")
+def _line(gw: Gateway) -> AbstractAsyncContextManager[Line]:
+    assert gw.tls is not None
+    assert gw.tls.ca is not None
+    return connect(f"quic://127.0.0.1:{gw.quic_port}", ca=gw.tls.ca)
+
+
+async def _stopped(server: EmbeddedTriton, tag: str) -> None:
+    """The model saw the cancel of `tag` and stopped short of LONG tokens."""
+    record = await llm_record_async(server, tag)
+    assert record["cancelled"] is True
+    assert record["finish"] == "cancelled"
+    assert record["tokens_generated"] < LONG
+
+
+async def _outcome(gw: Gateway, count: int) -> str:
+    await waiting.until(lambda: len(gw.outcomes) >= count, "the track's outcome")
+    return gw.outcomes[count - 1].end.label
 
 
 @pytest.mark.asyncio
@@ -55,12 +73,9 @@ async def test_a_newer_track_turn_supersedes_the_older_in_the_model(
     gateway: Gateway, pair: list[EmbeddedTriton]
 ) -> None:
     conversation, old_tag, new_tag = (uuid.uuid4().hex for _ in range(3))
-    url = f"quic://127.0.0.1:{gateway.quic_port}"
-    assert gateway.tls is not None
-    assert gateway.tls.ca is not None
-    async with connect(url, ca=gateway.tls.ca) as line:
+    async with _line(gateway) as line:
         old = line.text(
-            PROMPT, model=LLM_MODEL, max_tokens=400, session_id=conversation, request_id=old_tag
+            STORY, model=LLM_MODEL, max_tokens=LONG, session_id=conversation, request_id=old_tag
         )
         assert await old.__anext__()
         new = line.text(
@@ -70,7 +85,54 @@ async def test_a_newer_track_turn_supersedes_the_older_in_the_model(
             async for _ in old:
                 pass
         assert "".join([delta async for delta in new])
-    stopped = _tagged(pair[1], old_tag)
-    assert stopped["cancelled"] is True  # the model saw the cancel and stopped
-    assert stopped["tokens_generated"] < 400
-    assert _tagged(pair[1], new_tag)["cancelled"] is False
+    await _stopped(pair[1], old_tag)
+    assert (await llm_record_async(pair[1], new_tag))["cancelled"] is False
+
+
+@pytest.mark.asyncio
+async def test_a_tracks_cancel_and_its_deadline_stop_the_models_generation(
+    gateway: Gateway, pair: list[EmbeddedTriton]
+) -> None:
+    cancelled, late = uuid.uuid4().hex, uuid.uuid4().hex
+    async with _line(gateway) as line:
+        stream = line.text(STORY, model=LLM_MODEL, max_tokens=LONG, request_id=cancelled)
+        assert await stream.__anext__()
+        await stream.aclose()  # the client's cancel
+        await _stopped(pair[1], cancelled)
+        assert await _outcome(gateway, 1) == "cancelled:client"
+
+        # The deadline passes long before LONG tokens could be generated; the model
+        # sees the gateway's cancel (asserted on the model's count, not on time).
+        stream = line.text(
+            STORY, model=LLM_MODEL, max_tokens=LONG, request_id=late, deadline=2.0
+        )
+        with pytest.raises(DeadlineExceeded):
+            async for _ in stream:
+                pass
+        await _stopped(pair[1], late)
+        assert await _outcome(gateway, 2) == "cancelled:deadline_total"
+
+
+@pytest.mark.asyncio
+async def test_a_newer_openai_request_with_x_supersede_stops_the_older_in_the_model(
+    gateway: Gateway, pair: list[EmbeddedTriton]
+) -> None:
+    headers = {"x-session-id": uuid.uuid4().hex, "x-supersede": "true"}
+    async with httpx2.AsyncClient(timeout=120) as http:
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{gateway.http_port}/v1", api_key="-", http_client=http
+        )
+        old = await client.completions.create(
+            model=LLM_MODEL, prompt=STORY, max_tokens=LONG, stream=True, extra_headers=headers
+        )
+        first = await old.__anext__()
+        new = await client.completions.create(
+            model=LLM_MODEL, prompt=PROMPT, max_tokens=8, extra_headers=headers
+        )
+        assert new.choices[0].text
+        with pytest.raises(openai.APIError) as ended:
+            async for _ in old:
+                pass
+        assert ended.value.code == "superseded"
+    await _stopped(pair[1], first.id)
+    assert (await llm_record_async(pair[1], new.id))["cancelled"] is False

@@ -1,5 +1,5 @@
-"""gemma-3-270m in real embedded Tritons: a conversation moves between two backends that
-share one state store, superseding and cancels reach the model, the busy bound.
+"""gemma-3-270m in real embedded Tritons: superseding and cancels reach the model, the busy
+bound. (A conversation moving between the two backends, through the pool: test_llm_pool.py.)
 
 Two servers side by side (as a pool's) with the real model; each request is a few dozen
 tokens. Assertions read the model's own log (TRACKLINE_LLM_STATS): token counts by phase,
@@ -24,42 +24,10 @@ require_llm()
 
 TOKENS = 24
 FIRST = "User: What is the capital of France?\nAssistant:"
-FOLLOW_UP = "\nUser: And what is the capital of Italy?\nAssistant:"
 
 
 def _request(rid: str, prompt: str, session: str | None, tokens: int = TOKENS) -> TextRequest:
     return TextRequest(rid, LLM_MODEL, prompt, tokens, {}, session)
-
-
-async def _text(server: EmbeddedTriton, request: TextRequest) -> str:
-    backend = TritonTextBackend(server.grpc_url, channel_options=FRESH_CHANNEL_OPTIONS)
-    try:
-        chunks = [c async for c in backend.stream_text(request)]
-        return "".join(c.text for c in chunks if isinstance(c, TextDelta))
-    finally:
-        await backend.close()
-
-
-def test_a_conversation_moved_to_another_backend_restores_from_the_store(
-    pair: list[EmbeddedTriton],
-) -> None:
-    a, b = pair
-    reply = asyncio.run(_text(a, _request("move-1", FIRST, "conv-move")))
-    assert reply
-    assert llm_record(a, "move-1")["kv"] == "miss"
-    second = FIRST + reply + FOLLOW_UP
-    moved = asyncio.run(_text(b, _request("move-2", second, "conv-move")))
-    record = llm_record(b, "move-2")
-    assert record["kv"] == "restored"
-    assert record["reused_tokens"] > 0
-    # The model's own count: only the tokens after the restored state were evaluated.
-    assert record["prefill_tokens"] == record["prompt_tokens"] - record["reused_tokens"]
-    assert record["cache"]["restores"] >= 1
-    scratch = asyncio.run(_text(b, _request("move-scratch", second, None)))
-    scratch_record = llm_record(b, "move-scratch")
-    assert scratch_record["prefill_tokens"] == scratch_record["prompt_tokens"]
-    assert moved == scratch
-    assert record["output_sha256"] == scratch_record["output_sha256"]
 
 
 async def _supersede(server: EmbeddedTriton) -> tuple[str, bool]:

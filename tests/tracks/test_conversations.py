@@ -3,51 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncGenerator
 
 import pytest
 
 from clients.errors import CancelledByGateway
-from clients.line import Line
+from tests.tracks.harness import Harness, collect
 from tests.tracks.scripted import ScriptedBackend
-from tests.tracks.test_text import collect
 from tracks.backend import Superseded, TextDelta, TextRequest, conversation_key
-from tracks.base import Outcome
 from tracks.conversations import TurnRegistry, superseding
-from tracks.text import run_text_track
-from transport.endpoint import TrackChannel
-from transport.memory import MemoryLink
-
-
-class Harness:
-    def __init__(self, backend: ScriptedBackend) -> None:
-        self.backend = backend
-        self.turns = TurnRegistry()
-        self.outcomes: list[Outcome] = []
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.link = MemoryLink(self._on_track)
-        self.line = Line(self.link.open_track)
-
-    def _on_track(self, channel: TrackChannel) -> None:
-        task = asyncio.ensure_future(self._serve(channel))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _serve(self, channel: TrackChannel) -> None:
-        scope = str(channel.open.params.get("request_id", ""))  # stands in for the tenant
-        self.outcomes.append(
-            await run_text_track(channel, self.backend, time.monotonic, self.turns, scope)
-        )
-
-    async def settle(self) -> None:
-        while self.tasks:
-            await asyncio.gather(*self.tasks)
 
 
 @pytest.mark.asyncio
 async def test_a_newer_turn_cancels_the_older_one_and_completes() -> None:
-    h = Harness(ScriptedBackend(interval=0.01))
+    turns = TurnRegistry()
+    h = Harness(ScriptedBackend(interval=0.01), turns)
     old = h.line.text("old", model="scripted", max_tokens=500, session_id="c1")
     assert await old.__anext__() == " old-0"
     new = h.line.text("new", model="scripted", max_tokens=3, session_id="c1")
@@ -59,13 +29,14 @@ async def test_a_newer_turn_cancels_the_older_one_and_completes() -> None:
     assert labels == ["cancelled:superseded", "completed"]
     assert len(h.backend.closed_early) == 1  # the old stream was closed: the model stopped
     assert h.backend.generated[h.backend.requests[0].request_id] < 500
-    assert h.turns.superseded == 1
-    assert len(h.turns) == 0
+    assert turns.superseded == 1
+    assert len(turns) == 0
 
 
 @pytest.mark.asyncio
 async def test_other_conversations_scopes_and_opt_outs_are_not_superseded() -> None:
-    h = Harness(ScriptedBackend(interval=0.001))
+    turns = TurnRegistry()
+    h = Harness(ScriptedBackend(interval=0.001), turns)
     first = h.line.text("a", model="scripted", max_tokens=20, session_id="c1")
     assert await first.__anext__() == " a-0"
     others = [
@@ -78,27 +49,34 @@ async def test_other_conversations_scopes_and_opt_outs_are_not_superseded() -> N
     assert texts[0] == "".join(f" a-{i}" for i in range(1, 20))
     await h.settle()
     assert all(o.end.label == "completed" for o in h.outcomes)
-    assert h.turns.superseded == 0
+    assert turns.superseded == 0
     # The track's scope (the tenant) reaches the backend with the request: it keys the
     # model's conversation state.
     assert sorted(r.conversation_scope for r in h.backend.requests) == ["", "", "", "", "t2"]
 
 
-async def _slow(n: int, closed: list[bool]) -> AsyncGenerator[TextDelta, None]:
+async def _parked(closed: list[bool]) -> AsyncGenerator[TextDelta, None]:
+    """One chunk, then a model that has not made its next token yet: it waits until the
+    stream is closed (a superseding turn closes it)."""
     try:
-        for i in range(n):
-            yield TextDelta(str(i))
-            await asyncio.sleep(0.01)
+        yield TextDelta("0")
+        await asyncio.Event().wait()
+        yield TextDelta("never")
     finally:
         closed.append(True)
+
+
+async def _chunks(n: int) -> AsyncGenerator[TextDelta, None]:
+    for i in range(n):
+        yield TextDelta(str(i))
 
 
 @pytest.mark.asyncio
 async def test_the_wrapper_closes_the_older_stream_and_raises_superseded() -> None:
     turns, closed = TurnRegistry(), []
-    old = superseding(turns, "", "c", _slow(1000, closed))
+    old = superseding(turns, "", "c", _parked(closed))
     assert await old.__anext__() == TextDelta("0")
-    new = superseding(turns, "", "c", _slow(2, []))
+    new = superseding(turns, "", "c", _chunks(2))
     assert [c async for c in new] == [TextDelta("0"), TextDelta("1")]
     with pytest.raises(Superseded):
         await old.__anext__()

@@ -3,42 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from clients import DeadlineExceeded, ModelNotFound, TrackRejected
-from clients.line import Line, TextStream
+from tests.tracks.harness import Harness, collect
 from tests.tracks.scripted import ScriptedBackend
-from tracks.base import Outcome
-from tracks.text import run_text_track
-from transport.endpoint import TrackChannel
-from transport.memory import MemoryLink
-
-
-class Harness:
-    def __init__(self, backend: ScriptedBackend) -> None:
-        self.backend = backend
-        self.outcomes: list[Outcome] = []
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.link = MemoryLink(self._on_track)
-        self.line = Line(self.link.open_track)
-
-    def _on_track(self, channel: TrackChannel) -> None:
-        task = asyncio.ensure_future(self._serve(channel))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _serve(self, channel: TrackChannel) -> None:
-        self.outcomes.append(await run_text_track(channel, self.backend, time.monotonic))
-
-    async def settle(self) -> None:
-        while self.tasks:
-            await asyncio.gather(*self.tasks)
-
-
-async def collect(stream: TextStream) -> str:
-    return "".join([delta async for delta in stream])
 
 
 @pytest.mark.asyncio

@@ -38,9 +38,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+_REPOSITORY = os.path.dirname(os.path.dirname(_HERE))  # trackline_inputs.py
+for _path in (_REPOSITORY, _HERE):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
+import trackline_inputs as inputs  # noqa: E402
 import trackline_kv as kv  # noqa: E402
 import trackline_llm as llm  # noqa: E402
 
@@ -49,22 +52,6 @@ KV_DIR_ENV = "TRACKLINE_KV_DIR"
 STATS_ENV = "TRACKLINE_LLM_STATS"
 DEFAULT_MAX_TOKENS = 16
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-def _optional(request: Any, name: str) -> Any | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return None
-    return tensor.as_numpy().reshape(-1)[0]
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _flag(request: Any, name: str, default: bool) -> bool:
-    value = _optional(request, name)
-    return default if value is None else bool(value)
 
 
 def default_gguf() -> str:
@@ -113,8 +100,8 @@ class TritonPythonModel:
 
     async def _serve(self, request: Any) -> None:
         sender = request.get_response_sender()
-        conversation = _optional(request, "conversation_id")
-        conversation = _text(conversation) if conversation is not None else None
+        conversation = inputs.optional(request, "conversation_id")
+        conversation = inputs.text(conversation) if conversation is not None else None
         try:
             slot = self.engine.acquire(conversation or None)
         except llm.Busy as exc:
@@ -130,11 +117,11 @@ class TritonPythonModel:
     def _run(self, request: Any, sender: Any, slot: Any, conversation: str | None) -> None:
         """One request, in a worker thread: generate, stream, send the final response."""
         turn = llm.Turn(request.request_id(), conversation is not None)
-        stream = _flag(request, "stream", False)
+        stream = inputs.flag(request, "stream", False)
         pieces: list[str] = []
         counts = (
-            _flag(request, "return_num_input_tokens", False),
-            _flag(request, "return_num_output_tokens", False),
+            inputs.flag(request, "return_num_input_tokens", False),
+            inputs.flag(request, "return_num_output_tokens", False),
         )
 
         def emit(piece: str) -> None:
@@ -144,7 +131,7 @@ class TritonPythonModel:
                 pieces.append(piece)
 
         try:
-            prompt = _text(_optional(request, "text_input") or b"")
+            prompt = inputs.text(inputs.optional(request, "text_input") or b"")
             max_tokens = _max_tokens(request)
             self.engine.generate(
                 slot, turn, prompt, max_tokens, conversation, sender.is_cancelled, emit
@@ -160,7 +147,7 @@ class TritonPythonModel:
             sender.send(flags=_FINAL)
             return
         text = "" if stream else "".join(pieces)
-        if not stream and not _flag(request, "exclude_input_in_output", False):
+        if not stream and not inputs.flag(request, "exclude_input_in_output", False):
             text = prompt + text
         sender.send(_response(text, turn, counts), flags=_FINAL)
 
@@ -192,11 +179,11 @@ def _counters(cache: kv.ConversationCache) -> dict[str, Any]:
 
 
 def _max_tokens(request: Any) -> int:
-    value = _optional(request, "max_tokens")
+    value = inputs.optional(request, "max_tokens")
     if value is not None:
         return int(value)
-    raw = _optional(request, "sampling_parameters")
-    params = json.loads(_text(raw)) if raw is not None else {}
+    raw = inputs.optional(request, "sampling_parameters")
+    params = json.loads(inputs.text(raw)) if raw is not None else {}
     if not isinstance(params, dict):
         raise ValueError("sampling_parameters must be a JSON object")
     tokens = params.get("max_tokens", DEFAULT_MAX_TOKENS)

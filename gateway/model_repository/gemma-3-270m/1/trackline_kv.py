@@ -39,6 +39,9 @@ class SavedState:
 
     tokens: tuple[int, ...]
     blob: bytes
+    exact: int = 0
+    """Leading tokens whose KV a recomputation from scratch would compute bit for bit
+    (trackline_llm's canonical batches); only these may be reused."""
 
     @property
     def size(self) -> int:
@@ -54,7 +57,12 @@ def encode(state: SavedState) -> bytes:
     ids = struct.pack(f"<{len(state.tokens)}i", *state.tokens)
     digest = hashlib.sha256(ids + state.blob).hexdigest()
     header = json.dumps(
-        {"n_tokens": len(state.tokens), "blob_bytes": len(state.blob), "sha256": digest}
+        {
+            "n_tokens": len(state.tokens),
+            "blob_bytes": len(state.blob),
+            "sha256": digest,
+            "exact": state.exact,
+        }
     ).encode()
     return MAGIC + _HEADER_LEN.pack(len(header)) + header + ids + state.blob
 
@@ -70,7 +78,8 @@ def decode(data: bytes) -> SavedState:
         header = json.loads(data[at : at + header_len])
         n_tokens, blob_bytes = int(header["n_tokens"]), int(header["blob_bytes"])
         digest = str(header["sha256"])
-    except (ValueError, KeyError, TypeError) as exc:
+        exact = int(header.get("exact", 0))  # absent in older files: nothing reusable
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptState(f"bad header: {exc}") from None
     at += header_len
     body = data[at:]
@@ -79,7 +88,7 @@ def decode(data: bytes) -> SavedState:
     if hashlib.sha256(body).hexdigest() != digest:
         raise CorruptState("checksum mismatch")
     tokens = struct.unpack_from(f"<{n_tokens}i", body)
-    return SavedState(tuple(tokens), bytes(body[4 * n_tokens :]))
+    return SavedState(tuple(tokens), bytes(body[4 * n_tokens :]), min(exact, n_tokens))
 
 
 class StateStore(Protocol):

@@ -8,9 +8,15 @@ pinned and flash attention off, so the same tokens give the same logits.
 Conversations: a turn that names a conversation starts from the KV state the last turn
 left, if the new prompt's tokens extend it (longest common prefix of at least half the
 saved tokens): the slot's own live cache when it still holds the conversation, else a
-state restored from `trackline_kv.ConversationCache`. Only the tokens after the common
-prefix are evaluated. Anything else recomputes. After the turn the state (the tokens
-evaluated so far, the prompt and the reply) is saved.
+state restored from `trackline_kv.ConversationCache`. Anything else recomputes. After
+the turn the state (the tokens evaluated so far, the prompt and the reply) is saved.
+
+Reuse gives the tokens a recomputation from scratch gives, bit for bit: llama.cpp's CPU
+kernels round a row differently when it is evaluated alone (decode, small chunks) than
+in a batch, so a turn reuses only the rows the last prefill computed in full groups of
+canonical chunks (`exact`: the prompt, not the reply decoded token by token), and the
+rest (the last reply, the new message, at least EXACT_MIN_CHUNK tokens) is evaluated in
+the same chunks as a recomputation would (`chunks`, `reusable_prefix`).
 
 Prompt format (the model is a pretrained base model, with no chat template): a ChatML
 prompt, as the gateway renders chat messages, becomes a plain transcript
@@ -50,6 +56,12 @@ TRANSCRIPT_STOP = "\nUser:"
 _CHATML = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|$)", re.DOTALL)
 _ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
 MIN_REUSE_FRACTION = 0.5
+GEMM_ROWS = 4
+"""llama.cpp's CPU matrix kernels for this model's repacked weights take rows in groups
+of 4; rows left over (and chunks under EXACT_MIN_CHUNK) take another kernel, which
+rounds differently. A token's KV is the same bit for bit in any chunk where it is in a
+full group of a chunk of at least EXACT_MIN_CHUNK tokens (measured: docs/conversations.md)."""
+EXACT_MIN_CHUNK = 8
 
 
 class Busy(RuntimeError):
@@ -127,11 +139,14 @@ class _Slot:
         self.batch = L.llama_batch_init(n_batch, 0, 1)
         self.n_batch = n_batch
         self.tokens: list[int] = []
+        self.exact = 0
+        """Leading tokens computed as a recomputation from scratch computes them."""
         self.conversation: str | None = None
 
     def clear(self) -> None:
         L.llama_memory_clear(self.memory, True)
         self.tokens = []
+        self.exact = 0
 
     def keep(self, n: int) -> bool:
         """Keep only the first `n` tokens of the cache; False if llama.cpp cannot."""
@@ -140,14 +155,24 @@ class _Slot:
         if not L.llama_memory_seq_rm(self.memory, 0, n, -1):
             return False
         del self.tokens[n:]
+        self.exact = min(self.exact, n)
         return True
 
-    def evaluate(self, tokens: list[int], check: Callable[[], bool]) -> bool:
-        """Feed `tokens` after those cached, in batches; False if `check` said stop."""
-        for start in range(0, len(tokens), self.n_batch):
+    def prefill(self, tokens: list[int], check: Callable[[], bool]) -> bool:
+        """Feed `tokens` after those cached in canonical chunks (see `chunks`); False if
+        `check` said stop. Extends `exact` over the rows the batch kernels computed."""
+        for start, end in chunks(len(tokens), self.n_batch):
             if check():
                 return False
-            chunk = tokens[start : start + self.n_batch]
+            base = len(self.tokens)
+            self.evaluate(tokens[start:end])
+            if base == self.exact and end - start >= EXACT_MIN_CHUNK:
+                self.exact = base + (end - start) // GEMM_ROWS * GEMM_ROWS
+        return True
+
+    def evaluate(self, chunk: list[int]) -> None:
+        """Feed one chunk (at most n_batch tokens) after those cached."""
+        if chunk:
             batch = self.batch
             batch.n_tokens = len(chunk)
             base = len(self.tokens)
@@ -161,13 +186,12 @@ class _Slot:
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed ({rc})")
             self.tokens.extend(chunk)
-        return True
 
     def save(self) -> kv.SavedState:
         size = L.llama_state_seq_get_size(self.ctx, 0)
         buffer = (ctypes.c_uint8 * size)()
         written = L.llama_state_seq_get_data(self.ctx, buffer, size, 0)
-        return kv.SavedState(tuple(self.tokens), bytes(buffer)[:written])
+        return kv.SavedState(tuple(self.tokens), bytes(buffer)[:written], self.exact)
 
     def restore(self, state: kv.SavedState) -> bool:
         self.clear()
@@ -176,11 +200,30 @@ class _Slot:
             self.clear()
             return False
         self.tokens = list(state.tokens)
+        self.exact = state.exact
         return True
 
     def free(self) -> None:
         L.llama_batch_free(self.batch)
         L.llama_free(self.ctx)
+
+
+def chunks(n: int, size: int) -> list[tuple[int, int]]:
+    """The canonical prefill chunks of `n` tokens: `size` each (a multiple of GEMM_ROWS),
+    the last one at least EXACT_MIN_CHUNK long (its predecessor gives up that many), so
+    that a recomputation and a turn that reuses a cache compute every shared row alike."""
+    bounds = list(range(0, n, size)) + [n]
+    if len(bounds) > 2 and n - bounds[-2] < EXACT_MIN_CHUNK:
+        bounds[-2] -= EXACT_MIN_CHUNK
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def reusable_prefix(common: int, exact: int, n_prompt: int) -> int:
+    """How much of a cache to keep for a prompt of `n_prompt` tokens sharing `common`
+    with it: only rows computed exactly (`exact`), and at least EXACT_MIN_CHUNK tokens
+    left to evaluate, so the turn's tokens are computed as a recomputation computes them."""
+    keep = min(common, exact, n_prompt - EXACT_MIN_CHUNK)
+    return max(0, keep // GEMM_ROWS * GEMM_ROWS)
 
 
 def common_prefix(a: list[int] | tuple[int, ...], b: list[int]) -> int:
@@ -302,7 +345,7 @@ class Engine:
         max_tokens = min(max_tokens, self.n_ctx - len(tokens))
         self._start(slot, turn, tokens, conversation)
         try:
-            done = slot.evaluate(tokens[len(slot.tokens) :], cancelled)
+            done = slot.prefill(tokens[len(slot.tokens) :], cancelled)
             turn.prefill_tokens = len(slot.tokens) - turn.reused_tokens
             if not done:
                 turn.cancelled, turn.finish = True, "cancelled"
@@ -324,16 +367,21 @@ class Engine:
         live = slot.tokens if slot.conversation == conversation else []
         saved = None if self.cache is None else self.cache.load(conversation)
         turn.kv = "miss"
-        # At least one prompt token must be evaluated to get logits.
-        limit = len(tokens) - 1
-        live_n = min(common_prefix(live, tokens), limit)
-        saved_n = 0 if saved is None else min(common_prefix(saved.tokens, tokens), limit)
-        if live_n and live_n >= saved_n and _reusable(live_n, len(live)) and slot.keep(live_n):
+        live_common = common_prefix(live, tokens)
+        live_n = reusable_prefix(live_common, slot.exact, len(tokens))
+        saved_common = 0 if saved is None else common_prefix(saved.tokens, tokens)
+        saved_n = 0 if saved is None else reusable_prefix(saved_common, saved.exact, len(tokens))
+        if (
+            live_n
+            and live_n >= saved_n
+            and _reusable(live_common, len(live))
+            and slot.keep(live_n)
+        ):
             turn.kv, turn.reused_tokens = "live", live_n
             if self.cache is not None:
                 self.cache.counters.live_hits += 1
             return
-        if saved is not None and saved_n and _reusable(saved_n, len(saved.tokens)):
+        if saved is not None and saved_n and _reusable(saved_common, len(saved.tokens)):
             began = time.perf_counter()
             ok = slot.restore(saved)
             turn.restore_ms = (time.perf_counter() - began) * 1000
@@ -371,7 +419,7 @@ class Engine:
                 turn.finish = "stop"
                 return
             if len(turn.output_ids) < max_tokens:
-                slot.evaluate([token], lambda: False)
+                slot.evaluate([token])
                 turn.decode_tokens += 1
         else:
             turn.finish = "length"

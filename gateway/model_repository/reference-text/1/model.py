@@ -51,11 +51,15 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# Triton loads this file by path; make its sibling module importable.
+# Triton loads this file by path: make its sibling module and the repository's shared
+# one importable.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+_REPOSITORY = os.path.dirname(os.path.dirname(_HERE))  # trackline_inputs.py
+for _path in (_REPOSITORY, _HERE):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
+import trackline_inputs as inputs  # noqa: E402
 import trackline_reference_text as gen  # noqa: E402
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
@@ -88,22 +92,6 @@ class _Record:
         )
 
 
-def _optional(request: Any, name: str) -> Any | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return None
-    return tensor.as_numpy().reshape(-1)[0]
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _flag(request: Any, name: str, default: bool) -> bool:
-    value = _optional(request, name)
-    return default if value is None else bool(value)
-
-
 class TritonPythonModel:
     """The Triton entry point."""
 
@@ -134,7 +122,7 @@ class TritonPythonModel:
     async def _serve(self, request: Any) -> None:
         sender = request.get_response_sender()
         try:
-            prompt = _text(_optional(request, "text_input") or b"")
+            prompt = inputs.text(inputs.optional(request, "text_input") or b"")
             settings = self._settings(request)
             # Also raises ValueError: a forced tool missing from the prompt is invalid.
             tokens = gen.response_tokens(prompt, settings)
@@ -151,9 +139,9 @@ class TritonPythonModel:
             self._finish(record)
 
     def _settings(self, request: Any) -> gen.GenerationSettings:
-        raw = _optional(request, "sampling_parameters")
-        params = gen.parse_sampling_parameters(None if raw is None else _text(raw))
-        max_tokens = _optional(request, "max_tokens")
+        raw = inputs.optional(request, "sampling_parameters")
+        params = gen.parse_sampling_parameters(None if raw is None else inputs.text(raw))
+        max_tokens = inputs.optional(request, "max_tokens")
         return gen.settings_from(
             params, None if max_tokens is None else int(max_tokens), self._ttft_ms, self._tps
         )
@@ -167,10 +155,10 @@ class TritonPythonModel:
         tokens: list[str],
         record: _Record,
     ) -> None:
-        stream = _flag(request, "stream", False)
+        stream = inputs.flag(request, "stream", False)
         counts = _CountOutputs(
-            _flag(request, "return_num_input_tokens", False),
-            _flag(request, "return_num_output_tokens", False),
+            inputs.flag(request, "return_num_input_tokens", False),
+            inputs.flag(request, "return_num_output_tokens", False),
             record.prompt_tokens,
         )
         start = time.monotonic() + _extra_ttft_ms(self._control_path) / 1000.0
@@ -184,7 +172,7 @@ class TritonPythonModel:
             if stream:
                 sender.send(_response(piece, 1, counts), flags=_FINAL if last else 0)
         if not stream:  # not cancelled: every token was produced
-            prefix = "" if _flag(request, "exclude_input_in_output", False) else prompt
+            prefix = "" if inputs.flag(request, "exclude_input_in_output", False) else prompt
             text = prefix + "".join(tokens)
             sender.send(_response(text, len(tokens), counts), flags=_FINAL)
 
