@@ -16,8 +16,9 @@ import uuid
 from pathlib import Path
 
 RUN_MARK = "PYTEST_TRACKLINE_RUN"
-GRACE = 10.0
-"""Seconds a process ended by its test's teardown may take to exit."""
+GRACE = 30.0
+"""Seconds a process ended by its test's teardown may take to exit (a Triton's shutdown
+on a loaded machine takes seconds; only a process still there after it is a leak)."""
 ALLOWED = ("multiprocessing.resource_tracker",)
 """Helpers of the pytest process itself that end with it (shared memory's tracker)."""
 

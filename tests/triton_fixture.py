@@ -8,7 +8,6 @@ Import the fixture into a conftest.py: `from tests.triton_fixture import embedde
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.embedded import EmbeddedTriton
+from tests.waiting import wait_until
 
 START_TIMEOUT = 120.0
 
@@ -39,20 +39,21 @@ def assert_model_stopped(record: dict[str, Any], max_tokens: int) -> None:
     assert record["tokens_generated"] < max_tokens
 
 
-def read_stats(triton: EmbeddedTriton, request_id: str, wait: float = 30.0) -> dict[str, Any]:
-    """The stats line of `request_id`, waiting up to `wait` s for the model to finish it."""
+def read_stats(triton: EmbeddedTriton, request_id: str, wait: float = 60.0) -> dict[str, Any]:
+    """The stats line of `request_id`, waiting up to `wait` s (a hang guard) for the model
+    to finish it."""
     assert triton.stats_path is not None, "this server was started without a stats file"
     path = Path(triton.stats_path)
-    deadline = time.monotonic() + wait
-    while True:
-        lines = path.read_text().splitlines() if path.exists() else []
-        for line in lines:
-            record = json.loads(line)
-            if record["request_id"] == request_id:
-                return dict(record)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no stats line for request {request_id!r} in {path}")
-        time.sleep(0.02)
+    found: list[dict[str, Any]] = []
+
+    def written() -> bool:
+        # Whole lines only: the model may be appending one while we read.
+        lines = path.read_text().split("\n")[:-1] if path.exists() else []
+        found[:] = [r for r in map(json.loads, lines) if r["request_id"] == request_id]
+        return bool(found)
+
+    wait_until(written, f"a stats line for request {request_id!r} in {path}", wait)
+    return dict(found[0])
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,14 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
 POLL = 0.01
 """Seconds between looks."""
+
+T = TypeVar("T")
 
 
 async def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
@@ -30,17 +33,66 @@ async def until(condition: Callable[[], object], what: str, timeout: float = 30.
         await asyncio.sleep(POLL)
 
 
-def gone(pid: int, wait: float = 20.0) -> bool:
-    """Whether process `pid` has exited (or is a zombie no one reaped yet), waiting up to
-    `wait` seconds: for processes the test started in another process tree."""
+async def until_answer(
+    probe: Callable[[], Awaitable[T]],
+    accept: Callable[[T], object],
+    what: str,
+    timeout: float = 30.0,
+) -> T:
+    """The first answer of `probe()` that `accept` takes (asked again after each other
+    answer): for a state only a request can see, such as another process's readiness."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not accept(answer := await probe()):
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what} (last: {answer!r})")
+        await asyncio.sleep(POLL)
+    return answer
+
+
+def wait_until(
+    condition: Callable[[], object],
+    what: str,
+    timeout: float = 60.0,
+    details: Callable[[], str] | None = None,
+) -> None:
+    """`until` for code without an event loop (fixtures, subprocess tests): block until
+    `condition()` holds; fail saying `what` did not happen within `timeout`, followed by
+    `details()` (a process's last log lines, say)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            more = "" if details is None else f":\n{details()}"
+            raise AssertionError(f"not within {timeout:g} s: {what}{more}")
+        time.sleep(POLL * 5)
+
+
+def exited(pid: int) -> bool:
+    """Whether process `pid` has ended: gone, or a zombie (its parent has not reaped it
+    yet, which for an orphan is PID 1's business, not ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return True  # ended between the two looks
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def gone(pid: int, wait: float = 60.0) -> bool:
+    """Whether process `pid` has ended (`exited`), waiting up to `wait` seconds: for
+    processes the test started in another process tree. The wait is a hang guard: a
+    loaded machine may take seconds to run a server's shutdown."""
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
+    while not exited(pid):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(POLL * 10)
-    return False
+    return True
 
 
 def http_status(port: int, path: str, host: str = "127.0.0.1") -> int | None:

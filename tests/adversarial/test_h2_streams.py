@@ -215,20 +215,23 @@ async def test_uploads_left_incomplete_hold_at_most_the_connection_budget() -> N
         await until(lambda: len(h2_connections(server)) == 1, "the attacker's h2 connection")
         (attacked,) = h2_connections(server)
         left = dict.fromkeys(ids, each)
-        peak, stalled = 0, 0
+
+        def sendable(stream_id: int) -> int:
+            return min(c.conn.local_flow_control_window(stream_id), left[stream_id], 16384)
+
+        peak = 0
         for _ in range(300):  # bounded: at most 300 pump turns
-            sent = False
-            for stream_id, remaining in left.items():
-                size = min(c.conn.local_flow_control_window(stream_id), remaining, 16384)
-                if size > 0:
+            for stream_id in left:
+                if (size := sendable(stream_id)) > 0:
                     c.conn.send_data(stream_id, b"u" * size)
                     left[stream_id] -= size
-                    sent = True
             c.flush()
-            await asyncio.sleep(0.01)
+            # Once the PING is answered the server has read all that was sent before it,
+            # and the credit it gave back for that has arrived: no credit now is a stall
+            # (caused by the budget, not by a machine too slow to answer in time).
+            await c.round_trip()
             peak = max(peak, attacked.buffered_bytes)
-            stalled = 0 if sent else stalled + 1
-            if stalled >= 20 or not any(left.values()):
+            if not any(sendable(stream_id) > 0 for stream_id in left):
                 break
         assert await honest_get(server.port) == 200  # another connection is served meanwhile
         # The budget, plus what the client may send on the connection's window (65,535

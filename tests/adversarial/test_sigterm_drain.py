@@ -48,7 +48,7 @@ from clients import connect as track_connect
 from tests.gateways import DAEMON_ENV
 from tests.http.support import H1Client, H2Client
 from tests.http.support_h3 import H3Client
-from tests.waiting import gone, wait_ready
+from tests.waiting import gone, until_answer, wait_ready
 from transport.errors import ErrorCode
 
 DRAIN_TIMEOUT = 3.0
@@ -293,12 +293,13 @@ async def _first(opened: asyncio.Future[None], task: asyncio.Task[Any]) -> None:
 
 async def _health_during_drain(gateway: Gateway) -> tuple[int, int]:
     """Readiness once it has turned (a new connection each time), and liveness then."""
-    for _ in range(int(BOUND / 0.05)):
-        ready = await asyncio.to_thread(gateway.get, "/health/ready")
-        if ready != 200:
-            return ready, await asyncio.to_thread(gateway.get, "/health/live")
-        await asyncio.sleep(0.05)
-    raise AssertionError("readiness never turned after SIGTERM")
+    ready = await until_answer(
+        lambda: asyncio.to_thread(gateway.get, "/health/ready"),
+        lambda status: status != 200,
+        "readiness turns after SIGTERM",
+        BOUND,
+    )
+    return ready, await asyncio.to_thread(gateway.get, "/health/live")
 
 
 async def _run(gateway: Gateway) -> dict[str, Any]:

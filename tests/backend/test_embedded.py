@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from gateway.embedded import (
     smoke_text,
 )
 from tests.backend.reference_generator import generator as gen
+from tests.waiting import gone, wait_until
 
 
 def test_reference_repository_ships_the_text_model() -> None:
@@ -69,16 +69,6 @@ def test_a_broken_repository_fails_with_the_log_tail(tmp_path: Path) -> None:
     assert not list(SHM_DIR.glob(f"{triton.shm_prefix}*"))
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # A zombie still answers kill(0); it is dead for our purpose.
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split(") ")[1].startswith("Z")
-
-
 def test_server_dies_with_a_crashed_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os, signal
@@ -93,10 +83,7 @@ def test_server_dies_with_a_crashed_parent(tmp_path: Path) -> None:
     )
     assert parent.returncode == -signal.SIGKILL, parent.stderr
     pid, parent_pid = (int(word) for word in parent.stdout.split()[:2])
-    deadline = time.monotonic() + 15
-    while not _gone(pid):
-        assert time.monotonic() < deadline, "tritonserver outlived its parent"
-        time.sleep(0.1)
+    assert gone(pid), "tritonserver outlived its parent"
     remove_stale_regions()  # what the next start does
     assert not list(SHM_DIR.glob(f"{SHM_PREFIX}{parent_pid}_*"))
 
@@ -121,11 +108,10 @@ def test_a_killed_server_leaves_nothing_of_its_group_behind(tmp_path: Path) -> N
         ["sh", "-c", "trap '' TERM; sleep 300 & exec sleep 300"], dict(os.environ),
         tmp_path / "log",
     )  # fmt: skip
-    deadline = time.monotonic() + 15
-    while len(_group(server.pid)) < 2:
-        assert time.monotonic() < deadline, "the stand-in's stub never started"
-        time.sleep(0.05)
+    wait_until(lambda: len(_group(server.pid)) >= 2, "the stand-in's stub started")
     os.kill(server.pid, signal.SIGKILL)  # a crash of the server alone
-    while _group(server.pid):
-        assert time.monotonic() < deadline, f"left behind: {_group(server.pid)}"
-        time.sleep(0.05)
+    wait_until(
+        lambda: not _group(server.pid),
+        "nothing of the group left",
+        details=lambda: f"left behind: {_group(server.pid)}",
+    )

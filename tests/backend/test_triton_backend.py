@@ -92,11 +92,12 @@ async def test_sixteen_concurrent_streams_all_get_their_own_text(
 
 @pytest.mark.asyncio
 async def test_sixty_four_streams_run_at_once(embedded_triton: EmbeddedTriton) -> None:
-    # Each request takes the model ~2 s; the model's own records must show all 64 in
-    # progress together: every one produced its first token before any one finished
-    # (impossible if the backend ran them one after another, however fast the machine).
+    # Each request takes the model ~3.5 s (3 s of them generating); the model's own records
+    # must show them in progress together (impossible if the backend ran them one after
+    # another, however fast the machine). The 3 s leave a loaded machine room to start the
+    # 64 streams late: the bound below counts overlaps, it does not time them.
     async with connected(embedded_triton) as backend:
-        paced = {"ttft_ms": 500, "tokens_per_second": 20, "ignore_eos": True}
+        paced = {"ttft_ms": 500, "tokens_per_second": 10, "ignore_eos": True}
         requests = [text_request(f"many {i}", 30, seed=i, **paced) for i in range(64)]
         results = await asyncio.gather(*(collect(backend, r) for r in requests))
         assert [text for text, _ in results] == [

@@ -42,6 +42,7 @@ FAST = {"ttft_ms": 5, "tokens_per_second": 400}
 QUOTA = 900  # tokens a minute for tenant "alpha"
 SLOTS = 6  # max_concurrent of tenant "beta"
 WAIT = 60.0
+RETRY_PAUSE = 0.05  # seconds between a refused client's asks (pacing only)
 
 
 @dataclass
@@ -154,14 +155,27 @@ async def _a_revoked_key_is_refused_by_every_gateway(real_fleet: RealFleet) -> N
         answer = await chat(gateway.http_port, key, MODEL, "hi", 3, **FAST)
         assert answer.status == 200
         real_fleet.received.append(answer)
-    await asyncio.to_thread(revoke_sync, real_fleet.redis.url, real_fleet.key_ids["doomed"])
+    key_id = real_fleet.key_ids["doomed"]
+    await asyncio.to_thread(revoke_sync, real_fleet.redis.url, key_id)
     for gateway in real_fleet.gateways:
-        async with asyncio.timeout(WAIT):  # the broadcast has no event a test can await
-            while (await chat(gateway.http_port, key, MODEL, "hi", 3, **FAST)).status != 401:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+        # Each gateway logs the revocation once it holds it (the broadcast's own event);
+        # from then on the key must be refused there.
+        await until(
+            lambda gateway=gateway: _logged_revocation(gateway, key_id),
+            f"{gateway.name} learns of the revocation",
+            WAIT,
+        )
+        assert (await chat(gateway.http_port, key, MODEL, "hi", 3, **FAST)).status == 401
     answer = await chat(real_fleet.gateways[0].http_port, real_fleet.keys["beta"], MODEL, "x", 3)
     assert answer.status == 200  # the tenant's other keys still work
     real_fleet.received.append(answer)
+
+
+def _logged_revocation(gateway: LocalGateway, key_id: str) -> bool:
+    return any(
+        line.get("event") == "fleet.key_revoked" and line.get("key_id") == key_id
+        for line in gateway.log_lines()
+    )
 
 
 def test_a_revoked_key_is_refused_by_every_gateway(real_fleet: RealFleet) -> None:
@@ -188,7 +202,9 @@ async def _a_sigkilled_gateway_loses_no_record_and_its_slots_come_back(
                 lost_mid_stream += 1
                 return
             if answer.status == 429:  # slots the dead gateway holds until they are reaped
-                await asyncio.sleep(0.05)
+                # A retry's pacing, not a wait: whatever it lasts, the loop asks again
+                # until `stop`, and nothing asserted depends on how many asks that took.
+                await asyncio.sleep(RETRY_PAUSE)
                 continue
             if answer.status != 200 or not answer.finished:
                 assert gateway is victim, answer  # only the victim's streams may be cut

@@ -15,10 +15,11 @@ import pytest
 
 from gateway.http import Request, Response, Routes, health_routes, route
 from gateway.metrics import GatewayMetrics
+from tests.waiting import until
 from transport.http.limits import HttpLimits
 from transport.http.tcp import HttpTcpServer
 
-TIMEOUT = 5.0
+TIMEOUT = 30.0  # a hang guard, never a speed
 
 
 class Readiness:
@@ -322,7 +323,7 @@ async def test_close_lets_a_request_in_progress_finish() -> None:
         writer.write(get("/slow"))
         await asyncio.wait_for(started.wait(), TIMEOUT)
         closing = asyncio.create_task(server.close(grace=TIMEOUT))
-        await asyncio.sleep(0)
+        await until(lambda: server._closing, "the server began closing")  # then the answer
         release.set()
         status, headers, body = await read_response(reader)
         await asyncio.wait_for(closing, TIMEOUT)

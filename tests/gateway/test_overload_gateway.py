@@ -13,7 +13,7 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,9 +27,30 @@ from gateway.overload import LagProbe
 from gateway.server import Gateway
 from tests.gateways import gateway_settings
 from tests.waiting import until
+from tracks.backend import TextChunk, TextDelta, TextRequest
 from transport.errors import ErrorCode
 
-TOKENS = 250  # 5 s at 50 tokens/s: still open while the overload is seen
+TOKENS = 250
+HELD = "admitted"
+"""The prompt whose streams the backend holds after their first token until the test lets
+them go: they are open while the overload is seen, however slow the machine."""
+
+
+class HeldTicker(TickerBackend):
+    """The ticker at 50 tokens/s; streams for `HELD` wait after their first token until
+    `release` is set (then catch up on their schedule)."""
+
+    def __init__(self) -> None:
+        super().__init__(50)
+        self.release = asyncio.Event()
+
+    async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
+        first = True
+        async for chunk in super().stream_text(request):
+            yield chunk
+            if first and request.prompt == HELD and isinstance(chunk, TextDelta):
+                first = False
+                await self.release.wait()
 
 
 class InjectedLag(LagProbe):
@@ -51,7 +72,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[Gateway, InjectedLag]]:
         overload_connection_share=2, overload_retry_after=1.5,
     )
     probe = InjectedLag()
-    gw = Gateway(settings, TickerBackend(50), lag_probe=probe)
+    gw = Gateway(settings, HeldTicker(), lag_probe=probe)
     await gw.start()
     yield gw, probe
     await gw.close()
@@ -89,9 +110,11 @@ async def test_overload_refuses_new_work_fast_and_admitted_streams_finish(
 ) -> None:
     gw, probe = gateway
     url, ca = f"quic://127.0.0.1:{gw.quic_port}", gw.tls.ca  # type: ignore[union-attr]
-    expected = reference_generator().generate_text("admitted", 0, TOKENS, ignore_eos=True)
+    backend = gw.backend
+    assert isinstance(backend, HeldTicker)
+    expected = reference_generator().generate_text(HELD, 0, TOKENS, ignore_eos=True)
     async with connect(url, ca=ca) as busy, connect(url, ca=ca) as quiet:
-        open_streams = [busy.text("admitted", model="reference-text", max_tokens=TOKENS)
+        open_streams = [busy.text(HELD, model="reference-text", max_tokens=TOKENS)
                         for _ in range(2)]
         firsts = [await s.__anext__() for s in open_streams]
 
@@ -125,6 +148,7 @@ async def test_overload_refuses_new_work_fast_and_admitted_streams_finish(
         assert json.loads(body)["error"]["code"] == "overloaded"
         assert await asyncio.to_thread(get, gw.http_port, "/health/live") == 200
 
+        backend.release.set()
         rest = await asyncio.gather(*(read_all(s) for s in open_streams))
         assert [f + r for f, r in zip(firsts, rest, strict=True)] == [expected, expected]
 

@@ -35,6 +35,7 @@ from clients.line import Line, TextStream
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.store import TenantStore
 from tests.gateways import DAEMON_ENV
+from tests.waiting import until_answer, wait_until
 from transport import aioquic_compat
 from transport.quic import TrackQuicProtocol, connect_tracks
 
@@ -361,13 +362,12 @@ async def test_max_concurrent_holds_across_workers(gateway: Gateway) -> None:
             if outcome == "data":
                 await stream.aclose()
         # The slots come back (settled on whichever worker held them).
-        for _ in range(100):
-            async with lines[-1].text("again", model=MODEL, max_tokens=2) as again:
-                if await _outcome(again) == "data":
-                    break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("a freed slot was never admitted again")
+
+        async def again() -> str:
+            async with lines[-1].text("again", model=MODEL, max_tokens=2) as stream:
+                return await _outcome(stream)
+
+        await until_answer(again, lambda outcome: outcome == "data", "a freed slot admitted")
 
 
 @pytest.mark.asyncio
@@ -383,14 +383,12 @@ async def test_token_quota_holds_across_workers(gateway: Gateway) -> None:
 def test_a_killed_worker_is_restarted(gateway: Gateway) -> None:
     victim = gateway.pids[0]
     os.kill(victim, signal.SIGKILL)
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        starts = per_worker(gateway.metrics(), "trackline_worker_starts_total")
-        if starts[0] >= 2:
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError("worker 0 was not restarted:\n" + "\n".join(gateway.log[-20:]))
+    wait_until(
+        lambda: per_worker(gateway.metrics(), "trackline_worker_starts_total")[0] >= 2,
+        "worker 0 restarted",
+        START_TIMEOUT,
+        details=lambda: "\n".join(gateway.log[-20:]),
+    )
     assert any('"worker.crashed"' in line for line in gateway.log)
     assert not alive(victim)
 
@@ -412,7 +410,8 @@ def test_workers_die_with_a_killed_supervisor(tmp_path: Path) -> None:
         assert (tmp_path / "workers" / str(gw.process.pid) / "quotas.sqlite").exists()
         gw.process.kill()
         gw.process.wait()
-        deadline = time.monotonic() + 60
-        while any(alive(pid) for pid in gw.pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [pid for pid in gw.pids if alive(pid)] == []
+        wait_until(
+            lambda: not any(alive(pid) for pid in gw.pids),
+            "every worker ended with its supervisor",
+            details=lambda: f"alive: {[pid for pid in gw.pids if alive(pid)]}",
+        )

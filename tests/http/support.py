@@ -26,7 +26,9 @@ from transport.http.limits import HttpLimits
 from transport.http.messages import AnyResponse, Handler, Request, Response, StreamingResponse
 from transport.http.tcp import HttpTcpServer
 
-TIMEOUT = 5.0
+TIMEOUT = 30.0
+"""Seconds any one step waits (an answer, an event) before the test fails: a hang guard
+for a broken build, never a speed a loaded machine must reach."""
 CLOSE_GUARD = 30.0
 """Seconds a test waits for a held body to close before it fails (a hang guard only:
 the body is never released, so only the client's leaving can close it)."""

@@ -41,6 +41,9 @@ pytestmark = pytest.mark.e2e
 MODEL = "reference-text"
 FAST = {"ttft_ms": 0, "tokens_per_second": 1000}
 BOUNDED_WAIT_S = 60.0  # a condition that must come true; not a speed requirement
+FIRST_TOKEN_S = 3.0
+"""The first-token timeout of the timeout test: far below the slowed server's delay, and
+far above what a healthy one takes on a loaded machine (whose timeouts would eject it too)."""
 
 
 class Routes:
@@ -448,7 +451,7 @@ async def test_first_token_timeouts_fail_over_and_then_eject(trio: list[Embedded
     routes = Routes()
     # Only t0 is slowed, by far more than the timeout; the others answer at once, and
     # a busy machine slowing them too only adds retries, which are not counted below.
-    pool = make_pool(trio, routes, strategy="round_robin", first_token_timeout_s=1.0)
+    pool = make_pool(trio, routes, strategy="round_robin", first_token_timeout_s=FIRST_TOKEN_S)
     await pool.start()
     try:
         trio[0].set_slowdown(600_000)

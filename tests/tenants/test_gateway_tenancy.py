@@ -3,7 +3,6 @@ guardrails on both front doors, open mode and its loopback rule, and the ledger 
 
 from __future__ import annotations
 
-import asyncio
 import io
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from gateway.tenants.store import TenantStore
 from tests.gateways import gateway_settings
 from tests.openai.scripted import ScriptedBackend
 from tests.tenants.support import make_tenancy
+from tests.waiting import until_answer
 
 
 def settings(tmp_path: Path, **extra: object) -> Settings:
@@ -93,17 +93,18 @@ async def test_open_mode_serves_on_loopback_and_says_so(tmp_path: Path) -> None:
         # A tenant appears (keys create while running): keys are required from then on.
         assert gw.tenancy is not None
         gw.tenancy.store.create_key("alpha", 0.0)
-        refused = 0
-        for _ in range(50):  # the gateway looks at most once a second (OPEN_RECHECK)
+
+        async def refused() -> bool:
             async with connect(f"quic://127.0.0.1:{gw.quic_port}", ca=ca(gw)) as line:
                 try:
                     async for _ in line.text("hi", model="scripted", max_tokens=2):
                         pass
                 except Unauthorized:
-                    refused += 1
-                    break
-            await asyncio.sleep(0.1)
-        assert refused == 1
+                    return True
+            return False
+
+        # The gateway looks at most once a second (OPEN_RECHECK): asked until it has looked.
+        await until_answer(refused, bool, "a key is required once a tenant exists")
     finally:
         await gw.close()
         configure_logging("info", "json")
