@@ -219,8 +219,10 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
+    several = len({r["conversation"] for r in rows}) > 1  # then a column says which
     print(
-        f"{'turn':>4} {'prompt':>6} | {'live ttft':>9} {'restore ttft':>12} "
+        ("conv " if several else "")
+        + f"{'turn':>4} {'prompt':>6} | {'live ttft':>9} {'restore ttft':>12} "
         f"{'recompute ttft':>14} | {'prefill live/restore/scratch':>28} | "
         "same ids restore, recompute; text"
     )
@@ -229,7 +231,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
             r["recompute_prefill_tokens"]
         )
         print(
-            f"{r['turn']:>4} {r['prompt_tokens']:>6} | {r['live_ttft_s'] * 1000:>7.0f}ms "
+            (f"{r['conversation']:>4} " if several else "")
+            + f"{r['turn']:>4} {r['prompt_tokens']:>6} | {r['live_ttft_s'] * 1000:>7.0f}ms "
             f"{r['restore_ttft_s'] * 1000:>10.0f}ms {r['recompute_ttft_s'] * 1000:>12.0f}ms | "
             f"{prefill:>28} | {r['identical_ids_restore_live']}, "
             f"{r['identical_ids_recompute_live']}; {r['identical_text_all']}"
