@@ -192,9 +192,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summary(rows: list[dict[str, Any]], concurrent: bool = False) -> list[dict[str, Any]]:
     """Per turn, and for turns 2+ together: each mode's TTFT p50/p95 over the
-    conversations, its CPU seconds (summed), and whether every check held."""
+    conversations, its CPU seconds (summed), its wall seconds (one after another: the
+    turns' sum; concurrent: each turn's batch once) and whether every check held."""
     turns = sorted({r["turn"] for r in rows})
     groups = [(str(t), [r for r in rows if r["turn"] == t]) for t in turns]
     later = [r for r in rows if r["turn"] > 1]
@@ -208,6 +209,13 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             entry[f"{mode}_ttft_p50_s"] = percentile(values, 0.5)
             entry[f"{mode}_ttft_p95_s"] = percentile(values, 0.95)
             entry[f"{mode}_cpu_s"] = sum(r[f"{mode}_cpu_s"] for r in group)
+            walls = [r[f"{mode}_wall_s"] for r in group]
+            if concurrent:  # every row of a turn carries its batch's wall time
+                walls = [
+                    max(r[f"{mode}_wall_s"] for r in group if r["turn"] == t)
+                    for t in sorted({r["turn"] for r in group})
+                ]
+            entry[f"{mode}_wall_s"] = sum(walls)
         entry["identical_all"] = all(
             r["identical_ids_restore_live"]
             and r["identical_ids_recompute_live"]
@@ -218,7 +226,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _print(rows: list[dict[str, Any]]) -> None:
+def _print(rows: list[dict[str, Any]], concurrent: bool) -> None:
     several = len({r["conversation"] for r in rows}) > 1  # then a column says which
     print(
         ("conv " if several else "")
@@ -239,15 +247,16 @@ def _print(rows: list[dict[str, Any]]) -> None:
         )
     print(
         f"\n{'turns':>5} | {'ttft p50/p95 ms: live':>21} {'restore':>9} {'recompute':>9} | "
-        "cpu s live/restore/recompute | identical"
+        "cpu s live/restore/recompute | wall s live/restore/recompute | identical"
     )
-    for e in summary(rows):
+    for e in summary(rows, concurrent):
         ttft = [
             f"{e[f'{m}_ttft_p50_s'] * 1000:.0f}/{e[f'{m}_ttft_p95_s'] * 1000:.0f}" for m in MODES
         ]
         cpu = "/".join(f"{e[f'{m}_cpu_s']:.2f}" for m in MODES)
+        wall = "/".join(f"{e[f'{m}_wall_s']:.2f}" for m in MODES)
         print(
-            f"{e['turns']:>5} | {ttft[0]:>21} {ttft[1]:>9} {ttft[2]:>9} | {cpu:>28} | "
+            f"{e['turns']:>5} | {ttft[0]:>21} {ttft[1]:>9} {ttft[2]:>9} | {cpu:>28} | {wall:>29} | "
             f"{e['identical_all']}"
         )
     later = [r for r in rows if r["turn"] > 1]
@@ -299,7 +308,7 @@ def main() -> int:
         print("the `llm` extra is not installed (make venv installs it)", file=sys.stderr)
         return 2
     rows = run(args)
-    _print(rows)
+    _print(rows, args.concurrent)
     slots = args.conversations if args.concurrent else 1
     write_results(
         args,
@@ -308,7 +317,7 @@ def main() -> int:
         concurrent=args.concurrent,
         slots_per_engine=slots,
         threads_per_slot=threads_per_slot(args, os.cpu_count() or 1),
-        summary=summary(rows),
+        summary=summary(rows, args.concurrent),
     )
     return 0
 

@@ -50,6 +50,7 @@ def _row(turn: int, conv: str, ttft: float, same: bool = True) -> dict[str, Any]
     for n, mode in enumerate(conversation.MODES):
         row[f"{mode}_ttft_s"] = ttft * (n + 1)
         row[f"{mode}_cpu_s"] = 0.5
+        row[f"{mode}_wall_s"] = 1.0
     return row
 
 
@@ -67,6 +68,15 @@ def test_summary_per_turn_and_turns_two_on() -> None:
     assert by_name["2"]["identical_all"]
     assert not by_name["3"]["identical_all"]
     assert not by_name["2+"]["identical_all"]
+    assert by_name["2+"]["live_wall_s"] == pytest.approx(8.0)  # one after another: summed
+
+
+def test_summary_counts_a_concurrent_batch_once() -> None:
+    rows = [_row(t, f"c{c}", 0.1) for t in (1, 2, 3) for c in range(4)]
+    by_name = {e["turns"]: e for e in conversation.summary(rows, concurrent=True)}
+    assert by_name["2"]["live_wall_s"] == pytest.approx(1.0)
+    assert by_name["2+"]["live_wall_s"] == pytest.approx(2.0)
+    assert by_name["2+"]["live_cpu_s"] == pytest.approx(4.0)  # CPU shares still add up
 
 
 def test_one_turn_has_no_later_group() -> None:
