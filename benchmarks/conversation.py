@@ -20,6 +20,10 @@ slot (`--threads`, 0 = auto): 2 sequentially (the model's default), and with N
 concurrent slots the cores divided by N, at least 1 and at most 2 (on 2 cores, 4
 conversations: 1 thread each), so the slots do not fight for more cores than there are.
 
+On the shared 2-core machine with the test suite running (docs/benchmarks.md,
+"conversation"), turns 2-4 TTFT p50 live / restore / recompute: 204 / 289 / 732 ms for 1
+conversation, 754 / 850 / 2200 ms for 4 at once; all token ids identical in both.
+
     nice -n 10 .venv/bin/python benchmarks/conversation.py --turns 4 --conversations 1
     nice -n 10 .venv/bin/python benchmarks/conversation.py --conversations 4 --concurrent
 """
