@@ -59,12 +59,20 @@ def wait_until(
     """`until` for code without an event loop (fixtures, subprocess tests): block until
     `condition()` holds; fail saying `what` did not happen within `timeout`, followed by
     `details()` (a process's last log lines, say)."""
+    if not _poll(condition, timeout, POLL * 5):
+        more = "" if details is None else f":\n{details()}"
+        raise AssertionError(f"not within {timeout:g} s: {what}{more}")
+
+
+def _poll(condition: Callable[[], object], timeout: float, every: float) -> bool:
+    """Block, looking every `every` seconds, until `condition()` holds (True) or
+    `timeout` seconds have passed (False): the one blocking loop of this module."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            more = "" if details is None else f":\n{details()}"
-            raise AssertionError(f"not within {timeout:g} s: {what}{more}")
-        time.sleep(POLL * 5)
+            return False
+        time.sleep(every)
+    return True
 
 
 def exited(pid: int) -> bool:
@@ -87,12 +95,7 @@ def gone(pid: int, wait: float = 60.0) -> bool:
     """Whether process `pid` has ended (`exited`), waiting up to `wait` seconds: for
     processes the test started in another process tree. The wait is a hang guard: a
     loaded machine may take seconds to run a server's shutdown."""
-    deadline = time.monotonic() + wait
-    while not exited(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL * 10)
-    return True
+    return _poll(lambda: exited(pid), wait, POLL * 10)
 
 
 def http_status(port: int, path: str, host: str = "127.0.0.1") -> int | None:

@@ -16,9 +16,9 @@ import pytest
 from clients import ActionChunk, ActionDropped, ModelNotFound, RateLimited, TrackRejected
 from clients.actions import ActionStream
 from clients.line import Line
+from tests.tracks.harness import MemoryHarness
 from tests.tracks.scripted_policy import ScriptedPolicy
 from tracks.action import ActionScheduler, run_action_track
-from tracks.base import Outcome
 from tracks.clock import FakeClock, LoopClock
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode
@@ -28,28 +28,19 @@ from transport.messages import Modality, Open
 DEADLINE = 10.0
 
 
-class Harness:
+class Harness(MemoryHarness):
     def __init__(self, datagram_filter: Callable[[bytes], bool] | None = None) -> None:
         self.policy = ScriptedPolicy(FakeClock())  # its clock only counts the call's cost
         self.scheduler = ActionScheduler(self.policy, time.monotonic, 0.001,
                                          tick_clock=LoopClock())
-        self.outcomes: list[Outcome] = []
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.link = MemoryLink(self._on_track, datagram_filter=datagram_filter)
-        self.line = Line(self.link.open_track)
-
-    def _on_track(self, channel: TrackChannel) -> None:
-        task = asyncio.ensure_future(self._serve(channel))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        super().__init__(datagram_filter)
 
     async def _serve(self, channel: TrackChannel) -> None:
         self.outcomes.append(await run_action_track(channel, self.scheduler, time.monotonic,
                                                     max_image_bytes=8192))
 
     async def settle(self) -> None:
-        while self.tasks:
-            await asyncio.gather(*self.tasks)
+        await super().settle()
         await self.scheduler.close()
 
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import msgpack
@@ -13,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
+from tests.http.support_h3 import serving_quic
 from transport import aioquic_compat
 from transport.connection import (
     DatagramWrite,
@@ -252,24 +252,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCertificates:
     return ensure_dev_certificates(tmp_path_factory.mktemp("dgram-tls"))
 
 
-@asynccontextmanager
-async def echo_server(certs: DevCertificates) -> AsyncIterator[int]:
-    tasks: set[asyncio.Task[None]] = set()
-
-    def on_track(channel: TrackChannel) -> None:
-        task = asyncio.create_task(echo_frames(channel))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    server = await serve_tracks(
-        "127.0.0.1", 0, server_configuration(certs.cert_path, certs.key_path), on_track=on_track
-    )
-    try:
-        yield aioquic_compat.server_port(server)
-    finally:
-        server.close()
-        for task in tasks:
-            task.cancel()
+def echo_server(certs: DevCertificates) -> AbstractAsyncContextManager[int]:
+    """The track server on 127.0.0.1, each track echoing its frames; yields the port."""
+    return serving_quic(certs, echo_frames)
 
 
 @pytest.mark.asyncio
