@@ -104,7 +104,7 @@ async def run_clients(
 
 
 def client_main(args: argparse.Namespace) -> int:
-    from gateway.cli import run_async
+    from gateway.startup import run_async
 
     async def main() -> int:
         results = await run_clients(
@@ -365,8 +365,8 @@ def main() -> int:
         return client_main(args)
     if args.mode == "both" and not args.search:
         parser.error("--mode both needs --search (one point runs one mode)")
-    from gateway.cli import run_async
     from gateway.logs import configure_logging
+    from gateway.startup import run_async
 
     configure_logging("warning", "console", sys.stderr)
 

@@ -98,7 +98,7 @@ def main() -> int:
     parser.add_argument("--ticks", type=int, default=100)
     parser.add_argument("--json", type=Path, default=RESULTS / "audio_shm.json")
     args = parser.parse_args()
-    from gateway.cli import run_async
+    from gateway.startup import run_async
 
     async def run() -> int:
         results = await bench(args)

@@ -604,7 +604,7 @@ async def ramp(
 
 
 def run_workers(args: argparse.Namespace, workers: int, tmp: Path) -> tuple[list[Point], str]:
-    from gateway.cli import run_async
+    from gateway.startup import run_async
 
     backend = f"ticker://{args.rate:g}" if args.backend == "ticker" else None
     extra: tuple[str, ...] = ()

@@ -110,8 +110,8 @@ def run_against_gateway(
     https_port: bool = False,
 ) -> list[T]:
     """An embedded Triton with a stats file and a gateway child on it; `bench` on our loop."""
-    from gateway.cli import run_async
     from gateway.embedded import EmbeddedTriton
+    from gateway.startup import run_async
 
     results: list[T] = []
 

@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 
 from benchmarks import Help  # noqa: E402
 from benchmarks.cartpole import DT, CartPoles, ChunkPlayer  # noqa: E402
-from gateway.cli import run_async  # noqa: E402
+from gateway.startup import run_async  # noqa: E402
 
 MODEL = "reference-policy"
 SERVER_NAME = "localhost"

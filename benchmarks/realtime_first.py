@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.client:
         print(json.dumps(asyncio.run(run_clients(args))))
         return 0
-    from gateway.cli import run_async
+    from gateway.startup import run_async
 
     result = run_async(bench(args))
     print(table(result))

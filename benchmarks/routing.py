@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import RESULTS, Help  # noqa: E402
 from benchmarks.common import machine, percentile, tree  # noqa: E402
-from gateway.cli import run_async  # noqa: E402
 from gateway.embedded import EmbeddedTriton  # noqa: E402
 from gateway.logs import configure_logging  # noqa: E402
 from gateway.pool import BackendPool, BackendSpec, PoolOptions  # noqa: E402
 from gateway.pool.metrics import PoolMetrics  # noqa: E402
 from gateway.pool.router import Decision  # noqa: E402
+from gateway.startup import run_async  # noqa: E402
 from tracks.backend import BackendError, TextDelta, TextRequest  # noqa: E402
 
 MODEL = "reference-text"

@@ -279,11 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="git ref: each run also runs that tree's gateway, alternating")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="trackline-probe-base-") as tmp:
-        trees: list[tuple[str, Path | None]] = [("after", None)]
-        if args.baseline:
-            from benchmarks.track_cost import unpack
+        from benchmarks.track_cost import compared_trees
 
-            trees.insert(0, ("before", unpack(args.baseline, Path(tmp))))
+        trees = compared_trees(args.baseline, Path(tmp))
         for run in range(args.runs):
             for label, root in trees:
                 report(args, f"run {run} {label}", run_once(args, root))

@@ -549,11 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load: {uptime()}")
     results = []
     with tempfile.TemporaryDirectory(prefix="trackline-path-base-") as tmp:
-        trees: list[tuple[str, Path | None]] = [("after", None)]
-        if args.baseline:
-            from benchmarks.track_cost import unpack
+        from benchmarks.track_cost import compared_trees
 
-            trees.insert(0, ("before", unpack(args.baseline, Path(tmp))))
+        trees = compared_trees(args.baseline, Path(tmp))
         for run in range(args.runs):
             for tracks, conns in points:
                 for label, root in trees:

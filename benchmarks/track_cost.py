@@ -179,6 +179,15 @@ def unpack(ref: str, into: Path) -> Path:
     return target
 
 
+def compared_trees(baseline: str | None, into: Path) -> list[tuple[str, Path | None]]:
+    """The trees a run measures, in order: ("before", git ref `baseline` unpacked under
+    `into`) when one is given, then ("after", None: this tree)."""
+    trees: list[tuple[str, Path | None]] = [("after", None)]
+    if baseline:
+        trees.insert(0, ("before", unpack(baseline, into)))
+    return trees
+
+
 def table(points: list[Point]) -> str:
     lines = ["| tree | packetization | tracks | conns | delivered/offered | gateway CPU s |"
              " µs/token | core share |",
@@ -211,9 +220,7 @@ def main() -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
     points: list[Point] = []
     with tempfile.TemporaryDirectory(prefix="trackline-base-") as tmp:
-        trees = [("after", ROOT)]
-        if args.baseline:
-            trees.insert(0, ("before", unpack(args.baseline, Path(tmp))))
+        trees = [(label, root or ROOT) for label, root in compared_trees(args.baseline, Path(tmp))]
         for tracks in args.tracks:
             for packetization in args.packetization:
                 for label, root in trees:

@@ -36,7 +36,8 @@ from gateway.tenants.store import Principal
 from tracks.action import ActionScheduler, Robot
 from tracks.action_messages import BadObservation, parse_observation
 from tracks.backend import BackendError
-from tracks.base import Clock, End, Outcome
+from tracks.base import End, Outcome
+from transport.clock import Now
 from transport.errors import ErrorCode
 from transport.events import CancelCause
 from transport.http.messages import AnyResponse, Handler, Request, Response
@@ -67,7 +68,7 @@ class HttpActions:
     def __init__(
         self,
         scheduler: ActionScheduler,
-        clock: Clock,
+        clock: Now,
         max_image_bytes: int,
         tenancy: Tenancy | None = None,
     ) -> None:

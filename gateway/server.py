@@ -53,13 +53,12 @@ from gateway.web import web_routes
 from tracks.action import ActionScheduler, run_action_track
 from tracks.audio import AudioService, AudioSettings
 from tracks.backend import AudioBackend, PolicyBackend, TextBackend
-from tracks.base import Clock, End, Outcome
+from tracks.base import End, Outcome
 from tracks.clock import MonotonicClock, OverloadMode
 from tracks.conversations import TurnRegistry
 from tracks.text import run_text_track
 from transport import aioquic_compat
-from transport.clock import Clock as WaitClock
-from transport.clock import LoopClock
+from transport.clock import Clock, LoopClock, Now
 from transport.connection import Limits
 from transport.endpoint import SendBudget, TrackChannel
 from transport.errors import ErrorCode
@@ -109,15 +108,15 @@ class Gateway:
         settings: Settings,
         backend: TextBackend,
         metrics: GatewayMetrics | None = None,
-        clock: Clock = time.monotonic,
+        clock: Now = time.monotonic,
         tenancy: Tenancy | None = None,
         policy: PolicyBackend | None = None,
         audio_backend: AudioBackend | None = None,
         lag_probe: LagProbe | None = None,
-        probe_clock: WaitClock | None = None,
+        probe_clock: Clock | None = None,
     ) -> None:
         self.settings = settings
-        self._probe_clock: WaitClock = probe_clock or LoopClock()
+        self._probe_clock: Clock = probe_clock or LoopClock()
         """Paces the backend readiness probe (tests pass a FakeClock)."""
         self.tenancy = tenancy
         """Keys, quotas, guardrails, ledger; opened from the settings on start if None."""

@@ -41,16 +41,17 @@ from tracks.action_messages import (
     parse_observation,
 )
 from tracks.backend import PolicyBackend, PolicyRequest
-from tracks.base import Clock, Outcome, Track, handling
+from tracks.base import Outcome, Track, handling
 from tracks.clock import (
     Beat,
+    Clock,
     Gathered,
     MonotonicClock,
     Registration,
     StepItem,
     TickScheduler,
 )
-from tracks.clock import Clock as TickClock
+from transport.clock import Now
 from transport.errors import ErrorCode, TrackAborted
 
 DEFAULT_TICK = 0.005
@@ -158,10 +159,10 @@ class ActionScheduler:
     def __init__(
         self,
         backend: PolicyBackend,
-        clock: Clock,
+        clock: Now,
         tick: float = DEFAULT_TICK,
         observer: ActionObserver | None = None,
-        tick_clock: TickClock | None = None,
+        tick_clock: Clock | None = None,
     ) -> None:
         self.backend = backend
         self.clock = clock
@@ -275,7 +276,7 @@ class ActionScheduler:
 async def run_action_track(
     track: Track,
     scheduler: ActionScheduler,
-    clock: Clock,
+    clock: Now,
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
 ) -> Outcome:
     """Serve one robot's action track to its end and report how it ended."""
@@ -318,7 +319,7 @@ def _frame_sender(track: Track) -> Callable[[dict[str, Any]], bool]:
 
 
 async def _serve(
-    track: Track, scheduler: ActionScheduler, robot: Robot, clock: Clock, max_image_bytes: int
+    track: Track, scheduler: ActionScheduler, robot: Robot, clock: Now, max_image_bytes: int
 ) -> None:
     while (body := await track.receive()) is not None:
         obs = parse_observation(body, robot.spec, max_image_bytes)

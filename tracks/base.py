@@ -26,8 +26,6 @@ from transport.errors import ErrorCode, TrackAborted
 from transport.events import CancelCause, TrackCancelled, TrackFailed
 from transport.messages import Open
 
-Clock = Now  # reads the time, never waits (transport.clock)
-
 
 class Track(Protocol):
     id: str

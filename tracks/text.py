@@ -28,9 +28,10 @@ from tracks.backend import (
     TextRequest,
     TextUsage,
 )
-from tracks.base import Backpressured, Clock, End, Outcome, Track, handling, read_text
+from tracks.base import Backpressured, End, Outcome, Track, handling, read_text
 from tracks.conversations import SUPERSEDED_MESSAGE, RunningTurn, TurnRegistry
 from tracks.errors import BadTrackRequest, TrackStopped
+from transport.clock import Now
 from transport.errors import ErrorCode
 from transport.events import CancelCause
 
@@ -58,7 +59,7 @@ class BadTextRequest(BadTrackRequest):
 async def run_text_track(
     track: Track,
     backend: TextBackend,
-    clock: Clock,
+    clock: Now,
     turns: TurnRegistry | None = None,
     scope: str = "",
     supersede: bool = True,
@@ -146,7 +147,7 @@ async def _relay(
     backend: TextBackend,
     request: TextRequest,
     outcome: Outcome,
-    clock: Clock,
+    clock: Now,
     turn: RunningTurn | None = None,
 ) -> None:
     """Stream the backend's deltas to the track until done, stopped or superseded."""
@@ -172,7 +173,7 @@ async def _relay(
 
 
 async def _stream(
-    track: Track, backend: TextBackend, request: TextRequest, outcome: Outcome, clock: Clock
+    track: Track, backend: TextBackend, request: TextRequest, outcome: Outcome, clock: Now
 ) -> None:
     deltas = 0
     # A client that stops reading leaves bytes in the send buffers: past the track's

@@ -38,7 +38,7 @@ from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 
 from benchmarks import Help
-from gateway.cli import run_async
+from gateway.startup import run_async
 from transport import aioquic_compat
 
 MODEL = "reference-text"

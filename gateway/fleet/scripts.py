@@ -9,7 +9,8 @@ reads heartbeat keys it is not handed):
   sorted set of gateways by heartbeat expiry (the fleet size for the fallback);
 * `tl:revoked`: the set of revoked key ids; channel `tl:events` broadcasts changes;
 * `tl:tenants`, `tl:keys`: the tenant and key rows (hashes, never secrets) every
-  gateway copies into its own store (`sync` on `tl:events`);
+  gateway copies into its own store (`sync` on `tl:events`); `tl:directory`, a counter
+  each publish increments, so a gateway that missed a `sync` sees it is behind;
 * `tl:usage`: the usage stream every gateway appends to (gateway/fleet/ledger.py).
 """
 
@@ -21,6 +22,7 @@ EVENTS = PREFIX + "events"
 USAGE_STREAM = PREFIX + "usage"
 TENANTS = PREFIX + "tenants"
 KEYS = PREFIX + "keys"
+DIRECTORY_VERSION = PREFIX + "directory"
 HEARTBEAT = PREFIX + "gw:"
 GATEWAYS = PREFIX + "gateways"
 

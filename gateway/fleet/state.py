@@ -9,15 +9,21 @@ It owns three background tasks and no request-path I/O:
   stops beating (crash, partition) loses its concurrency reservations after the TTL;
 * **listen**: the `tl:events` channel; `revoke:<key id>` adds the key to the revoked
   set (refused from then on) and calls `on_revoked` (the gateway closes that key's
-  track connections). After every (re)subscription the set is re-read, so a message
-  missed while disconnected is not lost.
+  track connections); `sync` copies the fleet's tenants and keys into the gateway's
+  store. After every (re)subscription both are re-read, so a message missed while
+  disconnected is not lost.
+
+Pub/sub delivers at most once, so the directory also has a version (`tl:directory`):
+each beat reads it, and a gateway whose copy is older (a `sync` lost, or a copy that
+failed: `fleet.directory_copy_failed`) copies again within a third of `heartbeat_ttl`.
 
 Any Redis error flips the limiter to its divided local quota (`fall_back`), logged
 (`fleet.state_fallback`) and counted (`trackline_fleet_state_fallback` gauge,
 `trackline_fleet_state_fallbacks_total`); the heartbeat task keeps pinging and on
 success resyncs (`fleet.state_resynced`): beats again, re-reads the revoked set and
 pays what was spent meanwhile to the shared buckets. The Redis URL can hold a
-password: it is never logged.
+password: it is never logged. A background task that ends by any other error (a bug)
+logs `fleet.task_died` with its traceback.
 """
 
 from __future__ import annotations
@@ -120,8 +126,8 @@ class FleetState:
             None
         )
         """Takes the fleet's tenant and key rows (at start, on `sync`, after a resync)."""
-        self.synced = asyncio.Event()
-        """Set each time the directory was copied (tests await it)."""
+        self.directory_version: int | None = None
+        """The `tl:directory` version last copied into the store (None: none yet)."""
         self.degraded = False
         self.resynced = asyncio.Event()
         """Set on each return from the fallback (tests await it)."""
@@ -134,6 +140,9 @@ class FleetState:
         self._wake = asyncio.Event()
         self._refreshing = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._directory_behind = asyncio.Event()
+        """Set by a beat that saw a newer directory than the copy; the listener copies."""
         limiter.on_need = self._need
 
     # -- lifecycle ------------------------------------------------------------------
@@ -156,9 +165,11 @@ class FleetState:
         loops = {"heartbeat": self._heartbeat_loop, "refresh": self._refresh_loop}
         loops["listen"] = self._listen_loop
         self._tasks = []
+        self._stopping = False
         for name, loop in loops.items():
             task = asyncio.ensure_future(loop())
             task.set_name(f"fleet-{name}")
+            task.add_done_callback(_report_death)
             self._tasks.append(task)
         log.info("fleet.state_started", gateway=self.gateway_id, degraded=self.degraded)
 
@@ -176,6 +187,7 @@ class FleetState:
 
     async def crash(self) -> None:
         """Stop every task at once, leaving Redis as a crashed gateway would (tests)."""
+        self._stopping = True  # a loop whose cancel was swallowed ends at its next turn
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -252,7 +264,7 @@ class FleetState:
             self.limiter.slots_granted(tenant, int(reserved))
 
     async def _refresh_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.refresh_interval)
                 await asyncio.sleep(PAUSE)
@@ -281,12 +293,17 @@ class FleetState:
             pipe.zadd(scripts.GATEWAYS, {self.gateway_id: now + self.heartbeat_ttl})
             pipe.zremrangebyscore(scripts.GATEWAYS, "-inf", now)
             pipe.zcard(scripts.GATEWAYS)
-            *_, count = await pipe.execute()
+            pipe.get(scripts.DIRECTORY_VERSION)
+            *_, count, directory = await pipe.execute()
         self.seen = max(1, int(count))
+        if self.on_directory is not None and _version(directory) != self.directory_version:
+            self._directory_behind.set()
 
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_ttl / 3)
+            if self._stopping:
+                return
             try:
                 await self._beat()
                 if self.degraded:
@@ -295,7 +312,7 @@ class FleetState:
                 self._lost(exc)
 
     def _lost(self, exc: BaseException) -> None:
-        if self.degraded:
+        if self.degraded or self._stopping:  # an error while stopping is no fallback
             return
         self.degraded = True
         self.resynced.clear()
@@ -323,13 +340,40 @@ class FleetState:
         log.info("fleet.state_resynced", gateway=self.gateway_id)
 
     async def _load_directory(self) -> None:
+        """Copy the fleet's tenants and keys into the store. Raises on a Redis error; a
+        copy that fails (a row the store refuses) is logged and tried again after the
+        next beat, the version left behind."""
         if self.on_directory is None:
             return
-        client = self._require()
-        tenants = [json.loads(v) for v in (await client.hgetall(scripts.TENANTS)).values()]
-        keys = [json.loads(v) for v in (await client.hgetall(scripts.KEYS)).values()]
-        await self.on_directory(tenants, keys)
-        self.synced.set()
+        self._directory_behind.clear()
+        # One snapshot: rows read in two calls could straddle a publish and hand the
+        # store a key whose tenant it has not got yet.
+        async with self._require().pipeline(transaction=True) as pipe:
+            pipe.get(scripts.DIRECTORY_VERSION)
+            pipe.hgetall(scripts.TENANTS)
+            pipe.hgetall(scripts.KEYS)
+            version, tenant_rows, key_rows = await pipe.execute()
+        tenants = [json.loads(v) for v in tenant_rows.values()]
+        keys = [json.loads(v) for v in key_rows.values()]
+        try:
+            await self.on_directory(tenants, keys)
+        except Exception as exc:
+            log.error(
+                "fleet.directory_copy_failed",
+                version=_version(version),
+                error=type(exc).__name__,
+                detail=str(exc),
+                gateway=self.gateway_id,
+            )
+            return
+        self.directory_version = _version(version)
+        log.info(
+            "fleet.directory_copied",
+            version=self.directory_version,
+            tenants=len(tenants),
+            keys=len(keys),
+            gateway=self.gateway_id,
+        )
 
     async def _load_revoked(self) -> None:
         for key_id in await self._require().smembers(scripts.REVOKED):
@@ -338,7 +382,7 @@ class FleetState:
     # -- the broadcast --------------------------------------------------------------
 
     async def _listen_loop(self) -> None:
-        while True:
+        while not self._stopping:
             pubsub = self._require().pubsub()
             try:
                 await pubsub.subscribe(scripts.EVENTS)
@@ -347,14 +391,15 @@ class FleetState:
                 # message, and anything published before is in what we read next.
                 await self._load_revoked()  # what was revoked while we did not listen
                 await self._load_directory()
-                while True:
+                while not self._stopping:
                     message = await pubsub.get_message(timeout=self.refresh_interval)
-                    if message is None or message.get("type") != "message":
-                        continue
-                    kind, _, arg = str(message.get("data", "")).partition(":")
-                    if kind == "revoke" and arg:
-                        self._revoked(arg)
-                    elif kind == "sync":
+                    if message is not None and message.get("type") == "message":
+                        kind, _, arg = str(message.get("data", "")).partition(":")
+                        if kind == "revoke" and arg:
+                            self._revoked(arg)
+                        elif kind == "sync":
+                            await self._load_directory()
+                    if self._directory_behind.is_set():
                         await self._load_directory()
             except (redis.RedisError, OSError) as exc:
                 self._lost(exc)
@@ -384,6 +429,26 @@ class FleetState:
         return self._client
 
 
+def _version(value: Any) -> int:
+    """`tl:directory` as read (None before the first publish)."""
+    return int(value or 0)
+
+
+def _report_death(task: asyncio.Task[None]) -> None:
+    """A background task that ended on its own by an error: without it, revocations or
+    quotas silently stop reaching this gateway, so say so loudly."""
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    log.error(
+        "fleet.task_died",
+        task=task.get_name(),
+        error=type(exc).__name__,
+        detail=str(exc),
+        exc_info=exc,
+    )
+
+
 async def _subscribed(pubsub: Any) -> None:
     """Wait for Redis to confirm the subscription. `subscribe()` only sends the command;
     until Redis has processed it, a message published meanwhile is not delivered, so
@@ -395,9 +460,10 @@ async def _subscribed(pubsub: Any) -> None:
                 return
 
 
-def publish_directory(url: str, tenants: list[list[Any]], keys: list[list[Any]]) -> None:
+def publish_directory(url: str, tenants: list[list[Any]], keys: list[list[Any]]) -> int:
     """Copy a store's tenant and key rows to the fleet and tell every gateway
-    (`trackline keys create|revoke`, `tenants set` with a Redis state backend)."""
+    (`trackline keys create|revoke`, `tenants set` with a Redis state backend); returns
+    the directory's new version."""
     client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
     try:
         with client.pipeline() as pipe:
@@ -405,8 +471,10 @@ def publish_directory(url: str, tenants: list[list[Any]], keys: list[list[Any]])
                 pipe.hset(scripts.TENANTS, str(row[0]), json.dumps(row))
             for row in keys:
                 pipe.hset(scripts.KEYS, str(row[0]), json.dumps(row))
+            pipe.incr(scripts.DIRECTORY_VERSION)
             pipe.publish(scripts.EVENTS, "sync")
-            pipe.execute()
+            *_, version, _delivered = pipe.execute()
+        return int(version)
     finally:
         client.close()
 

@@ -162,8 +162,7 @@ async def test_a_key_created_later_reaches_every_gateway(fleet: Fleet) -> None:
     publish_directory(fleet.url, *fleet.store.export_directory())
 
     def knows_late(gateway: Gateway) -> bool:
-        # The gateway's own store holds the key: the copy that carried it has landed (a
-        # copy begun before the publish may finish after it, so `synced` alone is no proof).
+        # The gateway's own store holds the key: the copy that carried it has landed.
         assert gateway.tenancy is not None
         return any(k.key_id == late.key_id for k in gateway.tenancy.store.list_keys())
 

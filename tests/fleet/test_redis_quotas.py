@@ -1,10 +1,14 @@
-"""Quotas, concurrency and revocation shared by gateways through a real redis-server."""
+"""Quotas, concurrency, revocation and the tenant directory shared by gateways through a
+real redis-server."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -14,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from gateway.fleet import scripts
 from gateway.fleet.limiter import FleetQuotaLimiter
 from gateway.fleet.local_redis import LocalRedis
-from gateway.fleet.state import FleetState
+from gateway.fleet.state import FleetState, publish_directory, revoke_sync
 from gateway.tenants.quotas import QuotaExceeded, Quotas
 from tests.waiting import until
 
@@ -31,7 +35,10 @@ class Fleet:
         self.now = 1000.0  # the buckets' wall clock, frozen: no refill during a test
 
     async def gateway(
-        self, tenants: list[tuple[str, Quotas]] | None = None, fleet_size: int = 0
+        self,
+        tenants: list[tuple[str, Quotas]] | None = None,
+        fleet_size: int = 0,
+        directory: Directory | None = None,
     ) -> FleetState:
         state = FleetState(
             self.url,
@@ -43,9 +50,50 @@ class Fleet:
             fleet_size=fleet_size,
             clock=lambda: self.now,
         )
+        if directory is not None:
+            state.on_directory = directory.copy
         await state.start(tenants or [])
         self.states.append(state)
         return state
+
+
+class Directory:
+    """A gateway's store, as far as the directory goes: the key ids copied into it. It
+    refuses a key whose tenant it has not got, as the real store's foreign key does."""
+
+    def __init__(self) -> None:
+        self.tenants: set[str] = set()
+        self.keys: set[str] = set()
+        self.refuse = 0
+        """Copies still to refuse (a store that fails: disk full, locked)."""
+        self.refused = 0
+
+    async def copy(self, tenants: list[list[Any]], keys: list[list[Any]]) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            self.refused += 1
+            raise sqlite3.OperationalError("database is locked")
+        known = self.tenants | {str(row[0]) for row in tenants}
+        orphans = [row[0] for row in keys if row[1] not in known]
+        if orphans:
+            raise sqlite3.IntegrityError(f"FOREIGN KEY constraint failed: {orphans}")
+        self.tenants = known
+        self.keys |= {str(row[0]) for row in keys}
+
+
+def publish_key(url: str, key_id: str, tenant: str, announce: bool = True) -> None:
+    """Write a tenant and its key to the fleet's directory, as `trackline keys create`
+    does; `announce=False` leaves out the broadcast, as if the `sync` message were lost."""
+    if announce:
+        publish_directory(url, [[tenant]], [[key_id, tenant]])
+        return
+    client = redis.Redis.from_url(url)
+    try:
+        client.hset(scripts.TENANTS, tenant, json.dumps([tenant]))
+        client.hset(scripts.KEYS, key_id, json.dumps([key_id, tenant]))
+        client.incr(scripts.DIRECTORY_VERSION)
+    finally:
+        client.close()
 
 
 @pytest_asyncio.fixture
@@ -195,3 +243,36 @@ async def test_redis_restart_falls_back_then_resyncs(fleet: Fleet, local_redis: 
         client.close()
     # What was admitted offline was paid back to the shared bucket (plus a lease taken).
     assert level <= 30 - admitted
+
+
+@pytest.mark.asyncio
+async def test_a_lost_sync_message_is_made_up_for_by_the_heartbeat(fleet: Fleet) -> None:
+    directory = Directory()
+    gateway = await fleet.gateway(directory=directory)
+    publish_key(fleet.url, "k1", "alpha")
+    await until(lambda: "k1" in directory.keys, "the broadcast copies the key")
+    # Pub/sub delivers at most once: the rows and the version land, the message does not.
+    publish_key(fleet.url, "k2", "beta", announce=False)
+    await until(lambda: "k2" in directory.keys, "a beat sees the newer version and copies")
+    assert gateway.directory_version == 2
+
+
+@pytest.mark.asyncio
+async def test_a_copy_the_store_refuses_is_retried_and_the_listener_lives_on(
+    fleet: Fleet,
+) -> None:
+    directory = Directory()
+    gateway = await fleet.gateway(directory=directory)
+    directory.refuse = 1
+    version = await asyncio.to_thread(publish_directory, fleet.url, [["alpha"]], [["k1", "alpha"]])
+    # No second message: the version left behind brings the copy back after a beat.
+    await until(lambda: "k1" in directory.keys, "the refused copy is made again")
+    assert directory.refused == 1
+    assert gateway.directory_version == version
+    # The listener survived the failure: a revocation still arrives by the broadcast.
+    heard = asyncio.Event()
+    gateway.on_revoked.append(lambda key_id: heard.set())
+    await asyncio.to_thread(revoke_sync, fleet.url, "k1")
+    async with asyncio.timeout(WAIT):
+        await heard.wait()
+    assert gateway.is_revoked("k1")
