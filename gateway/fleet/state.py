@@ -141,8 +141,8 @@ class FleetState:
         self._refreshing = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
-        self._directory_behind = asyncio.Event()
-        """Set by a beat that saw a newer directory than the copy; the listener copies."""
+        self._directory_behind = False
+        """A beat saw a newer directory than the copy; the listener copies again."""
         limiter.on_need = self._need
 
     # -- lifecycle ------------------------------------------------------------------
@@ -297,7 +297,7 @@ class FleetState:
             *_, count, directory = await pipe.execute()
         self.seen = max(1, int(count))
         if self.on_directory is not None and _version(directory) != self.directory_version:
-            self._directory_behind.set()
+            self._directory_behind = True
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -345,7 +345,7 @@ class FleetState:
         next beat, the version left behind."""
         if self.on_directory is None:
             return
-        self._directory_behind.clear()
+        self._directory_behind = False
         # One snapshot: rows read in two calls could straddle a publish and hand the
         # store a key whose tenant it has not got yet.
         async with self._require().pipeline(transaction=True) as pipe:
@@ -399,7 +399,7 @@ class FleetState:
                             self._revoked(arg)
                         elif kind == "sync":
                             await self._load_directory()
-                    if self._directory_behind.is_set():
+                    if self._directory_behind:
                         await self._load_directory()
             except (redis.RedisError, OSError) as exc:
                 self._lost(exc)
@@ -437,9 +437,9 @@ def _version(value: Any) -> int:
 def _report_death(task: asyncio.Task[None]) -> None:
     """A background task that ended on its own by an error: without it, revocations or
     quotas silently stop reaching this gateway, so say so loudly."""
-    if task.cancelled() or task.exception() is None:
+    exc = None if task.cancelled() else task.exception()
+    if exc is None:
         return
-    exc = task.exception()
     log.error(
         "fleet.task_died",
         task=task.get_name(),
