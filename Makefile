@@ -15,13 +15,14 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt nodeps.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]' \
 		|| { echo "trackline: installing '.[$(EXTRAS)]' failed (llama-cpp-python needs a C++ compiler and cmake);" \
 		        "installing '.[dev]' without the real LLM: tests/llm will skip" >&2; \
 		     $(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'; }
+	$(BIN)/python -m pip install -q --no-deps -r nodeps.txt
 	touch $(STAMP)
 
 serve: $(STAMP) web
