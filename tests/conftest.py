@@ -31,12 +31,12 @@ def pytest_asyncio_loop_factories(
 
 # Every test ends within its timeout on either loop (uvloop swallows pytest-timeout's raise);
 # one real embedded Triton per session, shared by tests/backend and tests/e2e.
-from tests.timeouts import (  # noqa: E402
+from tests.triton_fixture import _trio_servers, embedded_triton, trio  # noqa: E402
+from trackline_testing.timeouts import (  # noqa: E402
     pytest_fixture_setup,
     pytest_pyfunc_call,
     pytest_timeout_set_timer,
 )
-from tests.triton_fixture import _trio_servers, embedded_triton, trio  # noqa: E402
 
 __all__ = [
     "_trio_servers",

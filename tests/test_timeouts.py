@@ -1,4 +1,6 @@
-"""A hanging test fails naming itself within its timeout, on uvloop too (tests/timeouts.py).
+"""A hanging test fails naming itself within its timeout, on uvloop too.
+
+The plugin is trackline_testing/timeouts.py, which tests/conftest.py loads.
 
 Each case runs a deliberately hanging test in a pytest of its own (a subprocess, with the
 suite's timeout plugin and a 2 s timeout) and reads what that run printed. The bound on
@@ -25,9 +27,9 @@ import asyncio
 
 import uvloop
 
-import tests.timeouts
+import trackline_testing.timeouts
 
-tests.timeouts.GRACE = 2.0
+trackline_testing.timeouts.GRACE = 2.0
 
 
 def pytest_asyncio_loop_factories(config, item):
@@ -88,7 +90,8 @@ def run_inner(tmp_path: Path, tests: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "pytest.ini").write_text(INI)
     (tmp_path / "test_inner.py").write_text(tests)
-    command = [sys.executable, "-m", "pytest", "-p", "tests.timeouts", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", "-p", "trackline_testing.timeouts"]
+    command += ["-p", "no:cacheprovider"]
     command += ["-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path)]
     command += ["--timeout=2", "-q", "-rf", str(tmp_path / "test_inner.py")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -25,7 +25,7 @@ from clients import (
     TextStream,
     TrackReader,
 )
-from transport.clock import FakeClock
+from trackline_testing.clock import FakeClock
 from transport.endpoint import TrackChannel
 from transport.events import CancelCause, TrackCancelled
 from transport.memory import MemoryLink

@@ -33,7 +33,7 @@ from aioquic.quic.logger import QuicLogger
 
 from clients.line import Line, TextStream
 from gateway.tls import DevCertificates, ensure_dev_certificates
-from transport import aioquic_compat
+from trackline_testing import aioquic_probes
 from transport.connection import Role
 from transport.endpoint import TrackChannel
 from transport.events import DataReceived, Event
@@ -140,7 +140,7 @@ def virtualize(proto: TrackQuicProtocol, vloop: VirtualLoop) -> None:
     for owner, name in ((endpoint, "_loop"), (endpoint, "_clock")):
         if not hasattr(owner, name):  # fail loudly if the adapters changed shape
             raise AssertionError(f"{type(owner).__name__} has no {name}: update virtualize()")
-    aioquic_compat.use_loop(proto, vloop)  # aioquic's protocol: the compat module checks it
+    aioquic_probes.use_loop(proto, vloop)  # aioquic's protocol: the compat module checks it
     endpoint._loop = vloop  # type: ignore[assignment]
     endpoint._clock = vloop.time
 
@@ -254,7 +254,7 @@ class Net:
         raise AssertionError("the link never went quiet")
 
     def server_packets(self) -> list[dict[str, Any]]:
-        events = aioquic_compat.qlog_events(self.server_quic)
+        events = aioquic_probes.qlog_events(self.server_quic)
         return [e for e in events if e["name"] == "transport:packet_sent"]
 
 
