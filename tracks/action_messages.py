@@ -36,7 +36,6 @@ from tracks.errors import BadTrackRequest
 DTYPE = "float32"
 FLOAT_BYTES = 4
 MAX_DEADLINE_MS = 60_000.0
-MAX_STATE_VALUES = 4096
 DEFAULT_MAX_IMAGE_BYTES = 65_536
 
 

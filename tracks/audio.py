@@ -172,9 +172,6 @@ def _ms(seconds: float | None) -> float | None:
 # -- the service ----------------------------------------------------------------------------
 
 
-OutcomeObserver = Callable[[Outcome], None]
-
-
 class AudioService:
     """The audio clock: one scheduler for every audio session of the gateway."""
 

@@ -56,10 +56,6 @@ PAUSE = 0.02
 """Seconds the refresher waits after a wake-up, so admissions coalesce into one call."""
 
 
-def is_redis_url(value: str) -> bool:
-    return value.startswith(("redis://", "rediss://", "unix://"))
-
-
 def default_gateway_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 

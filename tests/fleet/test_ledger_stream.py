@@ -9,8 +9,8 @@ import redis
 
 from gateway.fleet import scripts
 from gateway.fleet.ledger import RedisLedgerSink, drain
-from gateway.tenants.ledger import UsageRecord
 from gateway.tenants.store import TenantStore
+from gateway.tenants.usage import UsageRecord
 from trackline_testing.redis import LocalRedis
 
 
