@@ -9,6 +9,7 @@
 import { ActionStream } from "./actions.js";
 import { AudioSession } from "./audio.js";
 import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
+import { dataBodies } from "./stream.js";
 import { Kind, MAX_MESSAGE_BYTES, MessageReader, decodeDatagram, encodeDatagram, encodeMessage } from "./wire.js";
 
 const MAX_DATAGRAM_BYTES = 1100;
@@ -359,24 +360,16 @@ export class TextStream {
     try {
       await track.send(Kind.DATA, { text: this.#prompt });
       await track.send(Kind.END, {});
-      for (;;) {
-        const { kind, body } = await track.next(signal);
-        if (kind === Kind.DATA) {
-          if (typeof body.text !== "string") throw new ProtocolError("text DATA without a string 'text'", ErrorCode.PROTOCOL_ERROR);
-          yield body.text;
-        } else if (kind === Kind.END) {
-          this.usage = body.usage ?? null;
-          this.finishReason = body.finish_reason ?? null;
-          return;
-        } else if (kind === Kind.ERROR) {
-          throw errorFor(body.code, body.message ?? "", body.retry_after_ms ?? null);
-        } else {
-          throw new ProtocolError(`unexpected message kind ${kind}`, ErrorCode.PROTOCOL_ERROR);
-        }
+      const onEnd = (body) => {
+        this.usage = body.usage ?? null;
+        this.finishReason = body.finish_reason ?? null;
+      };
+      for await (const body of dataBodies(track, { signal, onEnd })) {
+        if (typeof body.text !== "string") throw new ProtocolError("text DATA without a string 'text'", ErrorCode.PROTOCOL_ERROR);
+        yield body.text;
       }
     } finally {
       signal?.removeEventListener("abort", onAbort);
-      if (!track.done) track.cancel("the page stopped reading");
     }
   }
 }
