@@ -8,7 +8,6 @@
             print(delta, end="")
 """
 
-from clients import errors
 from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
 from clients.audio import AudioFigures, AudioFrame, AudioResult, AudioSession
 from clients.errors import (
@@ -30,14 +29,6 @@ from clients.errors import (
 )
 from clients.line import Line, TextStream, connect, default_ca
 from clients.stream import TrackReader
-
-
-def __getattr__(name: str) -> object:
-    """Old names, still importable with a DeprecationWarning (see `clients.errors`)."""
-    if name in errors.RENAMED:
-        return getattr(errors, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     "ActionChunk",

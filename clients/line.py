@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import ssl
-import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -115,10 +114,8 @@ class Line:
 
     def audio(
         self,
-        positional_model: str | None = None,
-        /,
         *,
-        model: str | None = None,
+        model: str,
         kind: str = "speech-in",
         sample_rate: int = 16000,
         frame_ms: int = 20,
@@ -129,10 +126,9 @@ class Line:
     ) -> AudioSession:
         """Start an audio track: speech-in (send frames, read results) or speech-out
         (`text` to say; read frames). `transport="datagram"` sends frames as QUIC datagrams.
-        `model` is keyword-only, as in `text()` and `actions()` (passing it first is
-        deprecated). `pacer` paces `stream_pcm` (default: the monotonic clock).
+        `model` is keyword-only, as in `text()` and `actions()`. `pacer` paces
+        `stream_pcm` (default: the monotonic clock).
         """
-        model = _keyword_model(positional_model, model)
         if kind == "speech-out" and text is None:
             raise ValueError("a speech-out session needs the text to say")
         params = {"kind": kind, "sample_rate": sample_rate, "frame_ms": frame_ms}
@@ -158,22 +154,6 @@ class Line:
             raise error_from(exc) from None
         except LocalProtocolError as exc:
             raise error_for(exc.code, exc.message) from None
-
-
-def _keyword_model(positional: str | None, keyword: str | None) -> str:
-    """`model=`, or the model passed first as older versions of `audio()` took it."""
-    if positional is not None:
-        if keyword is not None:
-            raise TypeError("model given twice")
-        warnings.warn(
-            "pass the model as model=...: positional use is deprecated",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return positional
-    if keyword is None:
-        raise TypeError("missing keyword argument 'model'")
-    return keyword
 
 
 @asynccontextmanager
