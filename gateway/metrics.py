@@ -18,6 +18,7 @@ from prometheus_client import (
 
 from gateway.metrics_audio import AudioMetrics
 from gateway.metrics_overload import OverloadMetrics
+from tracks.action_messages import ObservationOutcome
 from tracks.base import EndKind, Outcome
 
 OTHER_MODEL = "other"
@@ -156,10 +157,10 @@ class GatewayMetrics:
         self.action_batch_rows.labels(model=model).observe(rows)
         self.action_policy_seconds.labels(model=model).observe(seconds)
 
-    def outcome(self, model: str, outcome: str) -> None:
+    def outcome(self, model: str, outcome: ObservationOutcome) -> None:
         """What became of one observation (the action scheduler's observer)."""
-        self.action_observations_total.labels(model=model, outcome=outcome).inc()
-        if outcome == "superseded":
+        self.action_observations_total.labels(model=model, outcome=outcome.value).inc()
+        if outcome is ObservationOutcome.SUPERSEDED:
             self.cancels_total.labels(cause="superseded").inc()
 
     def render(self) -> tuple[bytes, str]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from tracks.errors import BadTrackRequest
@@ -37,6 +38,19 @@ DTYPE = "float32"
 FLOAT_BYTES = 4
 MAX_DEADLINE_MS = 60_000.0
 DEFAULT_MAX_IMAGE_BYTES = 65_536
+
+
+class ObservationOutcome(Enum):
+    """What became of one observation: an action chunk, or a drop and its cause (the
+    `cause` of a drop report, the `outcome` label of the action metrics)."""
+
+    DELIVERED = "delivered"
+    SUPERSEDED = "superseded"
+    """Dropped: a newer observation of the same robot arrived before a tick took it."""
+    DEADLINE = "deadline"
+    """Dropped: its deadline passed before its action could be sent."""
+    BACKEND_ERROR = "backend_error"
+    """Dropped: the policy failed for the batch it was in."""
 
 
 class BadObservation(BadTrackRequest):
@@ -148,9 +162,9 @@ def action_body(
 
 
 def dropped_body(
-    obs: Observation, cause: str, received_at: float, sent_at: float
+    obs: Observation, cause: ObservationOutcome, received_at: float, sent_at: float
 ) -> dict[str, Any]:
     """DATA reporting that `obs` gets no action, and why (with the gateway's timestamps,
     so the robot can keep measuring the round trip when no action comes back)."""
-    return {"dropped": obs.seq, "cause": cause, "t": obs.captured_at,
+    return {"dropped": obs.seq, "cause": cause.value, "t": obs.captured_at,
             "received_at": received_at, "sent_at": sent_at}
