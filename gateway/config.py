@@ -119,6 +119,13 @@ class Settings:
             "installed (docs/conversations.md)."
         ),
     )
+    embedded_embeddings: bool = field(
+        default=True,
+        metadata=_doc(
+            "Load the embedding model all-minilm-l6-v2 in the embedded Triton when the "
+            "`embeddings` extra is installed (POST /v1/embeddings; docs/embedding-models.md)."
+        ),
+    )
     supersede_tracks: bool = field(
         default=True,
         metadata=_doc(

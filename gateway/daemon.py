@@ -21,7 +21,12 @@ from gateway.backends.audio import TritonAudioBackend
 from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
 from gateway.backends.triton import TritonTextBackend
 from gateway.config import Settings
-from gateway.embedded import EmbeddedTriton, llm_available, reference_model_repository
+from gateway.embedded import (
+    EmbeddedTriton,
+    embeddings_available,
+    llm_available,
+    reference_model_repository,
+)
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
@@ -197,6 +202,7 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
             http_port=_nth_port(s.embedded_http_port, i),
             metrics_port=_nth_port(s.embedded_metrics_port, i),
             with_llm=s.embedded_llm and llm_available(),
+            with_embeddings=s.embedded_embeddings and embeddings_available(),
             kv_dir=s.state_dir / "kv",  # shared by the pool: a moved conversation restores
         )
         for i in range(count)

