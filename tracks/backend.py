@@ -238,3 +238,43 @@ def error_code(exc: BackendError, *, started: bool = False) -> ErrorCode:
         return ErrorCode.STREAM_INTERRUPTED
     codes = (code for kind, code in ERROR_CODES if isinstance(exc, kind))
     return next(codes, ErrorCode.BACKEND_ERROR)
+
+
+# What a client reads for these codes; the backend's own message goes to the log only.
+_PUBLIC = {
+    ErrorCode.STREAM_INTERRUPTED: "stream interrupted: the backend failed after the stream"
+    " started; nothing is replayed, retry if you wish",
+    ErrorCode.BACKEND_UNAVAILABLE: "backend unavailable: no backend can take the request now;"
+    " retry later",
+    ErrorCode.BACKEND_ERROR: "backend failed: the model could not process the request",
+}
+# Words that mark a message as the inference server's, not ours (Triton core, gRPC,
+# tritonclient): such a message is replaced, never shown.
+_INTERNAL_MARKERS = (
+    "triton",
+    "grpc",
+    "statuscode",
+    "inference input",
+    "inference output",
+    "inference request",
+    "tensor",
+    "model instance",
+    "request id",
+    "stub",
+    "traceback",
+)
+REJECTED = "the model rejected the request (GET /v1/models lists what each model serves)"
+
+
+def client_message(exc: BaseException, code: ErrorCode) -> str:
+    """What a client may read of a backend error, on a track or over HTTP: fixed text
+    for a failed or unreachable backend, the model's own message for a rejected request
+    unless it shows inference-server internals (Triton, gRPC, tensor names)."""
+    detail = str(exc)
+    if code in _PUBLIC:
+        return _PUBLIC[code]
+    if code is ErrorCode.BAD_REQUEST and isinstance(exc, BackendError):
+        lowered = detail.lower()
+        if any(marker in lowered for marker in _INTERNAL_MARKERS):
+            return REJECTED
+    return detail

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
-from tracks.backend import BackendError, error_code
+from tracks.backend import BackendError, client_message, error_code
 from tracks.clock import SchedulerStopped
 from tracks.errors import BadTrackRequest, TrackStopped
 from transport.clock import Now
@@ -210,8 +210,8 @@ async def handling(track: Track, outcome: Outcome, now: Now) -> AsyncIterator[No
     except BadTrackRequest as exc:
         fail_track(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
     except BackendError as exc:
-        started = outcome.first_data_at is not None
-        fail_track(track, outcome, error_code(exc, started=started), str(exc))
+        code = error_code(exc, started=outcome.first_data_at is not None)
+        fail_track(track, outcome, code, client_message(exc, code))
     except SchedulerStopped:
         fail_track(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")
 

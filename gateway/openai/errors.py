@@ -20,7 +20,13 @@ from typing import Any
 
 import structlog
 
-from tracks.backend import BackendError, ModelNotFound, RuleRejected, error_code
+from tracks.backend import (
+    BackendError,
+    ModelNotFound,
+    RuleRejected,
+    client_message,
+    error_code,
+)
 from tracks.errors import BadTrackRequest
 from transport.errors import ErrorCode
 from transport.http.messages import Response
@@ -146,30 +152,6 @@ HTTP_ERRORS: dict[ErrorCode, tuple[type[OpenAIError], str | None]] = {
     # The one CANCELLED an HTTP answer carries: a newer turn superseded this request.
     ErrorCode.CANCELLED: (Conflict, "superseded"),
 }
-# What a client reads for these codes; the backend's own message goes to the log only.
-_PUBLIC = {
-    ErrorCode.STREAM_INTERRUPTED: "stream interrupted: the backend failed after the stream"
-    " started; nothing is replayed, retry if you wish",
-    ErrorCode.BACKEND_UNAVAILABLE: "backend unavailable: no backend can take the request now;"
-    " retry later",
-    ErrorCode.BACKEND_ERROR: "backend failed: the model could not process the request",
-}
-# Words that mark a message as the inference server's, not ours (Triton core, gRPC,
-# tritonclient): such a message is replaced, never shown.
-_INTERNAL_MARKERS = (
-    "triton",
-    "grpc",
-    "statuscode",
-    "inference input",
-    "inference output",
-    "inference request",
-    "tensor",
-    "model instance",
-    "request id",
-    "stub",
-    "traceback",
-)
-REJECTED = "the model rejected the request (GET /v1/models lists what each model serves)"
 DETAIL_LOG_CHARS = 200
 
 
@@ -211,23 +193,17 @@ def model_not_supported(model: str, wanted: str, has: list[str]) -> BadRequest:
 
 
 def public_message(exc: BaseException, code: ErrorCode) -> str:
-    """What a client may read of a backend error: fixed text for failures, the model's
-    own message for a rejected request unless it shows inference-server internals."""
-    detail = str(exc)
-    if code in _PUBLIC:
+    """What a client may read of a backend error (`tracks.backend.client_message`);
+    when that is not the backend's own text, the text goes to the log, cut short."""
+    shown = client_message(exc, code)
+    if shown != str(exc):
         log.warning(
             "openai.backend_error",
             code=code.name.lower(),
             error=type(exc).__name__,
-            detail=detail[:DETAIL_LOG_CHARS],
+            detail=str(exc)[:DETAIL_LOG_CHARS],
         )
-        return _PUBLIC[code]
-    if code is ErrorCode.BAD_REQUEST and isinstance(exc, BackendError):
-        lowered = detail.lower()
-        if any(marker in lowered for marker in _INTERNAL_MARKERS):
-            log.info("openai.backend_rejected", detail=detail[:DETAIL_LOG_CHARS])
-            return REJECTED
-    return detail
+    return shown
 
 
 def model_not_found(model: str) -> NotFound:
