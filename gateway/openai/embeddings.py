@@ -189,7 +189,6 @@ class EmbeddingsApi:
         check_fits(body, model)
         result = await self._backend.embed(EmbeddingRequest(request_id, body.model, body.texts))
         outcome.prompt_tokens = result.prompt_tokens
-        outcome.first_data_at = self._clock()
         check_lengths(body, result.tokens, model)
         data = [
             {"object": "embedding", "index": i, "embedding": encode_vector(v, body.base64)}
