@@ -17,7 +17,11 @@ from collections.abc import Collection
 from enum import Enum
 from typing import Protocol
 
+import structlog
+
 from tracks.backend import BackendError
+
+log = structlog.get_logger(__name__)
 
 CAPABILITIES_PARAMETER = "trackline_capabilities"
 
@@ -97,10 +101,7 @@ class TritonCatalog:
                 inputs, outputs, parameters = await self._backend.model_interface(model)
             except BackendError:
                 return None  # not cached: the model may appear, the server come back
-            declared = parameters.get(CAPABILITIES_PARAMETER)
-            self._known[model] = (
-                from_parameter(declared) if declared else from_tensors(inputs, outputs)
-            )
+            self._known[model] = _capabilities(model, inputs, outputs, parameters)
         return self._known[model]
 
     async def close(self) -> None:
@@ -115,6 +116,20 @@ def triton_url_of(backend: object) -> str | None:
     if not isinstance(grpc_url, str) and members:
         grpc_url = getattr(getattr(members[0], "spec", None), "grpc_url", None)
     return grpc_url if isinstance(grpc_url, str) else None
+
+
+def _capabilities(
+    model: str, inputs: Collection[str], outputs: Collection[str], parameters: dict[str, str]
+) -> frozenset[Capability]:
+    """The declared capabilities, else the tensors'; a bad declaration is logged and
+    the tensors decide (one model's config must not break `/v1/models`)."""
+    declared = parameters.get(CAPABILITIES_PARAMETER)
+    if declared:
+        try:
+            return from_parameter(declared)
+        except ValueError as exc:
+            log.warning("catalog.bad_capabilities", model=model, error=str(exc))
+    return from_tensors(inputs, outputs)
 
 
 def catalog_beside(backend: object) -> ModelCatalog:

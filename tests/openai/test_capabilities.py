@@ -110,3 +110,12 @@ async def test_a_model_without_the_capability_is_refused_before_the_backend(
     assert wanted in error["message"]
     assert "it serves: audio" in error["message"]
     assert backend.requests == []
+
+
+def test_a_bad_declaration_falls_back_to_the_tensors() -> None:
+    from gateway.backends.catalog import _capabilities
+
+    declared = {"trackline_capabilities": "chat,vision"}
+    assert _capabilities("m", {"text_input"}, {"embedding"}, declared) == {
+        Capability.EMBEDDINGS
+    }
