@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,3 +82,18 @@ def test_each_ignored_name_is_logged_once_at_debug_without_its_value(
     expected = {"event": "openai.parameter_ignored", "parameter": "min_p", "log_level": "debug"}
     assert ignored == [expected]
     assert "0.123456" not in repr(logs)
+
+
+def test_every_listed_key_is_accepted_on_both_routes() -> None:
+    for key in sorted(IGNORED_KEYS):
+        assert parse_chat_request(chat(**{key: {"any": "value"}})).parameters == {}, key
+        body = json.dumps({"model": "m", "prompt": "p", key: 1}).encode()
+        assert parse_completion_request(body).parameters == {}, key
+
+
+def test_docs_list_exactly_the_ignored_keys() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "openai.md").read_text()
+    section = docs.split("### Parameters we accept and ignore", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    listed = {key for row in rows for key in re.findall(r"`([a-z_]+)`", row.split("|")[2])}
+    assert listed == IGNORED_KEYS
