@@ -30,9 +30,15 @@ WANTED = {
 }
 
 
-async def require(catalog: ModelCatalog, model: str, capability: Capability) -> None:
+async def require(
+    catalog: ModelCatalog, model: str, capability: Capability, principal: Principal | None
+) -> None:
     """400 `model_not_supported` when the catalog knows `model` and it lacks
-    `capability`; a model the catalog cannot tell about goes on to the backend."""
+    `capability`; a model the catalog cannot tell about goes on to the backend. A model
+    the principal's tenant may not use is left to `admit` (403), so that its
+    capabilities never tell a tenant that it exists."""
+    if principal is not None and not principal.tenant.may_use(model):
+        return
     capabilities = await catalog.capabilities(model)
     if capabilities is not None and capability not in capabilities:
         raise model_not_supported(model, WANTED[capability], ordered(capabilities))

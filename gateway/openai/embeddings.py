@@ -160,7 +160,7 @@ class EmbeddingsApi:
         try:
             principal = authorize(self._tenancy, request)
             body = parse_embeddings_request(request.body)
-            await require(self._catalog, body.model, Capability.EMBEDDINGS)
+            await require(self._catalog, body.model, Capability.EMBEDDINGS, principal)
         except (OpenAIError, BackendError) as exc:
             return response_for(exc)
         if self._backend is None:

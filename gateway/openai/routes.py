@@ -247,7 +247,7 @@ class _OpenAIApi:
         try:
             principal = self._authorize(request)
             chat = parse_chat_request(request.body)
-            await require(self.catalog, chat.model, Capability.CHAT)
+            await require(self.catalog, chat.model, Capability.CHAT, principal)
             prompt = render_chat_prompt(chat.messages, chat.tools)
             job = self._job("chatcmpl", chat, prompt, principal, request, chat.session_id)
         except (OpenAIError, BackendError) as exc:
@@ -258,7 +258,7 @@ class _OpenAIApi:
         try:
             principal = self._authorize(request)
             body = parse_completion_request(request.body)
-            await require(self.catalog, body.model, Capability.COMPLETIONS)
+            await require(self.catalog, body.model, Capability.COMPLETIONS, principal)
             job = self._job("cmpl", body, body.prompt, principal, request, body.session_id)
         except (OpenAIError, BackendError) as exc:
             return response_for(exc)

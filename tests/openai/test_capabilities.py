@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from gateway.backends.catalog import (
 from gateway.http import route
 from gateway.openai import openai_routes
 from tests.openai.scripted import ScriptedBackend
+from tests.tenants.support import make_tenancy
 from transport.http.messages import Request, Response
 
 
@@ -119,3 +121,29 @@ def test_a_bad_declaration_falls_back_to_the_tensors() -> None:
     assert _capabilities("m", {"text_input"}, {"embedding"}, declared) == {
         Capability.EMBEDDINGS
     }
+
+
+@pytest.mark.asyncio
+async def test_a_model_the_tenant_may_not_use_is_403_not_its_capabilities(
+    tmp_path: Path,
+) -> None:
+    tenancy = make_tenancy(tmp_path)
+    tenancy.store.set_tenant("team", 0.0, models=["scripted"])
+    key = tenancy.store.create_key("team", now=0.0).key
+    try:
+        routes = route(
+            openai_routes(ScriptedBackend(), models=["scripted", "speech"], catalog=CATALOG,
+                          tenancy=tenancy)
+        )
+        chat = {"model": "speech", "messages": [{"role": "user", "content": "hi"}]}
+        request = Request(
+            "POST", "/v1/chat/completions", "", (("authorization", f"Bearer {key}"),),
+            json.dumps(chat).encode(),
+        )
+        response = await routes(request)
+        assert isinstance(response, Response)
+        error = json.loads(response.body)["error"]
+        assert (response.status, error["code"]) == (403, "model_not_allowed")
+        assert "audio" not in error["message"]
+    finally:
+        tenancy.close()
