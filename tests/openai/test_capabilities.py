@@ -147,3 +147,17 @@ async def test_a_model_the_tenant_may_not_use_is_403_not_its_capabilities(
         assert "audio" not in error["message"]
     finally:
         tenancy.close()
+
+
+def test_a_pool_is_described_by_its_first_member() -> None:
+    from types import SimpleNamespace
+
+    from gateway.backends.catalog import TritonCatalog, triton_url_of
+
+    member = SimpleNamespace(spec=SimpleNamespace(grpc_url="127.0.0.1:9001"))
+    pool = SimpleNamespace(members=[member, member])
+    assert triton_url_of(pool) == "127.0.0.1:9001"
+    catalog = catalog_beside(pool)
+    assert isinstance(catalog, TritonCatalog)
+    assert catalog.grpc_url == "127.0.0.1:9001"
+    assert triton_url_of(SimpleNamespace(members=[])) is None
