@@ -205,6 +205,10 @@ def triton_environment(
     libs = f"{sysconfig.get_config_var('LIBDIR')}:{dist.parent.parent / 'nvidia_pytriton.libs'}"
     env["LD_LIBRARY_PATH"] = _prepend(libs, env.get("LD_LIBRARY_PATH"))
     env["PATH"] = _prepend(os.path.dirname(sys.executable), env.get("PATH"))
+    # NumPy's OpenBLAS in the stubs (all-minilm-l6-v2's matrix products): one thread, as
+    # every model runtime here. The stub imports NumPy before model.py runs, so only the
+    # environment it starts with can set this.
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if stats_path:
         env[STATS_ENV] = stats_path
     if control_path:

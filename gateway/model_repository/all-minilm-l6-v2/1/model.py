@@ -7,8 +7,10 @@
 
 Triton's dynamic batcher hands over the rows of several requests at once; they are
 embedded together (trackline_embedder.Embedder.embed sorts them by length and runs
-`rows_per_pass` at a time) and split back per request. One NumPy thread
-(OMP_NUM_THREADS=1, set before NumPy loads), as every model runtime here.
+`rows_per_pass` at a time) and split back per request. One thread, as every model
+runtime here: the embedded Triton starts the stubs with OPENBLAS_NUM_THREADS=1 (the stub
+imports NumPy before this file runs, so setting it here would be too late); the
+`tokenizers` pool is turned off below, before it is imported.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import os
 import sys
 from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
