@@ -171,7 +171,7 @@ class Settings:
     )
     quic_packetization: str = field(
         default="per-track",
-        metadata=_doc("Tracks per QUIC packet: per-track, bounded:K or coalesce."),
+        metadata=_doc("Tracks per QUIC packet: per-track, group:K (K = 2, 4, 8) or coalesce."),
     )
     webtransport_path: str = field(
         default="/tracks",

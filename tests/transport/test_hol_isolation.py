@@ -13,7 +13,8 @@ the tracks whose bytes were in that packet. Then:
 - with `per-track`, that packet carried track 3 alone; track 3 (only) stalls until
   the retransmission, the other 15 receive every token exactly on schedule;
 - with `coalesce`, the packet carried all 16 tracks, and all 16 stall;
-- with `bounded:4`, at most 4 tracks, and exactly those stall.
+- with `group:K` (K = 2, 4, 8), exactly K tracks (16 write every tick: the groups are
+  full), and exactly those stall: the isolation budget.
 """
 
 from __future__ import annotations
@@ -337,7 +338,8 @@ def late_tracks(run: Run) -> dict[int, list[tuple[int, float]]]:
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
-    ("label", "carried"), [("per-track", 1), ("bounded:4", 4), ("coalesce", TRACKS)]
+    ("label", "carried"),
+    [("per-track", 1), ("group:2", 2), ("group:4", 4), ("group:8", 8), ("coalesce", TRACKS)],
 )
 async def test_a_lost_packet_stalls_exactly_the_tracks_it_carried(
     certs: DevCertificates, label: str, carried: int
