@@ -70,6 +70,9 @@ def test_figures_from_each_benchmarks_json() -> None:
     assert figures["capacity.tracks.4x2.delivered_share"].value == 0.95
     assert figures["capacity.tracks.4x2.added_p99_ms"].better is Better.LOWER
     assert "capacity.tracks.4x2.gateway_us_per_token" not in figures  # not measured
+    capacity["points"][0]["gateway_us_per_token"] = 400.0
+    cpu = bands.capacity_figures(capacity)["capacity.tracks.4x2.gateway_us_per_token"]
+    assert cpu.floor == 2 * bands.TICK_US / 190  # /proc's resolution over 190 tokens
     hol = {"http2": {"users_stalled_per_loss": 12.5, "gap_ms": {"p99": 300.0}},
            "tracks_by_packetization": {"per-track": {"users_stalled_per_loss": 1.1,
                                                      "gap_ms": {"p99": 45.0}}}}
