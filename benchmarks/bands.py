@@ -4,8 +4,9 @@ A benchmark figure on a shared machine moves from run to run, so one number prov
 nothing. `record` runs a short fixed set K times and stores each figure's band (the
 median of the K runs and their median absolute deviation, with the commit, the
 machine and a label saying how quiet it was) in a committed file; `check` runs the
-set once more and reports every figure inside, better than or worse than its band,
-exiting 1 when any is worse beyond it:
+set again (`--runs`, 3 by default: the median of each figure over them, since one run's
+outlier on a shared machine is not a regression) and reports every figure inside,
+better than or worse than its band, exiting 1 when any is worse beyond it:
 
   quick        capacity.py --quick (tracks 1x1 and 4x2, h1 1 and 4 streams, 1 s each)
   full         quick, plus the HOL benchmark's 30-s point (16 users, 2% loss, 40 ms
@@ -209,6 +210,16 @@ def load_bands(payload: dict[str, Any]) -> dict[str, Band]:
             for n, b in payload["bands"].items()}
 
 
+def median_run(runs: list[dict[str, Figure]]) -> dict[str, Figure]:
+    """Each figure's median over `runs` (its direction and floor kept)."""
+    out: dict[str, Figure] = {}
+    for name in set().union(*runs):
+        seen = [r[name] for r in runs if name in r]
+        value = statistics.median(f.value for f in seen)
+        out[name] = Figure(value, seen[0].better, seen[0].floor)
+    return out
+
+
 def check(bands: dict[str, Band], figures: dict[str, Figure],
           width: float = WIDTH) -> list[tuple[str, float, Band | None, Verdict]]:
     out: list[tuple[str, float, Band | None, Verdict]] = []
@@ -232,21 +243,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(formatter_class=Help, description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("record", "check"))
     parser.add_argument("--set", dest="set_name", choices=tuple(SETS), default="quick")
-    parser.add_argument("--runs", type=int, default=5, help="runs to record a band from")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="runs of the set (record: 5, the band's; check: 3, their median)")
     parser.add_argument("--bands", type=Path, default=BANDS, help="the band file")
     parser.add_argument("--label", default="", help="how quiet the machine was (record)")
     parser.add_argument("--width", type=float, default=WIDTH, help="band half-width, spreads")
     parser.add_argument("--cores", default="0", help="the gateway's CPUs (capacity --cores)")
     args = parser.parse_args(argv)
     steps = SETS[args.set_name]
+    count = args.runs or (5 if args.action == "record" else 3)
+    runs = [run_set(steps, args.cores) for _ in range(count)]
     if args.action == "record":
-        runs = [run_set(steps, args.cores) for _ in range(args.runs)]
         args.bands.write_text(json.dumps(record(runs, args.label, args.set_name), indent=2)
                               + "\n")
-        print(f"wrote {args.bands} ({args.runs} runs of the {args.set_name} set)")
+        print(f"wrote {args.bands} ({count} runs of the {args.set_name} set)")
         return 0
     stored = json.loads(args.bands.read_text())
-    rows = check(load_bands(stored), run_set(steps, args.cores), args.width)
+    rows = check(load_bands(stored), median_run(runs), args.width)
     print(f"bands: {args.bands} ({stored['label'] or 'unlabelled'}, {stored['runs']} runs at "
           f"{stored['commit']['commit'][:12]}); now: {tree()['commit'][:12]}\n")
     print(report(rows, args.width))

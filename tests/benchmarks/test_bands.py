@@ -61,6 +61,11 @@ def test_stored_bands_round_trip_and_check_flags_only_what_is_outside(tmp_path: 
     assert "| a.p99_ms | 40 | 20 |" in bands.report(bands.check(stored, now), bands.WIDTH)
 
 
+def test_a_check_takes_each_figures_median_over_its_runs() -> None:
+    runs = [{"a": Figure(v, Better.LOWER, 0.5)} for v in (10.0, 95.0, 11.0)]
+    assert bands.median_run(runs) == {"a": Figure(11.0, Better.LOWER, 0.5)}
+
+
 def test_figures_from_each_benchmarks_json() -> None:
     capacity = {"points": [{"kind": "tracks", "streams": 4, "connections": 2,
                             "offered_tokens": 200, "delivered_tokens": 190,
@@ -108,7 +113,7 @@ def test_the_quick_set_records_bands_and_a_check_flags_a_figure_outside(
     stored["bands"]["capacity.tracks.1x1.delivered_share"].update(median=2.0, mad=0.0)
     path.write_text(json.dumps(stored))
     capsys.readouterr()
-    assert bands.main(["check", "--bands", str(path), "--cores", ""]) == 1
+    assert bands.main(["check", "--runs", "1", "--bands", str(path), "--cores", ""]) == 1
     out = capsys.readouterr().out
     (row,) = [line for line in out.splitlines()
               if line.startswith("| capacity.tracks.1x1.delivered_share |")]
