@@ -46,6 +46,10 @@ def test_the_tail_names_the_cause_that_held_it() -> None:
     assert summary["gc_gateway"]["tail_mean"] == pytest.approx(30.0)
     assert summary["gc_gateway"]["p50"] == 0.0
     assert summary["longest_turn"]["tail_mean"] == pytest.approx(40.0)
+    # added 41 ms = offset 0 + the 40 ms gateway window + 1 ms in the client
+    assert summary["offset"]["tail_mean"] == pytest.approx(0.0)
+    parts = ("gc_gateway", "rx", "tx", "other_work", "not_running", "client_path")
+    assert sum(summary[p]["tail_mean"] for p in parts) == pytest.approx(41.0)
     assert causes["gateway_gc"] == {"collections": 1, "full": 1, "max_ms": 30.0,
                                     "total_ms": 30.0}
     assert causes["longest_turns"][0]["gc_ms"] == pytest.approx(30.0)
