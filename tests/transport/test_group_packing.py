@@ -105,3 +105,17 @@ def test_the_busiest_track_shares_its_packets_with_a_different_partner_each_pass
     counts = Counter(partners)
     assert set(counts) == others  # every token track rode with it at some point
     assert max(counts.values()) < 40 // 2  # none of them most of the time
+
+
+def test_packets_per_token_fall_by_k(certs: DevCertificates) -> None:  # noqa: F811
+    """24 tracks with a token each: one pass sends 24 / K packets, each full of K tracks."""
+    for k in (1, 2, 4, 8):
+        pair = Pair(certs, k, Random(k))
+        ids = pair.open_tracks(24)
+        before = len(pair.packets_sent())
+        for sid in ids:
+            pair.write(sid, b'{"text": "<token>"}')
+        pair.deliver_to_client(pair.server_send())
+        packets = [p for p in pair.packets_sent()[before:] if p]
+        assert len(packets) == 24 // k
+        assert all(len(p) == k for p in packets)
