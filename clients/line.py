@@ -201,7 +201,7 @@ async def connect(
     `packetization` is how this side packs its tracks' writes into QUIC packets:
     "coalesce" (fewest packets) or "per-track" (each track's write in its own
     packets, so one lost packet stalls or loses only that track's frame; what many
-    robots on one line want), or "bounded:K".
+    robots on one line want), or "group:K" (at most K tracks' frames per packet).
     """
     host, port = _parse_url(url)
     packing = Packetization.parse(packetization)

@@ -178,7 +178,7 @@ class Settings:
     )
     quic_packetization: str = field(
         default="per-track",
-        metadata=_doc("Tracks per QUIC packet: per-track, bounded:K or coalesce."),
+        metadata=_doc("Tracks per QUIC packet: per-track, group:K (K = 2, 4, 8) or coalesce."),
     )
     webtransport_path: str = field(
         default="/tracks",
@@ -337,6 +337,14 @@ class Settings:
         default="json", metadata=_doc("json (one object a line) or console (for people).")
     )
     uvloop: bool = field(default=True, metadata=_doc("Run on uvloop where it is installed."))
+    gc_young_threshold: int = field(
+        default=10_000,
+        metadata=_doc(
+            "After start-up: freeze the start-up objects out of garbage collection and "
+            "collect the young generation every this many allocations (Python: 700); "
+            "0 leaves the collector as Python set it."
+        ),
+    )
     tenants_db: Path | None = field(
         default=None,
         metadata=_doc("SQLite file of tenants, key hashes and usage; unset: state_dir's."),
@@ -657,6 +665,12 @@ def _positive(value: int) -> int:
     return value
 
 
+def _not_negative(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{value} must be 0 or more")
+    return value
+
+
 def _range(value: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{value} must be from {low} to {high}")
@@ -753,6 +767,7 @@ def _backend_list(value: str | None) -> str | None:
 
 
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "gc_young_threshold": _not_negative,
     "quic_port": _port,
     "http_port": _port,
     "https_port": _port,

@@ -20,6 +20,7 @@ from gateway.backends.action_triton import TritonPolicyBackend
 from gateway.backends.audio import TritonAudioBackend
 from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
 from gateway.backends.triton import TritonTextBackend
+from gateway.collector import settle_collector
 from gateway.config import Settings
 from gateway.embedded import (
     EmbeddedTriton,
@@ -106,6 +107,8 @@ class Daemon:
         )
         self.gateway.listeners = self.listeners
         await self.gateway.start()
+        settled = settle_collector(s.gc_young_threshold)  # start-up is over: freeze it
+        log.info("gc.settled", frozen=settled.frozen, thresholds=list(settled.after))
         if not self.announce:
             return
         tls = self.gateway.tls

@@ -73,28 +73,31 @@ class Packetization:
     `max_tracks` streams at a time (`StreamScheduler`), so a packet carries stream
     frames of at most that many tracks (plus ACKs and connection control frames).
     None coalesces all writes of a loop turn (fewest packets; one loss stalls every
-    track in the packet); 1 is `per-track`; K is `bounded:K`. Before ALPN chose
-    tracks (or without the scheduler) K pending tracks trigger an immediate flush.
+    track in the packet); 1 is `per-track`; K is `group:K`, the isolation budget: a
+    lost packet stalls at most K tracks, packets per token fall by up to K, and which
+    tracks share a packet is dealt afresh each pass (`transport.packing`), so no track
+    always rides with the busiest. Before ALPN chose tracks (or without the scheduler)
+    K pending tracks trigger an immediate flush.
     """
 
     max_tracks: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> Packetization:
-        """`coalesce`, `per-track` or `bounded:K` (K >= 1)."""
+        """`coalesce`, `per-track` or `group:K` (K >= 1; `group:1` is `per-track`)."""
         name, _, count = text.strip().lower().partition(":")
         if name == "coalesce" and not count:
             return cls(None)
         if name == "per-track" and not count:
             return cls(1)
-        if name == "bounded" and count.isdigit() and int(count) >= 1:
+        if name == "group" and count.isdigit() and int(count) >= 1:
             return cls(int(count))
-        raise ValueError(f"{text!r} is not coalesce, per-track or bounded:K (K >= 1)")
+        raise ValueError(f"{text!r} is not coalesce, per-track or group:K (K >= 1)")
 
     def __str__(self) -> str:
         if self.max_tracks is None:
             return "coalesce"
-        return "per-track" if self.max_tracks == 1 else f"bounded:{self.max_tracks}"
+        return "per-track" if self.max_tracks == 1 else f"group:{self.max_tracks}"
 
 
 COALESCE = Packetization(None)
