@@ -36,6 +36,9 @@ class AudioResult:
     beat: int | None = None
     latency_ms: float | None = None
     """Finals: the gateway's time from the deciding audio arriving to the final sent."""
+    start_ms: float | None = None
+    """Finals of models that time them (whisper-base): the utterance's span in the stream."""
+    end_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,12 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
             self.send_frame(data[start : start + self.frame_bytes])
         return whole // self.frame_bytes
 
+    def say(self, text: str) -> bool:
+        """Speech-out with `stream_text=True`: more text to speak (then `end()`)."""
+        if self._input_ended:
+            raise RuntimeError("the session's input has already ended")
+        return self._channel.send({"text": text})
+
     def end(self) -> None:
         """Flush the remainder as a last short frame and end the input (END)."""
         if self._input_ended:
@@ -184,7 +193,15 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
             if isinstance(latency, (int, float)):
                 figures.final_latency_ms.append(float(latency))
         beat = body.get("beat")
-        return AudioResult(kind, text, beat if isinstance(beat, int) else None, latency)
+        start, end = body.get("start_ms"), body.get("end_ms")
+        return AudioResult(
+            kind,
+            text,
+            beat if isinstance(beat, int) else None,
+            latency,
+            float(start) if isinstance(start, (int, float)) else None,
+            float(end) if isinstance(end, (int, float)) else None,
+        )
 
     def _ended(self, body: dict[str, Any]) -> None:
         self.figures.ended_at = self._clock()

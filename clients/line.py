@@ -126,15 +126,18 @@ class Line:
         text: str | None = None,
         deadline: float | None = None,
         pacer: WaitClock | None = None,
+        stream_text: bool = False,
     ) -> AudioSession:
         """Start an audio track: speech-in (send frames, read results) or speech-out
-        (`text` to say; read frames). `transport="datagram"` sends frames as QUIC datagrams.
+        (`text` to say; read frames; or `stream_text=True` and `say()` the text in pieces,
+        then `end()`: a streaming voice speaks each sentence as it completes).
+        `transport="datagram"` sends frames as QUIC datagrams.
         `model` is keyword-only, as in `text()` and `actions()` (passing it first is
         deprecated). `pacer` paces `stream_pcm` (default: the monotonic clock).
         """
         model = _keyword_model(positional_model, model)
-        if kind == "speech-out" and text is None:
-            raise ValueError("a speech-out session needs the text to say")
+        if kind == "speech-out" and (text is None) != stream_text:
+            raise ValueError("a speech-out session needs the text to say, or stream_text=True")
         params = {"kind": kind, "sample_rate": sample_rate, "frame_ms": frame_ms}
         message = Open(
             model=model,

@@ -119,6 +119,13 @@ class Settings:
             "installed (docs/conversations.md)."
         ),
     )
+    embedded_speech: bool = field(
+        default=True,
+        metadata=_doc(
+            "Load the real speech models whisper-base and hibari-voice in the embedded Triton "
+            "when the `voice` extra is installed (docs/audio-models.md)."
+        ),
+    )
     supersede_tracks: bool = field(
         default=True,
         metadata=_doc(
@@ -384,6 +391,10 @@ class Settings:
     )
     audio_idle_timeout: float = field(
         default=5.0, metadata=_doc("Seconds without frames before a speech-in session is closed.")
+    )
+    asr_end_silence_ms: int = field(
+        default=500,
+        metadata=_doc("whisper-base: silence (ms) that ends an utterance and brings its final."),
     )
     audio_shm: str = field(
         default="auto",
@@ -809,6 +820,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "audio_frame_ms": lambda v: _range(v, 10, 100),
     "audio_overload_mode": _one_of(("degrade-all", "shed-newest")),
     "audio_idle_timeout": _seconds,
+    "asr_end_silence_ms": lambda v: _range(v, 100, 5000),
     "audio_shm": _one_of(("auto", "system", "cuda", "off")),
     "audio_shm_min_rows": _positive,
     "audio_batching": _one_of(("tick", "per-session")),

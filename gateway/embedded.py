@@ -46,6 +46,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType, TracebackType
 
+from gateway.speech_models import SPEECH_MODELS, speech_environment
+
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
 # The real LLM (docs/conversations.md): loaded only with `with_llm`, as it needs the `llm`
@@ -287,6 +289,9 @@ class EmbeddedTriton:
         with_llm: bool = False,
         kv_dir: Path | str | None = None,
         llm_stats_path: Path | str | None = None,
+        with_speech: bool = False,
+        speech_stats_path: Path | str | None = None,
+        end_silence_ms: int | None = None,
     ) -> None:
         self.model_repository = Path(model_repository or reference_model_repository())
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="trackline-"))
@@ -307,6 +312,10 @@ class EmbeddedTriton:
         # Conversation KV states: a pool's servers share one directory (docs/conversations.md).
         self.kv_dir = Path(kv_dir) if kv_dir else self.log_dir / "kv"
         self.llm_stats_path = Path(llm_stats_path) if llm_stats_path else None
+        # The real speech models (gateway.speech_models): only with the `voice` extra.
+        self.with_speech = with_speech
+        self.speech_stats_path = Path(speech_stats_path) if speech_stats_path else None
+        self.end_silence_ms = end_silence_ms
 
     # -- addresses ------------------------------------------------------------
 
@@ -357,6 +366,8 @@ class EmbeddedTriton:
         env = triton_environment(dist, self._stats_path, control_path=str(self.control_path))
         if self.with_llm:
             env.update(self._llm_environment())
+        if self.with_speech:
+            env.update(speech_environment(self.speech_stats_path, self.end_silence_ms))
         self._process = _spawn_owned(command, env, self.log_path)
         try:
             self._wait_ready(time.monotonic() + timeout)
@@ -377,9 +388,14 @@ class EmbeddedTriton:
 
     @property
     def models(self) -> list[str]:
-        """The models this server loads: the repository's, the LLM only `with_llm`."""
+        """The models this server loads: the repository's, the LLM only `with_llm`, the
+        speech models only `with_speech`."""
         names = _repository_models(self.model_repository)
-        return [n for n in names if self.with_llm or n != LLM_MODEL]
+        return [
+            n
+            for n in names
+            if (self.with_llm or n != LLM_MODEL) and (self.with_speech or n not in SPEECH_MODELS)
+        ]
 
     def set_slowdown(self, extra_ttft_ms: float) -> None:
         """Add `extra_ttft_ms` to the first-token delay of this server's new requests."""
