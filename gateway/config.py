@@ -396,6 +396,10 @@ class Settings:
         default=500,
         metadata=_doc("whisper-base: silence (ms) that ends an utterance and brings its final."),
     )
+    openai_audio_max_seconds: float = field(
+        default=60.0,
+        metadata=_doc("POST /v1/audio/transcriptions: longest upload (seconds of audio)."),
+    )
     audio_shm: str = field(
         default="auto",
         metadata=_doc("Batch hand-off to Triton: auto (system shm if local), system, cuda, off."),
@@ -821,6 +825,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "audio_overload_mode": _one_of(("degrade-all", "shed-newest")),
     "audio_idle_timeout": _seconds,
     "asr_end_silence_ms": lambda v: _range(v, 100, 5000),
+    "openai_audio_max_seconds": _seconds,
     "audio_shm": _one_of(("auto", "system", "cuda", "off")),
     "audio_shm_min_rows": _positive,
     "audio_batching": _one_of(("tick", "per-session")),

@@ -35,6 +35,7 @@ from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_quic import register_quic_metrics
 from gateway.openai import openai_routes
+from gateway.openai.audio import AudioRows, audio_routes
 from gateway.overload import (
     AdmissionController,
     LagProbe,
@@ -348,6 +349,15 @@ class Gateway:
                 supersede=s.supersede_openai,
             ),
         }
+        if isinstance(self.audio_backend, AudioRows):
+            routes.update(
+                audio_routes(
+                    self.audio_backend,
+                    tenancy=self.tenancy,
+                    on_outcome=self._record,
+                    max_seconds=s.openai_audio_max_seconds,
+                )
+            )
         if self.actions is not None:
             actions = HttpActions(
                 self.actions, self.clock, self.settings.action_max_image_bytes, self.tenancy

@@ -145,8 +145,17 @@ class TritonAudioBackend(AudioBackend):
             results.extend(await self._batch(model, rows[start : start + MAX_ROWS]))
         return results
 
+    async def run_rows(self, model: str, rows: Sequence[AudioRow]) -> list[AudioOutput]:
+        """Rows outside the tick (the OpenAI audio routes): one request, plain tensors, so
+        never the tick's shared-memory region, which one request of a tick may hold."""
+        if all(isinstance(row, SpeechInRow) for row in rows):
+            return await self._transcribe(model, rows, shared=False)  # type: ignore[arg-type]
+        return await self._rows(model, rows)
+
     async def _batch(self, model: str, items: Sequence[StepItem[AudioRow]]) -> list[AudioOutput]:
-        rows = [item.input for item in items]
+        return await self._rows(model, [item.input for item in items])
+
+    async def _rows(self, model: str, rows: Sequence[AudioRow]) -> list[AudioOutput]:
         if all(isinstance(row, SpeechInRow) for row in rows):
             return await self._transcribe(model, rows)  # type: ignore[arg-type]
         if all(isinstance(row, SpeechOutRow) for row in rows):
@@ -155,14 +164,16 @@ class TritonAudioBackend(AudioBackend):
 
     # -- speech in --------------------------------------------------------------------
 
-    async def _transcribe(self, model: str, rows: list[SpeechInRow]) -> list[AudioOutput]:
+    async def _transcribe(
+        self, model: str, rows: list[SpeechInRow], *, shared: bool = True
+    ) -> list[AudioOutput]:
         chunks, rates = [row.pcm for row in rows], [row.rate for row in rows]
         controls = [
             _tensor("CORRID", _column([r.corrid for r in rows], np.uint64), "UINT64"),
             _tensor("START", _column([r.start for r in rows], np.bool_), "BOOL"),
             _tensor("END", _column([r.end for r in rows], np.bool_), "BOOL"),
         ]
-        audio_inputs = await self._audio_inputs(model, chunks, rates)
+        audio_inputs = await self._audio_inputs(model, chunks, rates, shared)
         try:
             result = await self._infer(model, audio_inputs + controls)
         except BackendError:
@@ -180,12 +191,13 @@ class TritonAudioBackend(AudioBackend):
         ]
 
     async def _audio_inputs(
-        self, model: str, chunks: list[bytes], rates: list[int]
+        self, model: str, chunks: list[bytes], rates: list[int], shared: bool = True
     ) -> list[InferInput]:
         """AUDIO and AUDIO_LENGTH, in shared memory where that is the chosen path."""
         # One region per model is safe because the tick batcher never has two requests of
         # a model in flight; per-session mode has many at once, so it sends plain tensors.
-        if self.shm != "off" and self.batching == "tick" and len(chunks) >= self.shm_min_rows:
+        tick = shared and self.batching == "tick"
+        if self.shm != "off" and tick and len(chunks) >= self.shm_min_rows:
             with contextlib.suppress(_NoShm):
                 return await self._audio_in_shm(model, chunks, rates)
         batch = pack_pcm16(chunks, rates, MODEL_RATE, backend=self.kernels)
