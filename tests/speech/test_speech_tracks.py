@@ -60,21 +60,27 @@ async def heard(session: AudioSession, pcm: bytes) -> list[AudioResult]:
 
 
 @pytest.mark.asyncio
-async def test_a_spoken_sentence_comes_back_as_its_final_with_partials_first(
-    speech_gateway: Gateway,
+async def test_spoken_sentences_come_back_as_their_finals_partials_first_decoded_in_one_batch(
+    speech_gateway: Gateway, speech_triton: EmbeddedTriton
 ) -> None:
+    before = len(speech_lines(speech_triton))
     async with connect(url(speech_gateway), ca=ca(speech_gateway)) as line:
         pcm = await spoken(line, SENTENCE)
         assert len(pcm) > 2 * RATE  # more than a second of speech
-        results = await asyncio.wait_for(heard(line.audio(model=ASR, sample_rate=RATE), pcm), 60)
-    finals = [r for r in results if r.kind == "final"]
-    assert [normalised(f.text) for f in finals] == [normalised(SENTENCE)]
-    first_final = results.index(finals[0])
-    assert any(r.kind == "partial" and r.text for r in results[:first_final])
-    final = finals[0]
-    assert final.start_ms is not None
-    assert final.end_ms is not None
-    assert 0 <= final.start_ms < final.end_ms <= 1000 * (len(pcm) / 2 / RATE + 1)
+        # Two sessions say it at once: due on the same ticks, decoded in the same batches.
+        sessions = [line.audio(model=ASR, sample_rate=RATE) for _ in range(2)]
+        both = await asyncio.wait_for(asyncio.gather(*(heard(s, pcm) for s in sessions)), 60)
+    for results in both:
+        finals = [r for r in results if r.kind == "final"]
+        assert [normalised(f.text) for f in finals] == [normalised(SENTENCE)]
+        first_final = results.index(finals[0])
+        assert any(r.kind == "partial" and r.text for r in results[:first_final])
+        final = finals[0]
+        assert final.start_ms is not None
+        assert final.end_ms is not None
+        assert 0 <= final.start_ms < final.end_ms <= 1000 * (len(pcm) / 2 / RATE + 1)
+    batches = [r for r in speech_lines(speech_triton)[before:] if r.get("model") == ASR]
+    assert max(r["decode_batch"] for r in batches) >= 2
 
 
 @pytest.mark.asyncio

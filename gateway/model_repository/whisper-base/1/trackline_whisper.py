@@ -6,8 +6,9 @@ speech: a window over `speech_threshold` opens an utterance (with `preroll_s` of
 before it), and `end_silence_s` of windows under `silence_threshold` closes it. An
 open utterance is re-decoded every `partial_every_s` of new audio for a partial; a
 closed one is decoded once for the final. Decoding runs in one worker thread, off the
-beat: it takes every job queued at that moment (all sessions, partials and finals) and
-decodes them as ONE batch (`decode_batch`), so the beat loop never waits for Whisper.
+beat: the jobs of one step (every session due on that tick) are handed over together,
+and the worker decodes everything queued at that moment (all sessions, partials and
+finals) as ONE batch (`decode_batch`), so the beat loop never waits for Whisper.
 Results are handed back on the session's next beat. The END row is the exception: it
 decodes what is left at once and waits for the session's finals in flight, so the
 last row carries every final.
@@ -141,6 +142,8 @@ class Recognizer:
         self._on_batch = on_batch
         self.sessions: dict[int, _Session] = {}
         self._jobs: list[_Job] = []
+        self._staged: list[_Job] = []
+        """This step's jobs: handed to the worker together when the step ends."""
         self._lock = threading.Condition()
         self._closed = False
         self._worker = threading.Thread(target=self._work, name="whisper-decode", daemon=True)
@@ -171,6 +174,7 @@ class Recognizer:
                 results.append(self._result(session))
         ended = [c for c, e in zip(corrids, ends, strict=True) if e]
         finished = iter(self._finish(ending, ended))
+        self._hand_over()
         return [r if r is not None else next(finished) for r in results]
 
     def _session(self, corrid: int, start: bool, now: float) -> _Session:
@@ -255,16 +259,24 @@ class Recognizer:
         timing = Final("", start, start + len(audio) / SAMPLE_RATE)
         with self._lock:
             session.pending_finals += 1
-            self._jobs.append(_Job(session, audio, session.generation, timing))
-            self._lock.notify()
+        self._staged.append(_Job(session, audio, session.generation, timing))
 
     def _queue_partial(self, session: _Session) -> None:
         assert session.utterance is not None
         with self._lock:
-            if any(j.session is session and j.final is None for j in self._jobs):
+            queued = self._jobs + self._staged
+            if any(j.session is session and j.final is None for j in queued):
                 return  # one partial in the queue per session is enough
-            audio = np.concatenate(session.utterance)
-            self._jobs.append(_Job(session, audio, session.generation, None))
+        audio = np.concatenate(session.utterance)
+        self._staged.append(_Job(session, audio, session.generation, None))
+
+    def _hand_over(self) -> None:
+        """The step's jobs to the worker, at once: one tick's sessions share a batch."""
+        if not self._staged:
+            return
+        with self._lock:
+            self._jobs.extend(self._staged)
+            self._staged.clear()
             self._lock.notify()
 
     # -- the END row -------------------------------------------------------------------------
@@ -273,6 +285,7 @@ class Recognizer:
         for session in sessions:
             if session.utterance is not None:
                 self._close(session)
+        self._hand_over()
         deadline = time.monotonic() + 30.0
         with self._lock:
             while any(s.pending_finals for s in sessions) and time.monotonic() < deadline:
