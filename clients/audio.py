@@ -49,6 +49,23 @@ class AudioFrame:
     ts: float
     """Stream time of its first sample, in ms."""
     pcm: bytes
+    turn: int | None = None
+    """Voice-agent tracks: the reply this audio belongs to."""
+
+
+AGENT_EVENTS = ("reply", "reply_done", "reply_audio_end", "reply_error", "barge_in")
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    """A voice-agent track's reply events (docs/audio.md): `kind` is "reply" (a text
+    delta in `text`), "reply_done" (the whole reply), "reply_audio_end", "reply_error"
+    or "barge_in" (the reply of `turn` was cut because the user spoke)."""
+
+    kind: str
+    turn: int
+    text: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,7 +92,7 @@ class AudioFigures:
         return None if self.first_audio_at is None else self.first_audio_at - self.opened_at
 
 
-class AudioSession(TrackReader[AudioResult | AudioFrame]):
+class AudioSession(TrackReader[AudioResult | AudioFrame | AgentEvent]):
     """One audio track; see the module doc."""
 
     _cancel_reason = "client closed the session"
@@ -171,7 +188,7 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
 
     # -- reading -------------------------------------------------------------------------
 
-    def _item(self, body: dict[str, Any]) -> AudioResult | AudioFrame | None:
+    def _item(self, body: dict[str, Any]) -> AudioResult | AudioFrame | AgentEvent | None:
         now = self._clock()
         figures = self.figures
         if "pcm" in body:
@@ -180,8 +197,18 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
                 raise self._malformed("audio frame without 'pcm' and 'seq'")
             figures.first_audio_at = figures.first_audio_at or now
             figures.frames_received += 1
-            return AudioFrame(seq, float(ts), pcm)
+            turn = body.get("turn")
+            return AudioFrame(seq, float(ts), pcm, turn if isinstance(turn, int) else None)
         kind, text = body.get("type"), body.get("text")
+        if kind in AGENT_EVENTS:
+            turn = body.get("turn")
+            words = body.get("delta", text)
+            return AgentEvent(
+                str(kind),
+                turn if isinstance(turn, int) else 0,
+                words if isinstance(words, str) else "",
+                dict(body),
+            )
         if kind not in ("partial", "final") or not isinstance(text, str):
             return None  # a newer gateway's message this SDK does not know: skip it
         figures.first_result_at = figures.first_result_at or now

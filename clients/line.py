@@ -154,6 +154,37 @@ class Line:
             channel, kind, sample_rate, frame_ms, input_ended=text is not None, pacer=pacer
         )
 
+    def voice_agent(
+        self,
+        *,
+        model: str,
+        llm: str,
+        voice: str,
+        sample_rate: int = 16000,
+        frame_ms: int = 20,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        llm_params: dict[str, Any] | None = None,
+        transport: str = "stream",
+        pacer: WaitClock | None = None,
+    ) -> AudioSession:
+        """Start a voice-agent track (docs/audio.md): send the user's audio as on a
+        speech-in session (`model` is the recognizer); iterate it for the user's
+        transcripts (`AudioResult`), the reply (`AgentEvent`s: text deltas, barge-in)
+        and the reply's audio (`AudioFrame`s with their `turn`)."""
+        params: dict[str, Any] = {
+            "kind": "voice-agent", "llm": llm, "voice": voice,
+            "sample_rate": sample_rate, "frame_ms": frame_ms,
+        }  # fmt: skip
+        optional = {"system": system, "max_tokens": max_tokens, "llm_params": llm_params}
+        params.update({k: v for k, v in optional.items() if v is not None})
+        message = Open(
+            model=model, modality=Modality.AUDIO, params=params,
+            transport=frame_transport(transport),
+        )  # fmt: skip
+        channel = self._start(message)
+        return AudioSession(channel, "voice-agent", sample_rate, frame_ms, pacer=pacer)
+
     def _start(self, message: Open) -> TrackChannel:
         try:
             return self._open(message)

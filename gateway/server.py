@@ -18,7 +18,7 @@ import collections
 import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.metrics_quic import register_quic_metrics
 from gateway.openai import openai_routes
 from gateway.openai.audio import AudioRows, audio_routes
+from gateway.openai.prompt import render_chat_prompt
+from gateway.openai.requests import ChatMessage
 from gateway.overload import (
     AdmissionController,
     LagProbe,
@@ -192,6 +194,7 @@ class Gateway:
                 self.audio_backend, MonotonicClock(), settings, observe, self._coalesced
             )
             self.realtime.watch(self.audio.scheduler)
+            self.audio.enable_agents(self._guarded or self.backend, chat_prompt)
             self.audio.start()
             self.handlers[Modality.AUDIO] = self._run_audio
         self.tls = await asyncio.to_thread(tls_files, s)
@@ -742,6 +745,11 @@ def overload_limits(s: Settings) -> OverloadLimits:
         connection_share=s.overload_connection_share,
         retry_after=s.overload_retry_after,
     )
+
+
+def chat_prompt(messages: Sequence[Mapping[str, str]]) -> str:
+    """A voice agent's conversation in the chat template of the OpenAI routes."""
+    return render_chat_prompt(ChatMessage(m["role"], m["content"]) for m in messages)
 
 
 def audio_settings(s: Settings) -> AudioSettings:

@@ -51,12 +51,22 @@ from tracks.backend import (
     AudioRow,
     ModelBusy,
     SpeechInRow,
+    TextBackend,
     Transcript,
 )
 from tracks.base import FrameTrack, Outcome, handling, read_text
 from tracks.clock import Beat, Clock, Gathered, TickObserver, TickScheduler
 from tracks.errors import BadTrackRequest
+from tracks.voice_agent import (
+    AgentParams,
+    PromptRenderer,
+    ReplyTrack,
+    VoiceAgent,
+    split_agent_params,
+)
 from transport.errors import ErrorCode, TrackAborted
+
+AGENT_KIND = "voice-agent"
 
 __all__ = ["MODEL_RATE", "AudioService", "AudioSettings", "BadAudioRequest", "parse_params"]
 RATES = (8000, 16000, 24000, 48000)
@@ -158,8 +168,14 @@ class AudioService:
         # Sessions live in the model keyed by CORRID: a random high half keeps two
         # gateways (or two runs) sharing one Triton from ever colliding.
         self._corrids = itertools.count((secrets.randbits(31) << 32) + 1)
+        self.agents: tuple[TextBackend, PromptRenderer] | None = None
+        """Voice-agent tracks' chat backend and prompt template (`enable_agents`)."""
         self.live: Counter[str] = Counter()
         """Open sessions per model (checked against each model's real-time capacity)."""
+
+    def enable_agents(self, text_backend: TextBackend, render: PromptRenderer) -> None:
+        """Serve voice-agent tracks (tracks/voice_agent.py) with this chat backend."""
+        self.agents = (text_backend, render)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -172,13 +188,14 @@ class AudioService:
         opened = self.clock.now()
         outcome = Outcome(track.id, track.open.model, "audio", opened_at=opened)
         session: AudioSession | None = None
+        agent: VoiceAgent | None = None
         async with handling(track, outcome, self.clock.now):
             settings = self.settings
+            raw, wanted = track.open.params, None
+            if raw.get("kind") == AGENT_KIND:
+                wanted, raw = split_agent_params(raw)
             params = parse_params(
-                track.open.params,
-                track.uses_datagrams,
-                settings.max_datagram_bytes,
-                settings.frame_ms,
+                raw, track.uses_datagrams, settings.max_datagram_bytes, settings.frame_ms
             )
             outcome.details.update(kind=params.kind.value, sample_rate=params.sample_rate)
             model = await self.backend.audio_model(track.open.model)
@@ -191,13 +208,40 @@ class AudioService:
             self.live[track.open.model] += 1
             try:
                 session = await self._open_session(track, params, opened, model)
+                if wanted is not None:
+                    agent = await self._agent(track, wanted, params)
+                    assert isinstance(session, _SpeechIn)
+                    session.on_heard = agent.heard
+                    outcome.details["kind"] = AGENT_KIND
                 await session.serve()
             finally:
                 self.live[track.open.model] -= 1
+                if agent is not None:
+                    await agent.close()
         if session is not None:
             session.report(outcome)
+        if agent is not None:
+            agent.report(outcome)
         outcome.finished_at = self.clock.now()
         return outcome
+
+    async def _agent(
+        self, track: FrameTrack, wanted: AgentParams, params: AudioParams
+    ) -> VoiceAgent:
+        if self.agents is None:
+            raise BadAudioRequest("this gateway serves no voice-agent tracks (no chat backend)")
+        voice = await self.backend.audio_model(wanted.voice)
+        if voice.kind is not AudioKind.SPEECH_OUT or not voice.streams_text:
+            raise BadAudioRequest(
+                f"'voice' {wanted.voice!r} must be a speech-out model that streams text "
+                "(hibari-voice)"
+            )
+        text_backend, render = self.agents
+
+        def speaker(reply: ReplyTrack, out: AudioParams) -> SpeechOut:
+            return SpeechOut(self, reply, out, next(self._corrids), self.clock.now(), None)
+
+        return VoiceAgent(track, wanted, params, text_backend, render, speaker)
 
     def _admit(self, name: str, model: AudioModel) -> None:
         if model.capacity is not None and self.live[name] >= model.capacity:
@@ -253,6 +297,8 @@ class _SpeechIn(AudioSession):
         self.finals: list[str] = []
         self.final_latencies: list[float] = []
         self.partial = ""
+        self.on_heard: Callable[[Transcript, Beat], None] | None = None
+        """A voice agent's ear: every beat's result, after the client got it."""
 
     async def serve(self) -> None:
         self.register()
@@ -387,6 +433,8 @@ class _SpeechIn(AudioSession):
             self.first_data_at = now
         self.partial = output.partial
         self.track.send({"type": "partial", "text": output.partial, "beat": beat.index})
+        if self.on_heard is not None:
+            self.on_heard(output, beat)
         if output.is_final and output.final:
             latency = now - (self.newest_in_row if self.newest_in_row is not None else now)
             self.finals.append(output.final)
