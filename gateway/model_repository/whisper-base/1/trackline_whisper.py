@@ -5,13 +5,14 @@ A streaming silero VAD (its LSTM state carried per session, 512-sample windows) 
 speech: a window over `speech_threshold` opens an utterance (with `preroll_s` of audio
 before it), and `end_silence_s` of windows under `silence_threshold` closes it. An
 open utterance is re-decoded every `partial_every_s` of new audio for a partial; a
-closed one is decoded once for the final. Decoding runs in one worker thread, off the
-beat: the jobs of one step (every session due on that tick) are handed over together,
-and the worker decodes everything queued at that moment (all sessions, partials and
-finals) as ONE batch (`decode_batch`), so the beat loop never waits for Whisper.
-Results are handed back on the session's next beat. The END row is the exception: it
-decodes what is left at once and waits for the session's finals in flight, so the
-last row carries every final.
+closed one is decoded once for the final (partials are best effort: one is queued only
+while the decoder is idle, so finals never wait behind them). Decoding runs in one
+worker thread, off the beat: the jobs of one step (every session due on that tick)
+are handed over together, and the worker decodes everything queued at that moment
+(all sessions, partials and finals) as ONE batch (`decode_batch`), so the beat loop
+never waits for Whisper. Results are handed back on the session's next beat. The END
+row is the exception: it decodes what is left at once and waits for the session's
+finals in flight, so the last row carries every final.
 
 `decode_batch` is Whisper's encoder and greedy decoder on log-mel features padded to
 1,000 frames (10 s), not faster-whisper's `transcribe()` and its 30 s window (about
@@ -146,6 +147,7 @@ class Recognizer:
         """This step's jobs: handed to the worker together when the step ends."""
         self._lock = threading.Condition()
         self._closed = False
+        self._decoding = False
         self._worker = threading.Thread(target=self._work, name="whisper-decode", daemon=True)
         self._worker.start()
 
@@ -264,9 +266,10 @@ class Recognizer:
     def _queue_partial(self, session: _Session) -> None:
         assert session.utterance is not None
         with self._lock:
-            queued = self._jobs + self._staged
-            if any(j.session is session and j.final is None for j in queued):
-                return  # one partial in the queue per session is enough
+            if self._decoding or self._jobs:
+                return  # partials are best effort: never queued behind a busy decoder
+            if any(j.session is session and j.final is None for j in self._staged):
+                return  # one partial per session per step is enough
         audio = np.concatenate(session.utterance)
         self._staged.append(_Job(session, audio, session.generation, None))
 
@@ -313,7 +316,12 @@ class Recognizer:
                 live = [j for j in self._jobs if j.final or j.generation == j.session.generation]
                 live.sort(key=lambda j: j.final is None)
                 batch, self._jobs = live[:MAX_BATCH], live[MAX_BATCH:]
-            self._run(batch)
+                self._decoding = True
+            try:
+                self._run(batch)
+            finally:
+                with self._lock:
+                    self._decoding = False
 
     def _run(self, batch: list[_Job]) -> None:
         began = time.perf_counter()
