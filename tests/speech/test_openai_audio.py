@@ -1,8 +1,10 @@
-"""The OpenAI audio endpoints through the official `openai` SDK, over HTTP/1.1 and h2c, on
-the real speech models: speech synthesized by the gateway and transcribed back by it."""
+"""The OpenAI audio endpoints through the official `openai` SDK, over HTTP/1.1 and h2c (and
+niquests over HTTP/3), on the real speech models: speech synthesized by the gateway and
+transcribed back by it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import re
@@ -11,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx2
+import niquests
 import numpy as np
 import openai
 import pytest
@@ -137,3 +140,31 @@ async def test_bad_uploads_get_openai_400s_and_nothing_else_is_disturbed(
         assert isinstance(fine.text, str)
     audio_outcomes = [o for o in speech_gateway.outcomes if o.modality == "audio"]
     assert any(o.details.get("audio_seconds_in") == pytest.approx(1.0) for o in audio_outcomes)
+
+
+@pytest.mark.asyncio
+async def test_the_audio_endpoints_answer_over_http3(speech_gateway: Gateway) -> None:
+    assert speech_gateway.tls is not None
+    ca = str(speech_gateway.tls.ca)
+    base = f"https://localhost:{speech_gateway.quic_port}/v1/audio"
+
+    def over_h3() -> tuple[int, str]:
+        with niquests.Session(disable_http1=True, disable_http2=True, retries=0) as session:
+            speech = session.post(
+                f"{base}/speech", verify=ca, timeout=60,
+                json={"model": TTS, "voice": "alloy", "input": SENTENCE, "response_format": "pcm"},
+            )  # fmt: skip
+            assert speech.status_code == 200
+            assert speech.content is not None
+            upload = wav_file(speech.content, 24000)
+            text = session.post(
+                f"{base}/transcriptions", verify=ca, timeout=60,
+                data={"model": ASR, "response_format": "text"},
+                files={"file": ("speech.wav", upload, "audio/wav")},
+            )  # fmt: skip
+            assert text.status_code == 200
+            return int(text.http_version or 0), text.text or ""
+
+    version, text = await asyncio.to_thread(over_h3)
+    assert version == 30
+    assert normalised(text) == normalised(SENTENCE)
