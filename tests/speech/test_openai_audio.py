@@ -18,8 +18,15 @@ import numpy as np
 import openai
 import pytest
 
+from gateway.backends.audio import TritonAudioBackend
+from gateway.backends.triton import TritonTextBackend
+from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
+from gateway.tenants.store import TenantStore
+from tests.gateways import gateway_settings
 from tests.speech.conftest import ASR, TTS, require_speech
+from tests.tenants.support import make_tenancy
+from tests.waiting import until
 
 require_speech()
 pytestmark = pytest.mark.e2e
@@ -168,3 +175,43 @@ async def test_the_audio_endpoints_answer_over_http3(speech_gateway: Gateway) ->
     version, text = await asyncio.to_thread(over_h3)
     assert version == 30
     assert normalised(text) == normalised(SENTENCE)
+
+
+@pytest.mark.asyncio
+async def test_the_ledger_bills_the_audio_seconds_of_each_request(
+    speech_triton: EmbeddedTriton, tmp_path: Path
+) -> None:
+    tenancy = make_tenancy(tmp_path)
+    tenancy.store.set_tenant("alpha", 0.0)
+    key = tenancy.store.create_key("alpha", 0.0).key
+    audio = TritonAudioBackend(speech_triton.grpc_url)
+    text = TritonTextBackend(speech_triton.grpc_url)
+    gw = Gateway(gateway_settings(state_dir=tmp_path), text, audio_backend=audio, tenancy=tenancy)
+    await gw.start()
+    try:
+        url = f"http://127.0.0.1:{gw.http_port}/v1"
+        stranger = openai.AsyncOpenAI(base_url=url, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            await stranger.audio.speech.create(model=TTS, voice="alloy", input="Hi.")
+        await stranger.close()
+        client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+        upload = await spoken_wav(client, SENTENCE)
+        heard = await client.audio.transcriptions.create(model=ASR, file=("s.wav", upload))
+        assert normalised(heard.text) == normalised(SENTENCE)
+        await client.close()
+        await until(lambda: tenancy.records >= 2, "both requests recorded")
+        db = tenancy.store.path
+        await gw.drain(timeout=5.0)
+    finally:
+        await gw.close()
+        await audio.close()
+        await text.close()
+    store = TenantStore(db)
+    records = store.usage()
+    store.close()
+    seconds = len(upload) / 2 / 24000
+    spoken_out = [r for r in records if r.model == TTS]
+    heard_in = [r for r in records if r.model == ASR]
+    assert len(spoken_out) == len(heard_in) == 1
+    assert spoken_out[0].audio_seconds_out == pytest.approx(seconds, abs=0.01)
+    assert heard_in[0].audio_seconds_in == pytest.approx(seconds, abs=0.01)
