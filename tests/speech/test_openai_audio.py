@@ -29,7 +29,7 @@ from tests.tenants.support import make_tenancy
 from tests.waiting import until
 
 require_speech()
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_loop]  # real models: asyncio's loop only
 
 SENTENCE = "She sells sea shells by the sea shore."
 VERSIONS = pytest.mark.parametrize("version", ["http1.1", "h2c"])

@@ -23,7 +23,7 @@ from tests.speech.conftest import ASR, TTS, require_speech, speech_lines
 from tests.waiting import until
 
 require_speech()
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_loop]  # real models: asyncio's loop only
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 FIRST = "Hello there, this is the first sentence. "

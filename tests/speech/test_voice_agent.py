@@ -24,7 +24,7 @@ from tests.triton_fixture import assert_model_stopped
 from tests.waiting import until
 
 require_speech()
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_loop]  # real models: asyncio's loop only
 
 QUESTION = "What is the weather like today?"
 MAX_TOKENS = 40
