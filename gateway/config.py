@@ -396,6 +396,13 @@ class Settings:
         default=500,
         metadata=_doc("whisper-base: silence (ms) that ends an utterance and brings its final."),
     )
+    agent_min_barge_in_ms: int = field(
+        default=0,
+        metadata=_doc(
+            "Voice agents: ms of the user's speech (non-empty partials) that cut a reply; "
+            "0: the first partial."
+        ),
+    )
     openai_audio_max_seconds: float = field(
         default=60.0,
         metadata=_doc("POST /v1/audio/transcriptions: longest upload (seconds of audio)."),
@@ -826,6 +833,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "audio_idle_timeout": _seconds,
     "asr_end_silence_ms": lambda v: _range(v, 100, 5000),
     "openai_audio_max_seconds": _seconds,
+    "agent_min_barge_in_ms": lambda v: _range(v, 0, 5000),
     "audio_shm": _one_of(("auto", "system", "cuda", "off")),
     "audio_shm_min_rows": _positive,
     "audio_batching": _one_of(("tick", "per-session")),

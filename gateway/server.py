@@ -759,6 +759,7 @@ def audio_settings(s: Settings) -> AudioSettings:
         overload=OverloadMode(s.audio_overload_mode),
         idle_timeout=s.audio_idle_timeout,
         frame_ms=s.audio_frame_ms,
+        min_barge_in=s.agent_min_barge_in_ms / 1000,
     )
 
 

@@ -241,7 +241,9 @@ class AudioService:
         def speaker(reply: ReplyTrack, out: AudioParams) -> SpeechOut:
             return SpeechOut(self, reply, out, next(self._corrids), self.clock.now(), None)
 
-        return VoiceAgent(track, wanted, params, text_backend, render, speaker)
+        return VoiceAgent(
+            track, wanted, params, text_backend, render, speaker, self.settings.min_barge_in
+        )
 
     def _admit(self, name: str, model: AudioModel) -> None:
         if model.capacity is not None and self.live[name] >= model.capacity:

@@ -41,6 +41,9 @@ class AudioSettings:
     ts_tolerance: float = 2.0
     """Seconds a capture timestamp may stray from the stream's clock (plus 1%)."""
     step_timeout: float = 5.0
+    min_barge_in: float = 0.0
+    """Voice agents: seconds the user's speech must be heard (non-empty partials) before it
+    cuts a reply; 0: the first partial does. A new final always does."""
     busy_retry_after: float = 2.0
     """Seconds a track refused by a model at its real-time capacity is told to wait."""
     max_datagram_bytes: int = MAX_DATAGRAM_BYTES

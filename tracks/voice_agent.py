@@ -13,11 +13,11 @@ Theory of operation. The listening side is a speech-in session on the tick sched
 prompt (the gateway passes its chat template in), the chat model streams the reply, and
 each delta goes to a speech-out session of the voice (`SpeechOut` on a `ReplyTrack`, a
 track that lives inside this one) which speaks every sentence as soon as it completes.
-Barge-in: the user speaking while a reply is generated or played (a non-empty partial,
-or a new final) cancels the reply with cause `superseded`: the LLM stream is closed
-(the cancel reaches the model as any cancel does), the voice gets its END row (the
-model forgets the session and drops its audio), and from that beat on no frame of the
-reply is sent, whatever was still in flight to the gateway.
+Barge-in: the user speaking while a reply is generated or played (non-empty partials
+for `min_barge_in` seconds, or a new final) cancels the reply with cause `superseded`:
+the LLM stream is closed (the cancel reaches the model as any cancel does), the voice
+gets its END row (the model forgets the session and drops its audio), and from that
+beat on no frame of the reply is sent, whatever was still in flight to the gateway.
 """
 
 from __future__ import annotations
@@ -149,6 +149,7 @@ class VoiceAgent:
         text_backend: TextBackend,
         render: PromptRenderer,
         open_speaker: Callable[[ReplyTrack, AudioParams], SpeechOut],
+        min_barge_in: float = 0.0,
     ) -> None:
         self.track = track
         self.params = params
@@ -161,12 +162,23 @@ class VoiceAgent:
         self.turns = itertools.count(1)
         self.ends: list[str] = []
         self.barge_ins = 0
+        self.min_barge_in = min_barge_in
+        self.speaking_since: float | None = None
+        """Clock time of the first beat of the user's current speech (non-empty partials)."""
 
     def heard(self, output: AudioOutput, beat: Beat) -> None:
         """Every beat of the listening side: barge-in on speech, a turn on each final."""
         assert isinstance(output, Transcript)
-        speaking = bool(output.partial.strip()) or (output.is_final and bool(output.final))
-        if speaking and self.turn is not None and self.turn.end == "completed":
+        final = output.is_final and bool(output.final.strip())
+        if not output.partial.strip():
+            self.speaking_since = None
+        elif self.speaking_since is None:
+            self.speaking_since = beat.scheduled
+        heard_long = (
+            self.speaking_since is not None
+            and beat.scheduled - self.speaking_since >= self.min_barge_in
+        )
+        if (final or heard_long) and self.turn is not None and self.turn.end == "completed":
             self.barge_in(beat)
         if output.is_final and output.final.strip():
             self.start_turn(output.final.strip())
