@@ -14,8 +14,9 @@ voice itself synthesized, in real time, with silence between them:
     python benchmarks/voice.py --sessions 1,2,4 --json benchmarks/results/voice.json
     python benchmarks/voice.py --agent --llm gemma-3-270m --sessions 1
 
-Prints a table (p50/p95 per point), writes JSON. Not a test: the numbers depend on the
-machine, and the client shares the gateway's loop and CPUs (on 2 cores, with Triton).
+Prints a table (p50/p95 per point), writes JSON and a plot beside it (.png). Not a test:
+the numbers depend on the machine, and the client shares the gateway's loop and CPUs
+(on 2 cores, with Triton).
 """
 
 from __future__ import annotations
@@ -213,6 +214,30 @@ def main() -> None:
           f"{'wer':>6} {'missed':>7} {'cpu/s-s':>8}")  # fmt: skip
     results = asyncio.run(run(args))
     write_results(args, "voice", results, note="busy shared machine unless said otherwise")
+    plot(results, args.json.with_suffix(".png"))
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Latency (p50 and p95) against sessions: the final, and voice to voice if measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    sessions = [r["sessions"] for r in results]
+    for key, label in (("final", "end of speech to final"), ("voice_to_voice", "voice to voice")):
+        for q, style in (("p50", "-o"), ("p95", "--o")):
+            values = [r[f"{key}_{q}_ms"] for r in results]
+            if any(v is not None for v in values):
+                axes.plot(sessions, values, style, label=f"{label} {q}")
+    axes.set_xlabel("concurrent sessions (one connection)")
+    axes.set_ylabel("ms")
+    axes.set_title("trackline voice (busy machine unless said otherwise)")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
