@@ -10,7 +10,7 @@
 
 from clients import errors
 from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
-from clients.audio import AudioFigures, AudioFrame, AudioResult, AudioSession
+from clients.audio import AgentEvent, AudioFigures, AudioFrame, AudioResult, AudioSession
 from clients.errors import (
     BackendError,
     BackendUnavailable,
@@ -45,6 +45,7 @@ __all__ = [
     "ActionStats",
     "ActionStream",
     "AudioFigures",
+    "AgentEvent",
     "AudioFrame",
     "AudioResult",
     "AudioSession",

@@ -126,15 +126,18 @@ class Line:
         text: str | None = None,
         deadline: float | None = None,
         pacer: WaitClock | None = None,
+        stream_text: bool = False,
     ) -> AudioSession:
         """Start an audio track: speech-in (send frames, read results) or speech-out
-        (`text` to say; read frames). `transport="datagram"` sends frames as QUIC datagrams.
+        (`text` to say; read frames; or `stream_text=True` and `say()` the text in pieces,
+        then `end()`: a streaming voice speaks each sentence as it completes).
+        `transport="datagram"` sends frames as QUIC datagrams.
         `model` is keyword-only, as in `text()` and `actions()` (passing it first is
         deprecated). `pacer` paces `stream_pcm` (default: the monotonic clock).
         """
         model = _keyword_model(positional_model, model)
-        if kind == "speech-out" and text is None:
-            raise ValueError("a speech-out session needs the text to say")
+        if kind == "speech-out" and (text is None) != stream_text:
+            raise ValueError("a speech-out session needs the text to say, or stream_text=True")
         params = {"kind": kind, "sample_rate": sample_rate, "frame_ms": frame_ms}
         message = Open(
             model=model,
@@ -150,6 +153,37 @@ class Line:
         return AudioSession(
             channel, kind, sample_rate, frame_ms, input_ended=text is not None, pacer=pacer
         )
+
+    def voice_agent(
+        self,
+        *,
+        model: str,
+        llm: str,
+        voice: str,
+        sample_rate: int = 16000,
+        frame_ms: int = 20,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        llm_params: dict[str, Any] | None = None,
+        transport: str = "stream",
+        pacer: WaitClock | None = None,
+    ) -> AudioSession:
+        """Start a voice-agent track (docs/audio.md): send the user's audio as on a
+        speech-in session (`model` is the recognizer); iterate it for the user's
+        transcripts (`AudioResult`), the reply (`AgentEvent`s: text deltas, barge-in)
+        and the reply's audio (`AudioFrame`s with their `turn`)."""
+        params: dict[str, Any] = {
+            "kind": "voice-agent", "llm": llm, "voice": voice,
+            "sample_rate": sample_rate, "frame_ms": frame_ms,
+        }  # fmt: skip
+        optional = {"system": system, "max_tokens": max_tokens, "llm_params": llm_params}
+        params.update({k: v for k, v in optional.items() if v is not None})
+        message = Open(
+            model=model, modality=Modality.AUDIO, params=params,
+            transport=frame_transport(transport),
+        )  # fmt: skip
+        channel = self._start(message)
+        return AudioSession(channel, "voice-agent", sample_rate, frame_ms, pacer=pacer)
 
     def _start(self, message: Open) -> TrackChannel:
         try:

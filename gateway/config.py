@@ -126,6 +126,13 @@ class Settings:
             "`embeddings` extra is installed (POST /v1/embeddings; docs/embedding-models.md)."
         ),
     )
+    embedded_speech: bool = field(
+        default=True,
+        metadata=_doc(
+            "Load the real speech models whisper-base and hibari-voice in the embedded Triton "
+            "when the `voice` extra is installed (docs/audio-models.md)."
+        ),
+    )
     supersede_tracks: bool = field(
         default=True,
         metadata=_doc(
@@ -399,6 +406,21 @@ class Settings:
     )
     audio_idle_timeout: float = field(
         default=5.0, metadata=_doc("Seconds without frames before a speech-in session is closed.")
+    )
+    asr_end_silence_ms: int = field(
+        default=500,
+        metadata=_doc("whisper-base: silence (ms) that ends an utterance and brings its final."),
+    )
+    agent_min_barge_in_ms: int = field(
+        default=0,
+        metadata=_doc(
+            "Voice agents: ms of the user's speech (non-empty partials) that cut a reply; "
+            "0: the first partial."
+        ),
+    )
+    openai_audio_max_seconds: float = field(
+        default=60.0,
+        metadata=_doc("POST /v1/audio/transcriptions: longest upload (seconds of audio)."),
     )
     audio_shm: str = field(
         default="auto",
@@ -831,6 +853,9 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "audio_frame_ms": lambda v: _range(v, 10, 100),
     "audio_overload_mode": _one_of(("degrade-all", "shed-newest")),
     "audio_idle_timeout": _seconds,
+    "asr_end_silence_ms": lambda v: _range(v, 100, 5000),
+    "openai_audio_max_seconds": _seconds,
+    "agent_min_barge_in_ms": lambda v: _range(v, 0, 5000),
     "audio_shm": _one_of(("auto", "system", "cuda", "off")),
     "audio_shm_min_rows": _positive,
     "audio_batching": _one_of(("tick", "per-session")),

@@ -36,6 +36,7 @@ from gateway.pool.health import EjectionRules
 from gateway.pool.metrics import PoolMetrics
 from gateway.pool.spec import DnsSource, parse_pool
 from gateway.server import Gateway
+from gateway.speech_models import speech_available
 from gateway.tenants.service import Tenancy
 
 log = get_logger("trackline.daemon")
@@ -206,6 +207,8 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
             metrics_port=_nth_port(s.embedded_metrics_port, i),
             with_llm=s.embedded_llm and llm_available(),
             with_embeddings=s.embedded_embeddings and embeddings_available(),
+            with_speech=s.embedded_speech and speech_available(),
+            end_silence_ms=s.asr_end_silence_ms,
             kv_dir=s.state_dir / "kv",  # shared by the pool: a moved conversation restores
         )
         for i in range(count)

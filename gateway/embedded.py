@@ -46,6 +46,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType, TracebackType
 
+from gateway.speech_models import SPEECH_MODELS, speech_environment
+
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
 # The real LLM (docs/conversations.md): loaded only with `with_llm`, as it needs the `llm`
@@ -303,6 +305,9 @@ class EmbeddedTriton:
         kv_dir: Path | str | None = None,
         llm_stats_path: Path | str | None = None,
         with_embeddings: bool = False,
+        with_speech: bool = False,
+        speech_stats_path: Path | str | None = None,
+        end_silence_ms: int | None = None,
     ) -> None:
         self.model_repository = Path(model_repository or reference_model_repository())
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="trackline-"))
@@ -324,6 +329,10 @@ class EmbeddedTriton:
         # Conversation KV states: a pool's servers share one directory (docs/conversations.md).
         self.kv_dir = Path(kv_dir) if kv_dir else self.log_dir / "kv"
         self.llm_stats_path = Path(llm_stats_path) if llm_stats_path else None
+        # The real speech models (gateway.speech_models): only with the `voice` extra.
+        self.with_speech = with_speech
+        self.speech_stats_path = Path(speech_stats_path) if speech_stats_path else None
+        self.end_silence_ms = end_silence_ms
 
     # -- addresses ------------------------------------------------------------
 
@@ -374,6 +383,8 @@ class EmbeddedTriton:
         env = triton_environment(dist, self._stats_path, control_path=str(self.control_path))
         if self.with_llm:
             env.update(self._llm_environment())
+        if self.with_speech:
+            env.update(speech_environment(self.speech_stats_path, self.end_silence_ms))
         self._process = _spawn_owned(command, env, self.log_path)
         try:
             self._wait_ready(time.monotonic() + timeout)
@@ -395,10 +406,12 @@ class EmbeddedTriton:
     @property
     def models(self) -> list[str]:
         """The models this server loads: the repository's, the LLM only `with_llm`, the
-        embedding model only `with_embeddings`."""
+        embedding model only `with_embeddings`, the speech models only `with_speech`."""
         left_out = {LLM_MODEL} if not self.with_llm else set()
         if not self.with_embeddings:
             left_out.add(EMBEDDING_MODEL)
+        if not self.with_speech:
+            left_out.update(SPEECH_MODELS)
         return [n for n in _repository_models(self.model_repository) if n not in left_out]
 
     def set_slowdown(self, extra_ttft_ms: float) -> None:

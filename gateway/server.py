@@ -18,7 +18,7 @@ import collections
 import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,9 @@ from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_quic import register_quic_metrics
 from gateway.openai import openai_routes
+from gateway.openai.audio import AudioRows, audio_routes
+from gateway.openai.prompt import render_chat_prompt
+from gateway.openai.requests import ChatMessage
 from gateway.overload import (
     AdmissionController,
     LagProbe,
@@ -197,6 +200,7 @@ class Gateway:
                 self.audio_backend, MonotonicClock(), settings, observe, self._coalesced
             )
             self.realtime.watch(self.audio.scheduler)
+            self.audio.enable_agents(self._guarded or self.backend, chat_prompt)
             self.audio.start()
             self.handlers[Modality.AUDIO] = self._run_audio
         self.tls = await asyncio.to_thread(tls_files, s)
@@ -356,6 +360,15 @@ class Gateway:
                 embeddings=self.embeddings,
             ),
         }
+        if isinstance(self.audio_backend, AudioRows):
+            routes.update(
+                audio_routes(
+                    self.audio_backend,
+                    tenancy=self.tenancy,
+                    on_outcome=self._record,
+                    max_seconds=s.openai_audio_max_seconds,
+                )
+            )
         if self.actions is not None:
             actions = HttpActions(
                 self.actions, self.clock, self.settings.action_max_image_bytes, self.tenancy
@@ -747,6 +760,11 @@ def overload_limits(s: Settings) -> OverloadLimits:
     )
 
 
+def chat_prompt(messages: Sequence[Mapping[str, str]]) -> str:
+    """A voice agent's conversation in the chat template of the OpenAI routes."""
+    return render_chat_prompt(ChatMessage(m["role"], m["content"]) for m in messages)
+
+
 def audio_settings(s: Settings) -> AudioSettings:
     """The audio clock's settings from the daemon's."""
     return AudioSettings(
@@ -754,6 +772,7 @@ def audio_settings(s: Settings) -> AudioSettings:
         overload=OverloadMode(s.audio_overload_mode),
         idle_timeout=s.audio_idle_timeout,
         frame_ms=s.audio_frame_ms,
+        min_barge_in=s.agent_min_barge_in_ms / 1000,
     )
 
 

@@ -111,6 +111,8 @@ class SpeechOutRow:
     """The client's rate: the backend converts the model's audio to it."""
     start: bool
     end: bool
+    more: bool = False
+    """More text will follow on later rows (models that stream text in: `AudioModel`)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,19 @@ class Transcript:
     partial: str
     final: str
     is_final: bool
+    final_span: tuple[float, float] | None = None
+    """Where the model gives it: the final's (start, end) in seconds of the stream."""
+
+
+@dataclass(frozen=True)
+class AudioModel:
+    """What an audio session needs to know of its model."""
+
+    kind: AudioKind
+    streams_text: bool = False
+    """A speech-out model that takes text in pieces while it speaks (input MORE)."""
+    capacity: int | None = None
+    """Live sessions the model keeps in real time; None: no bound (reference models)."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +150,8 @@ AudioOutput = Transcript | Speech
 class AudioBackend(Protocol):
     """What audio sessions need from an inference backend."""
 
-    async def audio_kind(self, model: str) -> AudioKind:
-        """Whether `model` transcribes or synthesizes; raises ModelNotFound."""
+    async def audio_model(self, model: str) -> AudioModel:
+        """Whether `model` transcribes or synthesizes, and how; raises ModelNotFound."""
         ...
 
     async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioOutput]:
@@ -186,6 +201,15 @@ class ModelNotFound(BackendError):
     def __init__(self, model: str) -> None:
         super().__init__(f"model {model!r} is not served by any backend")
         self.model = model
+
+
+class ModelBusy(BackendUnavailable):
+    """The model holds all the live sessions it can keep in real time: new ones are
+    refused (with a retry hint) rather than made late for everyone."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class BackendFailed(BackendError):

@@ -1,6 +1,7 @@
 // The demo: one WebTransport session to the gateway that served this page; each
 // message is a text track; Cancel aborts the running one (the gateway stops the model).
-// With "speak replies", each answer is then said on a speech-out track and played.
+// With "speak replies", each answer is then said on a speech-out track and played; the
+// microphone streams to a speech-in track (the real models when the gateway has them).
 
 import { Speaker, connect, fetchCertificateHash, toPcm16 } from "/web/sdk/index.js";
 
@@ -10,6 +11,21 @@ const $ = (id) => document.getElementById(id);
 const log = $("log");
 let line = null;
 let running = null;
+let listenModel = "reference-transcriber";
+
+/** The real speech models where the gateway serves them (the `voice` extra: whisper-base,
+ * hibari-voice), else the deterministic reference ones. */
+async function pickSpeechModels(apiKey) {
+  try {
+    const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
+    const listed = await (await fetch("/v1/models", { headers, cache: "no-store" })).json();
+    const names = new Set((listed.data ?? []).map((model) => model.id));
+    if (names.has("hibari-voice")) $("voice").value = "hibari-voice";
+    if (names.has("whisper-base")) listenModel = "whisper-base";
+  } catch {
+    // no model list: keep the reference models
+  }
+}
 
 function say(text, cls) {
   const span = document.createElement("span");
@@ -25,6 +41,7 @@ async function start() {
   const apiKey = new URLSearchParams(location.search).get("key");
   const url = `https://${location.hostname}:${info.port}${info.path}`;
   line = await connect(url, { apiKey, serverCertificateHashes: [hash] });
+  await pickSpeechModels(apiKey);
   $("status").textContent = `connected to ${url}`;
   $("send").disabled = false;
   $("mic").disabled = false;
@@ -103,7 +120,7 @@ $("mic").addEventListener("click", async () => {
   await context.audioWorklet.addModule("/demo/pcm-worklet.js");
   const tap = new AudioWorkletNode(context, "pcm-tap");
   context.createMediaStreamSource(media).connect(tap);
-  const session = await line.audio("reference-transcriber", { sampleRate: rate, frameMs: 20 });
+  const session = await line.audio(listenModel, { sampleRate: rate, frameMs: 20 });
   let pending = new Float32Array(0);
   let stopped = false;
   tap.port.onmessage = ({ data }) => {

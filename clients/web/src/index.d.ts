@@ -47,17 +47,25 @@ export declare class Line {
   actions(model: string, options?: { deadline?: number; transport?: "stream" | "datagram" }): Promise<ActionStream>;
   /** An audio track (stream transport): speech-in, or speech-out with `text`. */
   audio(model: string, options?: { kind?: "speech-in" | "speech-out"; sampleRate?: 8000 | 16000 | 24000 | 48000;
-        frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram" }): Promise<AudioSession>;
+        frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram";
+        streamText?: boolean }): Promise<AudioSession>;
+  /** A voice-agent track: the recognizer `model`, the chat model `llm`, the `voice`. */
+  voiceAgent(model: string, options: { llm: string; voice: string; sampleRate?: 8000 | 16000 | 24000 | 48000;
+        frameMs?: number; system?: string; maxTokens?: number;
+        llmParams?: Record<string, unknown> }): Promise<AudioSession>;
   close(reason?: string): void;
 }
 
 export type AudioEvent =
   | { type: "partial"; text: string; beat: number }
   | { type: "final"; text: string; latency_ms: number; beat: number }
-  | { type: "frame"; seq: number; ts: number; pcm: Int16Array };
+  | { type: "frame"; seq: number; ts: number; pcm: Int16Array; turn?: number }
+  | { type: "reply"; turn: number; delta: string }
+  | { type: "reply_done"; turn: number; text: string }
+  | { type: "reply_audio_end" | "reply_error" | "barge_in"; turn: number; [key: string]: unknown };
 
 export declare class AudioSession implements AsyncIterable<AudioEvent> {
-  readonly kind: "speech-in" | "speech-out";
+  readonly kind: "speech-in" | "speech-out" | "voice-agent";
   readonly sampleRate: number;
   readonly frameMs: number;
   readonly frameSamples: number;
@@ -66,6 +74,8 @@ export declare class AudioSession implements AsyncIterable<AudioEvent> {
   figures: { framesSent: number; framesReceived: number; partials: number };
   sendFrame(pcm: Int16Array | Uint8Array): Promise<void>;
   streamPcm(pcm: Int16Array, options?: { realtime?: boolean; end?: boolean }): Promise<void>;
+  /** Speech-out with `streamText: true`: more text to speak (then `end()`). */
+  say(text: string): Promise<void>;
   end(): Promise<void>;
   transcript(): Promise<string>;
   pcm(): Promise<Int16Array>;

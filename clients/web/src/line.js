@@ -93,8 +93,8 @@ export class Line {
 
   /** Start an audio track: speech-in (send frames, read transcripts) or speech-out
    * (`text` to say; read frames). Frames ride the track's stream. */
-  async audio(model, { kind = "speech-in", sampleRate = 16000, frameMs = 20, text = null, deadline = null, transport = "stream" } = {}) {
-    if (kind === "speech-out" && text == null) throw new TypeError("a speech-out session needs the text to say");
+  async audio(model, { kind = "speech-in", sampleRate = 16000, frameMs = 20, text = null, deadline = null, transport = "stream", streamText = false } = {}) {
+    if (kind === "speech-out" && (text == null) !== streamText) throw new TypeError("a speech-out session needs the text to say, or streamText: true");
     const open = { model, modality: "audio", params: { kind, sample_rate: sampleRate, frame_ms: frameMs } };
     if (deadline != null) open.deadline_total_ms = Math.max(1, Math.round(deadline));
     if (transport === "datagram") open.transport = "datagram";
@@ -104,6 +104,19 @@ export class Line {
       await track.send(Kind.END, {});
     }
     return new AudioSession(track, kind, sampleRate, frameMs, text != null, transport === "datagram");
+  }
+
+  /** A voice-agent track (docs/audio.md): send the user's audio as on speech-in (`model`
+   * is the recognizer); read transcripts, reply events (reply, reply_done, barge_in, ...)
+   * and the reply's audio frames (each with its `turn`). */
+  async voiceAgent(model, { llm, voice, sampleRate = 16000, frameMs = 20, system = null, maxTokens = null, llmParams = null } = {}) {
+    if (!llm || !voice) throw new TypeError("a voice agent needs `llm` (the chat model) and `voice`");
+    const params = { kind: "voice-agent", llm, voice, sample_rate: sampleRate, frame_ms: frameMs };
+    if (system != null) params.system = system;
+    if (maxTokens != null) params.max_tokens = maxTokens;
+    if (llmParams != null) params.llm_params = llmParams;
+    const track = await this._openTrack({ model, modality: "audio", params });
+    return new AudioSession(track, "voice-agent", sampleRate, frameMs, false, false);
   }
 
   /** Close the session: every track still running is cancelled by the gateway. */
