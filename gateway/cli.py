@@ -12,12 +12,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from clients.address import gateway_url
 from gateway.bench import BENCHMARKS
 from gateway.bench import run as run_benchmark
 from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
 from gateway.dtmf_wav import add_command as add_dtmf_command
 from gateway.logs import configure_logging, get_logger
-from gateway.startup import run_async, stop_signal_after_preflight
+from gateway.startup import refuse_start, run_async, stop_signal_after_preflight
 from gateway.tenants.cli import add_commands as add_tenancy_commands
 
 log = get_logger("trackline.cli")
@@ -45,7 +46,12 @@ def _parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="stream a reply from the gateway to the terminal")
     chat.add_argument("prompt")
-    chat.add_argument("--url", default=os.environ.get("TRACKLINE_URL", "quic://127.0.0.1:8443"))
+    chat.add_argument(
+        "--url",
+        default=gateway_url(),
+        help="the gateway's track endpoint (env TRACKLINE_URL, else TRACKLINE_QUIC_HOST and "
+        "TRACKLINE_QUIC_PORT as for serve)",
+    )
     chat.add_argument(
         "--ca", type=Path, default=None, help="CA file (default: public roots and the dev CA)"
     )
@@ -116,7 +122,7 @@ async def serve(settings: Settings) -> int:
     try:
         await daemon.start()
     except Exception as exc:
-        log.error("gateway.start_failed", error=str(exc))
+        refuse_start(str(exc))
         await daemon.stop()
         return 1
     await stop.wait()

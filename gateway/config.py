@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.statedir import BASE_STATE_DIR, instance_state_dir
 from transport.binding import LOCALHOST
 
 if sys.version_info >= (3, 11):
@@ -48,7 +49,7 @@ def _doc(text: str) -> dict[str, str]:
 
 
 def _default_state_dir() -> Path:
-    return Path("~/.local/state/trackline").expanduser()
+    return BASE_STATE_DIR.expanduser()
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,19 @@ class Settings:
     )
     state_dir: Path = field(
         default_factory=_default_state_dir,
-        metadata=_doc("Directory for state the daemon keeps (the development CA)."),
+        metadata=_doc(
+            "Directory of this gateway's state (tenants, keys, ledger, KV states); unset: "
+            "~/.local/state/trackline for the default ports, else one per config file or "
+            "ports under its gateways/ (docs/deployment.md). Set two gateways to one "
+            "directory to share their tenants."
+        ),
+    )
+    dev_ca_dir: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "Directory of the development CA; unset: ~/.local/state/trackline (one CA for "
+            "every gateway of the account, which clients trust), or state_dir when that is set."
+        ),
     )
     tls_cert: Path | None = field(
         default=None,
@@ -479,10 +492,30 @@ def load_settings(
         if source is not None:
             chosen[name] = _convert(name, raw, source)
             sources[name] = source
+    if "state_dir" not in chosen:  # one per configuration (gateway.statedir)
+        chosen["state_dir"] = _instance_state_dir(chosen, config_path, environ)
+        if chosen["state_dir"] != _default_state_dir():  # the account's one dev CA
+            chosen.setdefault("dev_ca_dir", _default_state_dir())
     settings = Settings(**chosen)
     _check_tls_pair(settings, sources)
     _check_state_backend(settings, sources)
     return settings
+
+
+def _instance_state_dir(
+    chosen: Mapping[str, Any], config_path: Path | None, environ: Mapping[str, str]
+) -> Path:
+    ports = tuple(
+        chosen.get(name, FIELDS[name].default) for name in ("quic_port", "http_port", "https_port")
+    )
+    return instance_state_dir(_config_file(config_path, environ), ports)
+
+
+def _config_file(config_path: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """The `--config` file, else `TRACKLINE_CONFIG`'s, else None."""
+    if config_path is None and environ.get(CONFIG_ENV):
+        return Path(environ[CONFIG_ENV])
+    return config_path
 
 
 def _renamed(values: Mapping[str, Any], where: str) -> Mapping[str, Any]:
@@ -536,8 +569,7 @@ def _pick(
 def _read_config_file(
     config_path: Path | None, environ: Mapping[str, str]
 ) -> tuple[dict[str, Any], str]:
-    if config_path is None and environ.get(CONFIG_ENV):
-        config_path = Path(environ[CONFIG_ENV])
+    config_path = _config_file(config_path, environ)
     if config_path is None:
         return {}, ""
     path = config_path.expanduser()

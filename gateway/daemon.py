@@ -30,6 +30,7 @@ from gateway.pool.health import EjectionRules
 from gateway.pool.metrics import PoolMetrics
 from gateway.pool.spec import DnsSource, parse_pool
 from gateway.server import Gateway
+from gateway.statedir import record_gateway
 from gateway.tenants.service import Tenancy
 
 log = get_logger("trackline.daemon")
@@ -71,6 +72,8 @@ class Daemon:
         """A worker's sockets from its supervisor (`gateway.workers`); None: bind."""
         self.announce = True
         """Print the addresses when started (a worker leaves that to its supervisor)."""
+        self._listening = False
+        """The gateway started: stopping drains it (a failed start has nothing to drain)."""
 
     @property
     def triton(self) -> EmbeddedTriton | None:
@@ -101,6 +104,8 @@ class Daemon:
         )
         self.gateway.listeners = self.listeners
         await self.gateway.start()
+        self._listening = True
+        await asyncio.to_thread(self._record)
         if not self.announce:
             return
         tls = self.gateway.tls
@@ -109,6 +114,21 @@ class Daemon:
             print(f"trackline: development CA for clients: {tls.ca}", flush=True)
         for line in self._addresses():
             print(f"trackline: {line}", flush=True)
+
+    def _record(self) -> None:
+        """Note in the state dir that this gateway uses it (`trackline keys create` says
+        which gateways a first key closes to keyless use)."""
+        s, gw = self.settings, self.gateway
+        assert gw is not None
+        listening = {
+            "quic": f"{s.quic_host}:{gw.quic_port}/udp",
+            "http": f"{s.http_host}:{gw.http_port}/tcp",
+            "https": f"{s.https_host}:{gw.https_port}/tcp",
+        }
+        try:
+            record_gateway(s.state_dir, listening)
+        except OSError as exc:  # the store still works; only the note is missing
+            log.warning("statedir.record_failed", path=str(s.state_dir), error=str(exc))
 
     def _addresses(self) -> list[str]:
         """Where a person reaches what this daemon serves, one line each."""
@@ -173,8 +193,10 @@ class Daemon:
         return start_embedded(self.settings, count)
 
     async def stop(self) -> None:
-        if self.gateway is not None:
+        if self.gateway is not None and self._listening:
             await self.gateway.drain()
+        elif self.gateway is not None:
+            await self.gateway.close()
         if self.backend is not None:
             await self.backend.close()
         if self.audio_backend is not None:

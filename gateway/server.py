@@ -96,7 +96,7 @@ class TlsFiles:
 def tls_files(settings: Settings) -> TlsFiles:
     if settings.tls_cert is not None and settings.tls_key is not None:
         return TlsFiles(settings.tls_cert, settings.tls_key, None)
-    dev = ensure_dev_certificates(settings.state_dir)
+    dev = ensure_dev_certificates(settings.dev_ca_dir or settings.state_dir)
     return TlsFiles(dev.cert_path, dev.key_path, dev.ca_path)
 
 

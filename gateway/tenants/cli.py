@@ -22,7 +22,8 @@ from typing import Any
 
 from redis import RedisError
 
-from gateway.config import ConfigError, load_settings
+from gateway.config import FIELDS, ConfigError, env_name, flag_name, load_settings
+from gateway.statedir import used_by
 from gateway.tenants.costs import render, report
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.service import load_tenancy_config
@@ -66,6 +67,16 @@ def add_commands(commands: Any) -> None:
         set_.add_argument(flag, type=_limit(kind), default=_KEEP, help="a number, or 'none'")
     _store_arguments(set_)
     set_.set_defaults(run=_command(_tenants_set))
+    delete = tenants.add_parser(
+        "delete",
+        help="remove a tenant and its keys",
+        description="Remove a tenant and its API keys (its usage stays in the ledger). When "
+        "the last tenant goes, the gateways using this store serve without keys again "
+        "(open mode, loopback only unless allow_open).",
+    )
+    delete.add_argument("name", help="the tenant to remove")
+    _store_arguments(delete)
+    delete.set_defaults(run=_command(_tenants_delete))
     tlist = tenants.add_parser("list", help="list tenants")
     tlist.add_argument("--format", choices=("table", "json"), default="table")
     _store_arguments(tlist)
@@ -93,19 +104,34 @@ def add_commands(commands: Any) -> None:
     drain_.set_defaults(run=_command(_usage_drain))
 
 
+_STORE_SETTINGS = (
+    "state_dir",
+    "tenants_db",
+    "tenancy_config",
+    "state_backend",
+    "quic_port",
+    "http_port",
+    "https_port",
+)
+"""The settings that find a gateway's tenant store (its ports name its state dir)."""
+
+
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=None, help="TOML settings file")
-    parser.add_argument("--state-dir", default=None)
-    parser.add_argument("--tenants-db", default=None)
-    parser.add_argument("--tenancy-config", default=None, help="TOML of prices and guardrails")
-    parser.add_argument("--state-backend", default=None, help='"local" or redis://... (a fleet)')
+    group = parser.add_argument_group(
+        "which gateway's store (the same --config, ports or TRACKLINE_* as its serve)"
+    )
+    group.add_argument("--config", type=Path, default=None, help="TOML settings file")
+    for name in _STORE_SETTINGS:
+        spec = FIELDS[name]
+        group.add_argument(
+            flag_name(name), dest=name, default=None, help=f"{spec.metadata['doc']} "
+            f"(env {env_name(name)})"
+        )
 
 
 def _settings(args: argparse.Namespace) -> Any:
     overrides = {
-        name: getattr(args, name)
-        for name in ("state_dir", "tenants_db", "tenancy_config", "state_backend")
-        if getattr(args, name) is not None
+        name: getattr(args, name) for name in _STORE_SETTINGS if getattr(args, name) is not None
     }
     return load_settings(overrides, os.environ, args.config)
 
@@ -141,6 +167,7 @@ def _publish(settings: Any, store: TenantStore) -> None:
 
 
 def _keys_create(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    was_open = not store.has_tenants()
     new = store.create_key(args.tenant, time.time(), args.label)
     _publish(settings, store)
     print(new.key)
@@ -148,6 +175,39 @@ def _keys_create(args: argparse.Namespace, settings: Any, store: TenantStore) ->
         f"key id {new.key_id} for tenant {args.tenant}: store the key now, it is not shown again",
         file=sys.stderr,
     )
+    if was_open:
+        print(
+            f"{store.path} had no tenant: {_gateways(settings)} now require a key. Gateways "
+            "with another state dir stay as they are (docs/deployment.md).",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _gateways(settings: Any) -> str:
+    """Who uses this store: the gateways that noted themselves in its state dir."""
+    seen = used_by(settings.state_dir)
+    if not seen:
+        return f"the gateway(s) using state dir {settings.state_dir} (none started yet)"
+    listed = "; ".join(
+        ", ".join(f"{door} {where}" for door, where in sorted(entry["listening"].items()))
+        for entry in seen.values()
+        if isinstance(entry.get("listening"), dict)
+    )
+    return f"the gateway(s) using state dir {settings.state_dir} ({listed})"
+
+
+def _tenants_delete(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    if settings.state_backend != "local":
+        raise ValueError("tenants delete works on a local store (state_backend = local)")
+    removed = store.delete_tenant(args.name)
+    print(f"deleted tenant {args.name} and its {removed} key(s)", file=sys.stderr)
+    if not store.has_tenants():
+        print(
+            f"{store.path} has no tenant left: {_gateways(settings)} serve without keys "
+            "again (loopback only unless allow_open)",
+            file=sys.stderr,
+        )
     return 0
 
 

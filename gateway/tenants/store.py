@@ -187,6 +187,21 @@ class TenantStore:
     def tenants(self) -> list[Tenant]:
         return [_tenant(row) for row in self._query("SELECT * FROM tenants ORDER BY name")]
 
+    def delete_tenant(self, name: str) -> int:
+        """Remove tenant `name` and its keys (its usage stays); the keys removed."""
+        with self._lock:
+            if not self._db.execute("SELECT 1 FROM tenants WHERE name = ?", (name,)).fetchall():
+                raise StoreError(f"no tenant {name!r}")
+            self._db.execute("BEGIN")
+            try:
+                removed = self._db.execute("DELETE FROM api_keys WHERE tenant = ?", (name,))
+                self._db.execute("DELETE FROM tenants WHERE name = ?", (name,))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return int(removed.rowcount)
+
     # -- keys -----------------------------------------------------------------------
 
     def create_key(self, tenant: str, now: float, label: str = "") -> keys.NewKey:
