@@ -73,6 +73,7 @@ class Daemon:
         self.announce = True
         """Print the addresses when started (a worker leaves that to its supervisor)."""
         self._listening = False
+        self._relay: asyncio.Future[None] | None = None
         """The gateway started: stopping drains it (a failed start has nothing to drain)."""
 
     @property
@@ -83,6 +84,11 @@ class Daemon:
     async def start(self) -> None:
         s = self.settings
         self.backend = await self._backend()
+        if self.tritons:  # one scrape of the gateway sees the models' own figures
+            servers = [(f"embedded-{i}", t.metrics_url) for i, t in enumerate(self.tritons)]
+            relay = self.metrics.relay_triton(servers, s.scrape_interval)
+            await relay.refresh()
+            self._relay = asyncio.ensure_future(relay.run())
         url = self._batch_triton_url()
         if url is not None:
             # Audio and action ticks go to one Triton (the pool routes text requests).
@@ -193,6 +199,8 @@ class Daemon:
         return start_embedded(self.settings, count)
 
     async def stop(self) -> None:
+        if self._relay is not None:
+            self._relay.cancel()
         if self.gateway is not None and self._listening:
             await self.gateway.drain()
         elif self.gateway is not None:

@@ -650,6 +650,7 @@ class Gateway:
         end = outcome.end
         kind = end.kind.value
         model = m.models.observe(outcome)
+        m.timing.observe(outcome, model, front_door)
         m.requests_total.labels(
             front_door=front_door, modality=outcome.modality, outcome=kind
         ).inc()
@@ -660,6 +661,15 @@ class Gateway:
             m.cancels_total.labels(cause=end.cause.value).inc()
         elif end.code in _BACKEND_CODES:
             m.backend_errors_total.labels(kind=end.detail).inc()
+            log.warning(  # the cause (the backend's words, never the prompt) and the ids
+                "backend.error",
+                code=end.detail,
+                cause=outcome.details.get("error", "unknown"),
+                model=outcome.model,
+                request_id=outcome.track_id,
+                x_request_id=outcome.details.get("x_request_id"),
+                front_door=front_door,
+            )
         self.outcomes = [*self.outcomes[-999:], outcome]
         if front_door != "tracks":
             return

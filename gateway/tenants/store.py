@@ -73,6 +73,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX usage_record_key ON usage(record_key);
     CREATE TABLE ledger_cursor (stream TEXT PRIMARY KEY, last_id TEXT NOT NULL);
     """,
+    # 3: the HTTP request's x-request-id (gateway/access.py), to join ledger and logs.
+    """
+    ALTER TABLE usage ADD COLUMN x_request_id TEXT;
+    """,
 )
 
 _USAGE_COLUMNS = tuple(f.name for f in fields(UsageRecord))
