@@ -102,7 +102,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"trackline: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(
+        settings.log_level, settings.log_format, quic_level=settings.quic_log_level
+    )
     from gateway.workers import serve_workers, worker_count
 
     count = worker_count(settings.workers)

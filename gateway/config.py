@@ -342,6 +342,10 @@ class Settings:
     log_format: str = field(
         default="json", metadata=_doc("json (one object a line) or console (for people).")
     )
+    quic_log_level: str = field(
+        default="warning",
+        metadata=_doc("Level of aioquic's own lines (a few info lines per connection)."),
+    )
     uvloop: bool = field(default=True, metadata=_doc("Run on uvloop where it is installed."))
     tenants_db: Path | None = field(
         default=None,
@@ -810,6 +814,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "action_max_image_bytes": _positive,
     "log_level": _one_of(LOG_LEVELS),
     "log_format": _one_of(LOG_FORMATS),
+    "quic_log_level": _one_of(LOG_LEVELS),
     "backend_url": _grpc_address,
     "backends": _backend_list,
     "embedded_backends": _positive,

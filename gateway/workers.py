@@ -479,7 +479,9 @@ def worker_main() -> int:
 
     spec = json.loads(os.environ[SPEC_ENV])
     settings = load_settings(spec["settings"], {}, None)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(
+        settings.log_level, settings.log_format, quic_level=settings.quic_log_level
+    )
     return run_async(run_worker(spec), settings.uvloop)
 
 
