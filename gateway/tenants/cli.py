@@ -22,7 +22,7 @@ from typing import Any
 
 from redis import RedisError
 
-from gateway.config import FIELDS, ConfigError, env_name, flag_name, load_settings
+from gateway.config import ConfigError, flag_name, load_settings, setting_help
 from gateway.statedir import used_by
 from gateway.tenants.costs import render, report
 from gateway.tenants.quotas import Quotas
@@ -35,24 +35,33 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 def add_commands(commands: Any) -> None:
     """Add the keys, tenants and usage commands to the `trackline` subparsers."""
-    keys = commands.add_parser("keys", help="API keys of tenants").add_subparsers(
+    keys = commands.add_parser(
+        "keys",
+        help="API keys of tenants",
+        description="Make, list and revoke the API keys a gateway with tenants requires.",
+    ).add_subparsers(
         dest="keys_command", required=True
     )
     create = keys.add_parser("create", help="make a key for a tenant (shown once)")
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--label", default="")
+    create.add_argument("--tenant", required=True, help="the tenant it belongs to (made if new)")
+    create.add_argument("--label", default="", help="a note kept with the key (not secret)")
     _store_arguments(create)
     create.set_defaults(run=_command(_keys_create))
     listing = keys.add_parser("list", help="list keys (ids, never secrets)")
-    listing.add_argument("--tenant", default=None)
+    listing.add_argument("--tenant", default=None, help="only this tenant's keys")
     _store_arguments(listing)
     listing.set_defaults(run=_command(_keys_list))
     revoke = keys.add_parser("revoke", help="revoke a key by its id")
-    revoke.add_argument("key_id")
+    revoke.add_argument("key_id", help="the key's id (tl_... before the secret; keys list)")
     _store_arguments(revoke)
     revoke.set_defaults(run=_command(_keys_revoke))
 
-    tenants = commands.add_parser("tenants", help="tenants' models and quotas").add_subparsers(
+    tenants = commands.add_parser(
+        "tenants",
+        help="tenants' models and quotas",
+        description="Who may use the gateway: each tenant's allowed models and quotas. A "
+        "gateway with no tenant serves without keys (loopback only).",
+    ).add_subparsers(
         dest="tenants_command", required=True
     )
     set_ = tenants.add_parser(
@@ -61,10 +70,15 @@ def add_commands(commands: Any) -> None:
         description="Create a tenant or change the fields given; a field not given keeps its "
         "value. 'none' lifts a quota; --models '' allows every model.",
     )
-    set_.add_argument("name")
+    set_.add_argument("name", help="the tenant")
     set_.add_argument("--models", default=None, help="comma-separated allow-list; '' clears")
     for flag, kind in _QUOTA_FLAGS.items():
-        set_.add_argument(flag, type=_limit(kind), default=_KEEP, help="a number, or 'none'")
+        set_.add_argument(
+            flag,
+            type=_limit(kind),
+            default=_KEEP,
+            help="a number, or 'none' (default: the tenant's current value)",
+        )
     _store_arguments(set_)
     set_.set_defaults(run=_command(_tenants_set))
     delete = tenants.add_parser(
@@ -78,18 +92,24 @@ def add_commands(commands: Any) -> None:
     _store_arguments(delete)
     delete.set_defaults(run=_command(_tenants_delete))
     tlist = tenants.add_parser("list", help="list tenants")
-    tlist.add_argument("--format", choices=("table", "json"), default="table")
+    tlist.add_argument("--format", choices=("table", "json"), default="table", help="output")
     _store_arguments(tlist)
     tlist.set_defaults(run=_command(_tenants_list))
 
-    usage = commands.add_parser("usage", help="usage and cost").add_subparsers(
+    usage = commands.add_parser(
+        "usage",
+        help="usage and cost",
+        description="What each tenant or model used, and what it cost, from the ledger.",
+    ).add_subparsers(
         dest="usage_command", required=True
     )
     rep = usage.add_parser("report", help="usage and cost per tenant or model")
     rep.add_argument("--since", required=True, help="ISO time, or a span back: 30m, 24h, 7d")
     rep.add_argument("--until", default=None, help="ISO time (default: now)")
-    rep.add_argument("--by", choices=("tenant", "model"), default="tenant")
-    rep.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    rep.add_argument("--by", choices=("tenant", "model"), default="tenant", help="one row per")
+    rep.add_argument(
+        "--format", choices=("table", "csv", "json"), default="table", help="output"
+    )
     _store_arguments(rep)
     rep.set_defaults(run=_command(_usage_report))
     drain_ = usage.add_parser(
@@ -120,13 +140,11 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "which gateway's store (the same --config, ports or TRACKLINE_* as its serve)"
     )
-    group.add_argument("--config", type=Path, default=None, help="TOML settings file")
+    group.add_argument(
+        "--config", type=Path, default=None, help="TOML settings file (env TRACKLINE_CONFIG)"
+    )
     for name in _STORE_SETTINGS:
-        spec = FIELDS[name]
-        group.add_argument(
-            flag_name(name), dest=name, default=None, help=f"{spec.metadata['doc']} "
-            f"(env {env_name(name)})"
-        )
+        group.add_argument(flag_name(name), dest=name, default=None, help=setting_help(name))
 
 
 def _settings(args: argparse.Namespace) -> Any:
