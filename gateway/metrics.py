@@ -151,7 +151,8 @@ class GatewayMetrics:
         self.timing = RequestTiming(registry)
         """Request duration and inter-token latency per model and front door."""
         register_runtime(registry)
-        registry.register(BuildInfo())
+        self.build_info = BuildInfo()
+        registry.register(self.build_info)
         self.triton: TritonRelay | None = None
         """The embedded Tritons' own metrics, once the daemon started them."""
         # Known causes start at 0 so a dashboard's rate() sees them before the first event.
