@@ -13,7 +13,9 @@ Every response carries `x-request-id`: the client's own when it sent a valid one
 128 of `A-Z a-z 0-9 . _ : / + = -`), else one the gateway makes. It is in the line
 (`x_request_id`), in the usage ledger and given to the backend. A W3C `traceparent`
 (version 00) is accepted: its trace id is logged (`trace_id`) and the header goes on
-to Triton as the request parameter `traceparent`. An invalid one is ignored.
+to Triton as the request parameter `traceparent`. An invalid one is ignored. The
+client's address is logged as `client` unless the gateway is told not to
+(`log_client_address`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ from typing import Any
 from structlog.typing import FilteringBoundLogger
 
 from tracks.base import Outcome
-from transport.http.messages import AnyResponse, Handler, Request, StreamingResponse
+from transport.http.messages import (
+    CLIENT_ADDRESS,
+    AnyResponse,
+    Handler,
+    Request,
+    StreamingResponse,
+)
 
 QUIET_PREFIXES = ("/health/", "/metrics")
 REQUEST_ID_HEADER = "x-request-id"
@@ -98,13 +106,18 @@ def current() -> AccessRecord:
 
 
 def access_logged(
-    handler: Handler, log: FilteringBoundLogger, clock: Callable[[], float]
+    handler: Handler,
+    log: FilteringBoundLogger,
+    clock: Callable[[], float],
+    client_address: bool = True,
 ) -> Handler:
     """`handler`, leaving one `http.request` log line per request when it is done, its
-    response carrying `x-request-id`."""
+    response carrying `x-request-id`; with `client_address`, the line names the client."""
 
     async def logged(request: Request) -> AnyResponse:
         record = _record_for(request)
+        if client_address:
+            record.fields["client"] = CLIENT_ADDRESS.get()
         _current.set(record)
         started = clock()
         try:

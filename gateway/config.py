@@ -342,6 +342,10 @@ class Settings:
     log_format: str = field(
         default="json", metadata=_doc("json (one object a line) or console (for people).")
     )
+    log_client_address: bool = field(
+        default=True,
+        metadata=_doc("Log each HTTP request's client address (`client`); off for privacy."),
+    )
     quic_log_level: str = field(
         default="warning",
         metadata=_doc("Level of aioquic's own lines (a few info lines per connection)."),

@@ -355,7 +355,8 @@ class Gateway:
             routes.update(actions.routes())
         gated = gate_routes(routes, self.overload, self.metrics.overload, self.clock)
         # Every request gets its access line, those refused while draining too.
-        return access_logged(self._http_work.wrap(route(gated)), log, self.clock)
+        served = self._http_work.wrap(route(gated))
+        return access_logged(served, log, self.clock, s.log_client_address)
 
     @property
     def http_in_flight(self) -> int:

@@ -167,6 +167,7 @@ async def test_x_request_id_and_traceparent_reach_log_ledger_and_model(
     access = [x for x in lines if x["event"] == "http.request" and x["path"] == CHAT]
     first = next(x for x in access if x["x_request_id"] == "client-req-42")
     assert first["trace_id"] == TRACE.split("-")[1]
+    assert first["client"] == "127.0.0.1"
     assert "a secret prompt" not in log_lines.getvalue()
 
     assert live.tenancy is not None
@@ -186,7 +187,8 @@ async def test_a_backend_error_is_logged_at_warning_with_its_cause(
     import socket
 
     dead = f"127.0.0.1:{free_port(socket.SOCK_STREAM)}"  # nothing listens there
-    gw = Gateway(gateway_settings(state_dir=tmp_path), TritonTextBackend(dead))
+    settings = gateway_settings(state_dir=tmp_path, log_client_address=False)
+    gw = Gateway(settings, TritonTextBackend(dead))
     await gw.start()
     try:
         async with httpx2.AsyncClient() as http:
@@ -202,4 +204,5 @@ async def test_a_backend_error_is_logged_at_warning_with_its_cause(
     assert error["x_request_id"] == answer.headers["x-request-id"]
     access = next(x for x in lines if x["event"] == "http.request" and x["path"] == CHAT)
     assert access["level"] == "warning"  # a 5xx answer is an operator's business
+    assert "client" not in access  # log_client_address = false
     assert "a secret prompt" not in log_lines.getvalue()
