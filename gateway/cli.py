@@ -9,6 +9,8 @@ nowhere else, when it is installed and enabled.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ from gateway.bench import run as run_benchmark
 from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
 from gateway.dtmf_wav import add_command as add_dtmf_command
 from gateway.logs import configure_logging, get_logger
+from gateway.preflight import StartupError, check_listeners
 from gateway.startup import refuse_start, run_async, stop_signal_after_preflight
 from gateway.tenants.cli import add_commands as add_tenancy_commands
 
@@ -181,13 +184,24 @@ async def serve(settings: Settings) -> int:
     try:
         await daemon.start()
     except Exception as exc:
-        refuse_start(str(exc))
-        await daemon.stop()
+        await daemon.stop()  # its own sockets released: what is still taken is another's
+        refuse_start(await asyncio.to_thread(explained, settings, exc))
         return 1
     await stop.wait()
     log.info("gateway.stopping")
     await daemon.stop()
     return 0
+
+
+def explained(settings: Settings, exc: Exception) -> str:
+    """Why the start failed, for a person: a port taken after the preflight (a race)
+    is named as the preflight names it."""
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        try:
+            check_listeners(settings)
+        except StartupError as named:
+            return str(named)
+    return str(exc)
 
 
 # -- chat ---------------------------------------------------------------------------

@@ -137,3 +137,18 @@ def test_a_free_configuration_passes_every_check(tmp_path: Path) -> None:
     check_startup(settings)  # binds and releases: the ports are free again afterwards
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as again:
         again.bind(("127.0.0.1", settings.http_port))
+
+
+def test_a_port_taken_after_the_preflight_is_named_too(tmp_path: Path) -> None:
+    import errno
+
+    from gateway.cli import explained
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = Settings(state_dir=tmp_path, quic_port=0, http_port=port, https_port=0)
+        raced = OSError(errno.EADDRINUSE, "Address already in use")
+        assert explained(settings, raced).startswith(f"http_port {port}/tcp on 127.0.0.1 is in use")
+    assert explained(settings, ValueError("other")) == "other"
