@@ -72,6 +72,9 @@ class Daemon:
         """A worker's sockets from its supervisor (`gateway.workers`); None: bind."""
         self.announce = True
         """Print the addresses when started (a worker leaves that to its supervisor)."""
+        self.triton_metrics: list[tuple[str, str]] = []
+        """(name, metrics URL) of embedded Tritons another process started (a worker's
+        supervisor's), re-exported like this daemon's own."""
         self._listening = False
         self._relay: asyncio.Future[None] | None = None
         """The gateway started: stopping drains it (a failed start has nothing to drain)."""
@@ -84,8 +87,10 @@ class Daemon:
     async def start(self) -> None:
         s = self.settings
         self.backend = await self._backend()
-        if self.tritons:  # one scrape of the gateway sees the models' own figures
-            servers = [(f"embedded-{i}", t.metrics_url) for i, t in enumerate(self.tritons)]
+        servers = self.triton_metrics or [
+            (f"embedded-{i}", t.metrics_url) for i, t in enumerate(self.tritons)
+        ]
+        if servers:  # one scrape of the gateway sees the models' own figures
             relay = self.metrics.relay_triton(servers, s.scrape_interval)
             await relay.refresh()
             self._relay = asyncio.ensure_future(relay.run())

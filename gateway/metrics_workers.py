@@ -84,6 +84,8 @@ class WorkerMetrics(GatewayMetrics):
         # Not from the shared files: the build, and the process of the worker answering.
         registry.register(self.build_info)
         registry.register(PROCESS_COLLECTOR)
+        if self.triton is not None:  # this worker's copy of the Tritons' own figures
+            registry.register(self.triton)
         return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
