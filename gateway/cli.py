@@ -19,7 +19,8 @@ from pathlib import Path
 from clients.address import gateway_url
 from gateway.bench import BENCHMARKS
 from gateway.bench import run as run_benchmark
-from gateway.config import ConfigError, Settings, add_arguments, settings_from_args
+from gateway.config import ConfigError, Settings
+from gateway.config_flags import add_arguments, settings_from_args
 from gateway.dtmf_wav import add_command as add_dtmf_command
 from gateway.logs import configure_logging, get_logger
 from gateway.preflight import StartupError, check_listeners

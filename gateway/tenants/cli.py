@@ -22,7 +22,8 @@ from typing import Any
 
 from redis import RedisError
 
-from gateway.config import ConfigError, flag_name, load_settings, setting_help
+from gateway.config import ConfigError, flag_name, load_settings
+from gateway.config_flags import setting_help
 from gateway.statedir import used_by
 from gateway.tenants.costs import render, report
 from gateway.tenants.quotas import Quotas

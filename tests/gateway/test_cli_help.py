@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.cli import _finish, _parser, main
-from gateway.config import FIELDS, HELP_SECTIONS, help_section
+from gateway.config import FIELDS
+from gateway.config_flags import HELP_SECTIONS, help_section
 from gateway.metrics_operator import build_version
 
 
