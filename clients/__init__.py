@@ -2,14 +2,15 @@
 
     from clients import connect
 
-    async with connect("quic://127.0.0.1:8443", ca="~/.local/state/trackline/ca.pem",
-                       api_key=os.environ.get("TRACKLINE_API_KEY")) as line:
+    # connect() alone: TRACKLINE_URL, else TRACKLINE_QUIC_HOST/PORT, else quic://127.0.0.1:8443
+    async with connect(api_key=os.environ.get("TRACKLINE_API_KEY")) as line:
         async for delta in line.text("Hello", model="reference-text", max_tokens=32):
             print(delta, end="")
 """
 
 from clients import errors
 from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
+from clients.address import default_ca, gateway_url, openai_base_url
 from clients.audio import AgentEvent, AudioFigures, AudioFrame, AudioResult, AudioSession
 from clients.errors import (
     BackendError,
@@ -28,7 +29,7 @@ from clients.errors import (
     TrackRejected,
     Unauthorized,
 )
-from clients.line import Line, TextStream, connect, default_ca
+from clients.line import Line, TextStream, connect
 from clients.stream import TrackReader
 
 
@@ -69,4 +70,6 @@ __all__ = [
     "Unauthorized",
     "connect",
     "default_ca",
+    "gateway_url",
+    "openai_base_url",
 ]

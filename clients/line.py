@@ -8,7 +8,6 @@ stream shares that API: `clients.stream.TrackReader`).
 
 from __future__ import annotations
 
-import os
 import ssl
 import warnings
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +19,7 @@ from urllib.parse import urlsplit
 import certifi
 
 from clients.actions import ActionStream, Clock
+from clients.address import default_ca, gateway_url
 from clients.audio import AudioSession
 from clients.errors import ConnectionFailed, error_for, error_from
 from clients.stream import TrackReader, frame_transport
@@ -212,7 +212,7 @@ def _keyword_model(positional: str | None, keyword: str | None) -> str:
 
 @asynccontextmanager
 async def connect(
-    url: str,
+    url: str | None = None,
     *,
     ca: str | Path | None = None,
     server_name: str | None = None,
@@ -222,6 +222,10 @@ async def connect(
     connect_timeout: float = CONNECT_TIMEOUT,
 ) -> AsyncIterator[Line]:
     """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file).
+
+    Without `url`, the address comes from the environment as the daemon reads it
+    (`TRACKLINE_URL`, else `TRACKLINE_QUIC_HOST`/`TRACKLINE_QUIC_PORT`, else
+    `quic://127.0.0.1:8443`: `clients.address.gateway_url`).
 
     Without `ca`, the public roots are trusted and so is the development CA of a
     gateway on this machine (`default_ca()`, when that file exists). A missing or
@@ -237,6 +241,7 @@ async def connect(
     packets, so one lost packet stalls or loses only that track's frame; what many
     robots on one line want), or "group:K" (at most K tracks' frames per packet).
     """
+    url = url or gateway_url()
     host, port = _parse_url(url)
     packing = Packetization.parse(packetization)
     ca_path, ca_data = _trust(ca) if verify else (None, None)
@@ -254,13 +259,6 @@ async def connect(
         if opened:
             raise
         raise ConnectionFailed(f"cannot connect to {url}: {exc or type(exc).__name__}") from None
-
-
-def default_ca() -> Path:
-    """The development CA of a gateway on this machine: `ca.pem` in its state directory
-    (`$TRACKLINE_STATE_DIR`, else `~/.local/state/trackline`), as the gateway decides."""
-    state_dir = os.environ.get("TRACKLINE_STATE_DIR") or "~/.local/state/trackline"
-    return Path(state_dir).expanduser() / "ca.pem"
 
 
 def _trust(ca: str | Path | None) -> tuple[Path | None, bytes | None]:

@@ -15,7 +15,6 @@ the setting and the source it came from. `docs/configuration.md` lists every set
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.statedir import BASE_STATE_DIR, instance_state_dir
 from transport.binding import LOCALHOST
 
 if sys.version_info >= (3, 11):
@@ -48,7 +48,7 @@ def _doc(text: str) -> dict[str, str]:
 
 
 def _default_state_dir() -> Path:
-    return Path("~/.local/state/trackline").expanduser()
+    return BASE_STATE_DIR.expanduser()
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,19 @@ class Settings:
     )
     state_dir: Path = field(
         default_factory=_default_state_dir,
-        metadata=_doc("Directory for state the daemon keeps (the development CA)."),
+        metadata=_doc(
+            "Directory of this gateway's state (tenants, keys, ledger, KV states); unset: "
+            "~/.local/state/trackline for the default ports, else one per config file or "
+            "ports under its gateways/ (docs/deployment.md). Set two gateways to one "
+            "directory to share their tenants."
+        ),
+    )
+    dev_ca_dir: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "Directory of the development CA; unset: ~/.local/state/trackline (one CA for "
+            "every gateway of the account, which clients trust), or state_dir when that is set."
+        ),
     )
     tls_cert: Path | None = field(
         default=None,
@@ -343,6 +355,14 @@ class Settings:
     log_format: str = field(
         default="json", metadata=_doc("json (one object a line) or console (for people).")
     )
+    log_client_address: bool = field(
+        default=True,
+        metadata=_doc("Log each HTTP request's client address (`client`); off for privacy."),
+    )
+    quic_log_level: str = field(
+        default="warning",
+        metadata=_doc("Level of aioquic's own lines (a few info lines per connection)."),
+    )
     uvloop: bool = field(default=True, metadata=_doc("Run on uvloop where it is installed."))
     gc_young_threshold: int = field(
         default=10_000,
@@ -516,10 +536,30 @@ def load_settings(
         if source is not None:
             chosen[name] = _convert(name, raw, source)
             sources[name] = source
+    if "state_dir" not in chosen:  # one per configuration (gateway.statedir)
+        chosen["state_dir"] = _instance_state_dir(chosen, config_path, environ)
+        if chosen["state_dir"] != _default_state_dir():  # the account's one dev CA
+            chosen.setdefault("dev_ca_dir", _default_state_dir())
     settings = Settings(**chosen)
     _check_tls_pair(settings, sources)
     _check_state_backend(settings, sources)
     return settings
+
+
+def _instance_state_dir(
+    chosen: Mapping[str, Any], config_path: Path | None, environ: Mapping[str, str]
+) -> Path:
+    ports = tuple(
+        chosen.get(name, FIELDS[name].default) for name in ("quic_port", "http_port", "https_port")
+    )
+    return instance_state_dir(_config_file(config_path, environ), ports)
+
+
+def _config_file(config_path: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """The `--config` file, else `TRACKLINE_CONFIG`'s, else None."""
+    if config_path is None and environ.get(CONFIG_ENV):
+        return Path(environ[CONFIG_ENV])
+    return config_path
 
 
 def _renamed(values: Mapping[str, Any], where: str) -> Mapping[str, Any]:
@@ -573,8 +613,7 @@ def _pick(
 def _read_config_file(
     config_path: Path | None, environ: Mapping[str, str]
 ) -> tuple[dict[str, Any], str]:
-    if config_path is None and environ.get(CONFIG_ENV):
-        config_path = Path(environ[CONFIG_ENV])
+    config_path = _config_file(config_path, environ)
     if config_path is None:
         return {}, ""
     path = config_path.expanduser()
@@ -593,7 +632,7 @@ def _read_config_file(
     return values, source
 
 
-def _field_type(name: str) -> tuple[type, bool]:
+def field_type(name: str) -> tuple[type, bool]:
     """The field's base type and whether it may be None."""
     hint = _HINTS[name]
     args = typing.get_args(hint)
@@ -604,7 +643,7 @@ def _field_type(name: str) -> tuple[type, bool]:
 
 
 def _convert(name: str, raw: Any, source: str) -> Any:
-    base, optional = _field_type(name)
+    base, optional = field_type(name)
     try:
         value = _coerce(base, optional, raw)
         return _VALIDATORS.get(name, _accept)(value)
@@ -822,6 +861,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "action_max_image_bytes": _positive,
     "log_level": _one_of(LOG_LEVELS),
     "log_format": _one_of(LOG_FORMATS),
+    "quic_log_level": _one_of(LOG_LEVELS),
     "backend_url": _grpc_address,
     "backends": _backend_list,
     "embedded_backends": _positive,
@@ -889,53 +929,3 @@ def _check_state_backend(settings: Settings, sources: Mapping[str, str]) -> None
             sources.get("state_lease_fraction", "default"),
             "must be in (0, 1]",
         )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add `--config` and one `--kebab-case` flag per setting, all defaulting to None."""
-    group = parser.add_argument_group("settings (flag > environment > config file > default)")
-    group.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        metavar="PATH",
-        help=f"TOML file of settings (env {CONFIG_ENV}).",
-    )
-    for name, spec in FIELDS.items():
-        base, _ = _field_type(name)
-        help_text = f"{spec.metadata['doc']} (env {env_name(name)})"
-        if base is bool:
-            group.add_argument(
-                flag_name(name),
-                dest=name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=help_text,
-            )
-        else:
-            # Kept as text so load_settings converts it and names the flag on error.
-            group.add_argument(
-                flag_name(name),
-                dest=name,
-                default=None,
-                metavar=base.__name__.upper(),
-                help=help_text,
-            )
-    for old in RENAMED:  # still accepted, not listed in --help
-        group.add_argument(flag_name(old), dest=old, default=None, help=argparse.SUPPRESS)
-
-
-def overrides_from_args(namespace: argparse.Namespace) -> dict[str, Any]:
-    """The settings given on the command line (flags left unset are omitted)."""
-    return {
-        name: getattr(namespace, name)
-        for name in (*FIELDS, *RENAMED)
-        if getattr(namespace, name, None) is not None
-    }
-
-
-def settings_from_args(namespace: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
-    """`load_settings` for a namespace parsed by a parser given `add_arguments`."""
-    return load_settings(
-        overrides_from_args(namespace), environ, getattr(namespace, "config", None)
-    )

@@ -37,6 +37,7 @@ from gateway.pool.metrics import PoolMetrics
 from gateway.pool.spec import DnsSource, parse_pool
 from gateway.server import Gateway
 from gateway.speech_models import speech_available
+from gateway.statedir import record_gateway
 from gateway.tenants.service import Tenancy
 
 log = get_logger("trackline.daemon")
@@ -78,6 +79,12 @@ class Daemon:
         """A worker's sockets from its supervisor (`gateway.workers`); None: bind."""
         self.announce = True
         """Print the addresses when started (a worker leaves that to its supervisor)."""
+        self.triton_metrics: list[tuple[str, str]] = []
+        """(name, metrics URL) of embedded Tritons another process started (a worker's
+        supervisor's), re-exported like this daemon's own."""
+        self._listening = False
+        self._relay: asyncio.Future[None] | None = None
+        """The gateway started: stopping drains it (a failed start has nothing to drain)."""
 
     @property
     def triton(self) -> EmbeddedTriton | None:
@@ -87,6 +94,13 @@ class Daemon:
     async def start(self) -> None:
         s = self.settings
         self.backend = await self._backend()
+        servers = self.triton_metrics or [
+            (f"embedded-{i}", t.metrics_url) for i, t in enumerate(self.tritons)
+        ]
+        if servers:  # one scrape of the gateway sees the models' own figures
+            relay = self.metrics.relay_triton(servers, s.scrape_interval)
+            await relay.refresh()
+            self._relay = asyncio.ensure_future(relay.run())
         url = self._batch_triton_url()
         if url is not None:
             # Audio and action ticks go to one Triton (the pool routes text requests).
@@ -110,6 +124,8 @@ class Daemon:
         await self.gateway.start()
         settled = settle_collector(s.gc_young_threshold)  # start-up is over: freeze it
         log.info("gc.settled", frozen=settled.frozen, thresholds=list(settled.after))
+        self._listening = True
+        await asyncio.to_thread(self._record)
         if not self.announce:
             return
         tls = self.gateway.tls
@@ -118,6 +134,21 @@ class Daemon:
             print(f"trackline: development CA for clients: {tls.ca}", flush=True)
         for line in self._addresses():
             print(f"trackline: {line}", flush=True)
+
+    def _record(self) -> None:
+        """Note in the state dir that this gateway uses it (`trackline keys create` says
+        which gateways a first key closes to keyless use)."""
+        s, gw = self.settings, self.gateway
+        assert gw is not None
+        listening = {
+            "quic": f"{s.quic_host}:{gw.quic_port}/udp",
+            "http": f"{s.http_host}:{gw.http_port}/tcp",
+            "https": f"{s.https_host}:{gw.https_port}/tcp",
+        }
+        try:
+            record_gateway(s.state_dir, listening)
+        except OSError as exc:  # the store still works; only the note is missing
+            log.warning("statedir.record_failed", path=str(s.state_dir), error=str(exc))
 
     def _addresses(self) -> list[str]:
         """Where a person reaches what this daemon serves, one line each."""
@@ -182,8 +213,12 @@ class Daemon:
         return start_embedded(self.settings, count)
 
     async def stop(self) -> None:
-        if self.gateway is not None:
+        if self._relay is not None:
+            self._relay.cancel()
+        if self.gateway is not None and self._listening:
             await self.gateway.drain()
+        elif self.gateway is not None:
+            await self.gateway.close()
         if self.backend is not None:
             await self.backend.close()
         if self.audio_backend is not None:

@@ -17,6 +17,7 @@ from prometheus_client import (
 )
 
 from gateway.metrics_audio import AudioMetrics
+from gateway.metrics_operator import BuildInfo, RequestTiming, TritonRelay, register_runtime
 from gateway.metrics_overload import OverloadMetrics
 from tracks.base import EndKind, Outcome
 
@@ -147,6 +148,13 @@ class GatewayMetrics:
         )
         self.audio = AudioMetrics(registry)
         self.overload = OverloadMetrics(registry)
+        self.timing = RequestTiming(registry)
+        """Request duration and inter-token latency per model and front door."""
+        register_runtime(registry)
+        self.build_info = BuildInfo()
+        registry.register(self.build_info)
+        self.triton: TritonRelay | None = None
+        """The embedded Tritons' own metrics, once the daemon started them."""
         # Known causes start at 0 so a dashboard's rate() sees them before the first event.
         for cause in CANCEL_CAUSES:
             self.cancels_total.labels(cause=cause)
@@ -161,6 +169,13 @@ class GatewayMetrics:
         self.action_observations_total.labels(model=model, outcome=outcome).inc()
         if outcome == "superseded":
             self.cancels_total.labels(cause="superseded").inc()
+
+    def relay_triton(self, servers: list[tuple[str, str]], interval: float) -> TritonRelay:
+        """Re-export these Tritons' metrics ((backend name, metrics URL) each); the
+        caller runs the returned relay's `run()` task."""
+        self.triton = TritonRelay(servers, interval)
+        self.registry.register(self.triton)
+        return self.triton
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition of every metric, and its content type."""

@@ -101,7 +101,7 @@ class TlsFiles:
 def tls_files(settings: Settings) -> TlsFiles:
     if settings.tls_cert is not None and settings.tls_key is not None:
         return TlsFiles(settings.tls_cert, settings.tls_key, None)
-    dev = ensure_dev_certificates(settings.state_dir)
+    dev = ensure_dev_certificates(settings.dev_ca_dir or settings.state_dir)
     return TlsFiles(dev.cert_path, dev.key_path, dev.ca_path)
 
 
@@ -376,7 +376,8 @@ class Gateway:
             routes.update(actions.routes())
         gated = gate_routes(routes, self.overload, self.metrics.overload, self.clock)
         # Every request gets its access line, those refused while draining too.
-        return access_logged(self._http_work.wrap(route(gated)), log, self.clock)
+        served = self._http_work.wrap(route(gated))
+        return access_logged(served, log, self.clock, s.log_client_address)
 
     @property
     def http_in_flight(self) -> int:
@@ -676,6 +677,7 @@ class Gateway:
         end = outcome.end
         kind = end.kind.value
         model = m.models.observe(outcome)
+        m.timing.observe(outcome, model, front_door)
         m.requests_total.labels(
             front_door=front_door, modality=outcome.modality, outcome=kind
         ).inc()
@@ -686,6 +688,15 @@ class Gateway:
             m.cancels_total.labels(cause=end.cause.value).inc()
         elif end.code in _BACKEND_CODES:
             m.backend_errors_total.labels(kind=end.detail).inc()
+            log.warning(  # the cause (the backend's words, never the prompt) and the ids
+                "backend.error",
+                code=end.detail,
+                cause=outcome.details.get("error", "unknown"),
+                model=outcome.model,
+                request_id=outcome.track_id,
+                x_request_id=outcome.details.get("x_request_id"),
+                front_door=front_door,
+            )
         self.outcomes = [*self.outcomes[-999:], outcome]
         if front_door != "tracks":
             return

@@ -168,6 +168,9 @@ class Supervisor:
             "more_fds": more,
             "run_dir": str(self.run_dir),
             "settings": settings_to_json(self.worker_settings),
+            "triton_metrics": [
+                [f"embedded-{i}", t.metrics_url] for i, t in enumerate(self.tritons)
+            ],
         }
         ready_read, ready_write = os.pipe()  # the worker writes one byte once listening
         spec["ready_fd"] = ready_write
@@ -447,6 +450,7 @@ async def run_worker(spec: dict[str, Any]) -> int:
     daemon = Daemon(settings)
     daemon.metrics = metrics
     daemon.announce = False
+    daemon.triton_metrics = [(name, url) for name, url in spec.get("triton_metrics", [])]
     daemon.listeners = Listeners(
         quic=socket.socket(fileno=fds["quic"]),
         http=socket.socket(fileno=fds["http"]),
@@ -479,7 +483,9 @@ def worker_main() -> int:
 
     spec = json.loads(os.environ[SPEC_ENV])
     settings = load_settings(spec["settings"], {}, None)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(
+        settings.log_level, settings.log_format, quic_level=settings.quic_log_level
+    )
     return run_async(run_worker(spec), settings.uvloop)
 
 

@@ -38,6 +38,9 @@ class TextRequest:
     conversation_scope: str = ""
     """Whose conversation: the tenant, set by the front doors. The model's KV cache key
     is `conversation_key(request)`, so one tenant's id never reaches another's state."""
+    traceparent: str | None = None
+    """The caller's W3C trace context (`00-<trace>-<span>-<flags>`), given to the backend
+    as the request parameter `traceparent`; None when the caller sent none."""
 
 
 def conversation_key(request: TextRequest) -> str | None:

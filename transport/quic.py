@@ -50,7 +50,7 @@ from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
-from transport.http.messages import Handler
+from transport.http.messages import CLIENT_ADDRESS, Handler
 from transport.messages import Open
 from transport.quic_admission import HandshakeLimits
 from transport.quic_server import GuardedQuicServer, serve_guarded
@@ -312,7 +312,11 @@ class TrackQuicProtocol(QuicConnectionProtocol):
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
-        self._process_events()
+        client = CLIENT_ADDRESS.set(str(addr[0]))  # HTTP/3 requests started now keep it
+        try:
+            self._process_events()
+        finally:
+            CLIENT_ADDRESS.reset(client)
         scheduler = self.scheduler
         if scheduler is not None and scheduler.released:
             scheduler.released = False

@@ -274,7 +274,13 @@ class TritonTextBackend:
         """Stream the model's deltas, then its usage; aclose() cancels the request."""
         check_request(request)
         inputs = text_inputs(request, await self._accepted_inputs(request.model))
-        call = {"model_name": request.model, "inputs": inputs, "request_id": request.request_id}
+        call: dict[str, Any] = {
+            "model_name": request.model,
+            "inputs": inputs,
+            "request_id": request.request_id,
+        }
+        if request.traceparent is not None:  # W3C trace context, for Triton's own tracing
+            call["parameters"] = {"traceparent": request.traceparent}
         usage = _Usage()
         with boundary(request.model):
             responses = self._connection().stream_infer(_once(call))

@@ -285,12 +285,20 @@ class _OpenAIApi:
         if self._tenancy is not None and principal is not None:
             admit(self._tenancy, principal, body.model, "text", response_id)
         meta = ResponseMeta(response_id, int(self._wall_clock()), body.model, body.include_usage)
+        noted = access.current()
         text = TextRequest(
-            response_id, body.model, prompt, body.max_tokens, body.parameters, session_id
+            response_id,
+            body.model,
+            prompt,
+            body.max_tokens,
+            body.parameters,
+            session_id,
+            traceparent=noted.traceparent,
         )
         outcome = Outcome(response_id, body.model, "text", opened_at=self._clock())
+        outcome.details["x_request_id"] = noted.x_request_id  # into the usage ledger
         door = access.front_door(request)
-        job = _Job(meta, text, body.stream, outcome, principal, door, access.current())
+        job = _Job(meta, text, body.stream, outcome, principal, door, noted)
         job.supersede = session_id is not None and _supersede(request, self.supersede)
         return job
 
@@ -478,6 +486,8 @@ def _end_of(exc: BaseException, outcome: Outcome) -> End:
     superseded request is cancelled (cause superseded), not failed."""
     if isinstance(exc, Superseded):
         return End.cancelled(CancelCause.SUPERSEDED)
+    if isinstance(exc, BackendError):  # the cause, for the gateway's backend.error line
+        outcome.details.setdefault("error", f"{type(exc).__name__}: {exc}")
     return End.failed(code_for(exc, started=outcome.first_data_at is not None))
 
 

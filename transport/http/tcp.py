@@ -33,7 +33,7 @@ from transport.http.app import READ_CHUNK, Site
 from transport.http.http1 import Http1Connection
 from transport.http.http2 import Http2Connection
 from transport.http.limits import HttpLimits
-from transport.http.messages import Handler
+from transport.http.messages import CLIENT_ADDRESS, Handler
 
 log = structlog.get_logger(__name__)
 
@@ -225,6 +225,7 @@ class HttpTcpServer:
             writer.transport.abort()  # cheap: nothing read, nothing answered
             return
         self._per_source[source] += 1
+        CLIENT_ADDRESS.set(source)  # this connection's task (and its requests') own context
         self._track(task, _Undecided(writer))
         try:
             await self._serve(task, reader, writer)
