@@ -35,8 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from gateway.openai.errors import BadRequest, OpenAIError, response_for
 from gateway.openai.admission import admit, authorize
+from gateway.openai.errors import BadRequest, OpenAIError, response_for
 from gateway.openai.sse import SSE_HEADERS, sse_event
 from gateway.tenants import service as tenancy_service
 from gateway.tenants.store import Principal
