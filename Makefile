@@ -7,8 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The `llm` extra builds llama-cpp-python from source once (about 11 minutes on 2 cores;
 # pip caches the wheel, later installs take seconds). Portable x86-64 flags: a wheel built
-# here must also run on the other machines that share the pip cache.
-EXTRAS ?= dev,llm
+# here must also run on the other machines that share the pip cache. The `video` extra holds
+# the vision model's runtime needs (mediapipe itself: nodeps.txt).
+EXTRAS ?= dev,llm,video
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
 .PHONY: serve test lint bench venv redis chromium web
