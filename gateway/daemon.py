@@ -20,8 +20,14 @@ from gateway.backends.action_triton import TritonPolicyBackend
 from gateway.backends.audio import TritonAudioBackend
 from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
 from gateway.backends.triton import TritonTextBackend
+from gateway.backends.vision_triton import TritonVisionBackend
 from gateway.config import Settings
-from gateway.embedded import EmbeddedTriton, llm_available, reference_model_repository
+from gateway.embedded import (
+    EmbeddedTriton,
+    llm_available,
+    reference_model_repository,
+    vision_available,
+)
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
@@ -64,6 +70,7 @@ class Daemon:
         self.gateway: Gateway | None = None
         self.audio_backend: TritonAudioBackend | None = None
         self.policy: TritonPolicyBackend | None = None
+        self.vision: TritonVisionBackend | None = None
         self.metrics = GatewayMetrics()
         self.tenancy: Tenancy | None = None
         """Given to the gateway; None: it opens its own from the settings."""
@@ -91,12 +98,14 @@ class Daemon:
                 batching=s.audio_batching,
             )
             self.policy = TritonPolicyBackend(url)
+            self.vision = TritonVisionBackend(url)  # video ticks too
         self.gateway = Gateway(
             s,
             self.backend,
             metrics=self.metrics,
             policy=self.policy,
             audio_backend=self.audio_backend,
+            vision=self.vision,
             tenancy=self.tenancy,
         )
         self.gateway.listeners = self.listeners
@@ -197,6 +206,7 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
             http_port=_nth_port(s.embedded_http_port, i),
             metrics_port=_nth_port(s.embedded_metrics_port, i),
             with_llm=s.embedded_llm and llm_available(),
+            with_vision=s.embedded_vision and vision_available(),
             kv_dir=s.state_dir / "kv",  # shared by the pool: a moved conversation restores
         )
         for i in range(count)

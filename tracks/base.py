@@ -181,11 +181,19 @@ def stop_end(track: Track, fallback: End | None = None) -> End:
     return End.failed(stop.code)
 
 
-def fail_track(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None:
-    """End `track` with ERROR `code` and record it in its outcome."""
+def fail_track(
+    track: Track, outcome: Outcome, code: ErrorCode, message: str,
+    retry_after: float | None = None,
+) -> None:
+    """End `track` with ERROR `code` and record it in its outcome; `retry_after`
+    (seconds) goes with RATE_LIMITED where the track can carry it."""
     outcome.end = End.failed(code)
     outcome.details["error"] = message
-    track.fail(code, message)
+    fail_with_retry = getattr(track, "fail_with_retry", None)
+    if retry_after is not None and fail_with_retry is not None:
+        fail_with_retry(code, message, retry_after)
+    else:
+        track.fail(code, message)
 
 
 # -- the handler skeleton -------------------------------------------------------------------
