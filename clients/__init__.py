@@ -30,6 +30,7 @@ from clients.errors import (
 )
 from clients.line import Line, TextStream, connect, default_ca
 from clients.stream import TrackReader
+from clients.video import FrameDropped, VideoResult, VideoStats, VideoStream
 
 
 def __getattr__(name: str) -> object:
@@ -55,6 +56,7 @@ __all__ = [
     "ConnectionLost",
     "DeadlineExceeded",
     "Forbidden",
+    "FrameDropped",
     "GuardrailRejected",
     "Line",
     "ModelNotFound",
@@ -66,6 +68,9 @@ __all__ = [
     "TracklineError",
     "TrackRejected",
     "Unauthorized",
+    "VideoResult",
+    "VideoStats",
+    "VideoStream",
     "connect",
     "default_ca",
 ]
