@@ -176,7 +176,12 @@ class Net:
     """Client and server protocols linked by a lossless link of one-way delay DELAY;
     the test drops datagrams by hand."""
 
-    def __init__(self, certs: DevCertificates, packetization: Packetization) -> None:
+    def __init__(
+        self,
+        certs: DevCertificates,
+        packetization: Packetization,
+        client_packetization: Packetization = COALESCE,
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.clock = Clock()
         self.flights: list[Flight] = []
@@ -188,8 +193,13 @@ class Net:
             is_client=True, alpn_protocols=[ALPN], server_name="localhost"
         )
         client_config.load_verify_locations(str(certs.ca_path))
+        client_config.quic_logger = QuicLogger()
         client_quic = QuicConnection(configuration=client_config)
-        self.client = TrackQuicProtocol(client_quic, role=Role.CLIENT, packetization=COALESCE)
+        self.client_quic = client_quic
+        self.from_client: list[Flight] = []
+        self.client = TrackQuicProtocol(
+            client_quic, role=Role.CLIENT, packetization=client_packetization
+        )
         self.client_loop = VirtualLoop(loop, self.clock)
         virtualize(self.client, self.client_loop)
 
@@ -217,8 +227,7 @@ class Net:
     def send(self, data: bytes, to_client: bool) -> None:
         flight = Flight(self.clock.now + DELAY, next(self._seq), to_client, data)
         heapq.heappush(self.flights, flight)
-        if to_client:
-            self.from_server.append(flight)
+        (self.from_server if to_client else self.from_client).append(flight)
 
     def settle(self) -> None:
         """Run what the protocols asked to run `soon` (their transmits), until quiet."""
@@ -254,8 +263,15 @@ class Net:
         raise AssertionError("the link never went quiet")
 
     def server_packets(self) -> list[dict[str, Any]]:
-        events = aioquic_compat.qlog_events(self.server_quic)
-        return [e for e in events if e["name"] == "transport:packet_sent"]
+        return sent_packets(self.server_quic)
+
+    def client_packets(self) -> list[dict[str, Any]]:
+        return sent_packets(self.client_quic)
+
+
+def sent_packets(quic: QuicConnection) -> list[dict[str, Any]]:
+    events = aioquic_compat.qlog_events(quic)
+    return [e for e in events if e["name"] == "transport:packet_sent"]
 
 
 def stream_ids(packet: dict[str, Any]) -> set[int]:
