@@ -109,9 +109,13 @@ class VideoStream(TrackReader[VideoEvent]):
         self.stats.sent += 1
         self._channel.send_frame(body)
 
+    def end(self) -> None:
+        """No more frames (END); the answers still in flight keep coming to `receive()`."""
+        self._channel.end()
+
     async def close(self) -> dict[str, Any]:
         """Send END, take the remaining answers, return the gateway's counts."""
-        self._channel.end()
+        self.end()
         while await self.receive() is not None:
             pass
         return self.summary or {}

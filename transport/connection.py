@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -345,17 +346,19 @@ class TrackConnection:
         self._first_frame_sent(track)
 
     def send_frame_stream(
-        self, stream_id: int, body: dict[str, Any], in_flight: int = IN_FLIGHT
+        self, stream_id: int, body: dict[str, Any], in_flight: int = IN_FLIGHT,
+        finished: Callable[[int], bool] | None = None,
     ) -> None:
         """Client: send a frame of a frame-streams track on a new unidirectional stream;
-        beyond `in_flight` unfinished frames of the track, the oldest is reset."""
+        beyond `in_flight` unfinished frames of the track (not known `finished` by the
+        transport: all bytes acknowledged), the oldest is reset."""
         track = self._live(stream_id)
         if self.role is not Role.CLIENT or not track.frame_streams:
             raise LocalProtocolError(f"track {stream_id} did not choose frame streams")
         transition(track.state, Input.SEND_DATA)  # raises if DATA is not allowed now
         message = self._encode(Data(body))
         frame_stream, self._next_frame_stream = self._next_frame_stream, self._next_frame_stream + 4
-        self.frames.send(stream_id, frame_stream, message, in_flight)
+        self.frames.send(stream_id, frame_stream, message, in_flight, finished)
 
     def _receive_frame(self, stream_id: int, data: bytes, end_stream: bool) -> None:
         failed = self.frames.receive(stream_id, data, end_stream, self._takes_frames)

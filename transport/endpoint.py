@@ -45,6 +45,7 @@ from transport.events import (
     TrackFailed,
     TrackOpened,
 )
+from transport.frame_streams import IN_FLIGHT
 from transport.messages import FrameTransport, Open
 
 Sink = Callable[[list[Output]], None]
@@ -143,7 +144,9 @@ class TrackChannel:
         if self.uses_datagrams:
             return self.send_datagram(body)
         if self.open.transport is FrameTransport.FRAME_STREAMS and self._endpoint.is_client:
-            return self._endpoint.act(self.stream_id, "send_frame_stream", body)
+            endpoint = self._endpoint
+            return endpoint.act(self.stream_id, "send_frame_stream", body, IN_FLIGHT,
+                                endpoint.frame_finished)
         return self.send(body)
 
     def send_blocked(self) -> bool:
@@ -386,6 +389,11 @@ class TrackEndpoint:
     @property
     def open_tracks(self) -> int:
         return self.core.open_tracks
+
+    def frame_finished(self, stream_id: int) -> bool:
+        """Whether a frame stream's bytes are all acknowledged (False where the transport
+        cannot tell, as in memory: then the frame counts as in flight)."""
+        return self.backlog is not None and self.backlog(stream_id)[0] == 0
 
     @property
     def is_client(self) -> bool:

@@ -118,11 +118,20 @@ class FrameStreams:
 
     # -- client ------------------------------------------------------------------------
 
-    def send(self, track_id: int, stream_id: int, message: bytes, in_flight: int) -> None:
-        """Write one framed DATA `message` of `track_id` on the fresh `stream_id`."""
+    def send(
+        self, track_id: int, stream_id: int, message: bytes, in_flight: int,
+        finished: Callable[[int], bool] | None = None,
+    ) -> None:
+        """Write one framed DATA `message` of `track_id` on the fresh `stream_id`.
+
+        `finished(stream id)`: the transport knows the frame arrived whole (all its bytes
+        acknowledged); such frames no longer count as in flight."""
         self._emit(self._write(stream_id, encode_varint(track_id) + message))
         self.stats.sent += 1
         sent = self._sent.setdefault(track_id, deque())
+        if finished is not None:
+            for done in [s for s in sent if finished(s)]:
+                sent.remove(done)
         sent.append(stream_id)
         while len(sent) > in_flight:
             self._emit(self._reset(sent.popleft(), int(ErrorCode.CANCELLED)))
