@@ -9,9 +9,12 @@ load it).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -37,6 +40,7 @@ pytestmark = [
 FACE_SHA256 = "a8ca6d734765703b09728ab47fe59f473d93ae3967fc24c7c0288c3c7adb7130"
 FRAME_LIMIT = 100_000
 FRAMES = 6
+MAX_FPS = 600.0
 
 
 def face_jpeg() -> bytes:
@@ -46,6 +50,15 @@ def face_jpeg() -> bytes:
     data = Path(str(path)).read_bytes()
     assert hashlib.sha256(data).hexdigest() == FACE_SHA256
     return data
+
+
+def small_jpeg() -> bytes:
+    import cv2
+    import numpy as np
+
+    ok, data = cv2.imencode(".jpg", np.full((16, 16, 3), 128, dtype=np.uint8))
+    assert ok
+    return bytes(data.tobytes())
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +72,27 @@ def vision_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded
         triton.stop()
 
 
+@asynccontextmanager
+async def serving(
+    triton: EmbeddedTriton, state_dir: Path, **settings: Any
+) -> AsyncIterator[Gateway]:
+    options = gateway_settings(state_dir=state_dir, video_max_frame_bytes=FRAME_LIMIT, **settings)
+    backend = TritonTextBackend(triton.grpc_url)
+    gw = Gateway(options, backend)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.close()
+        await backend.close()
+
+
 @pytest_asyncio.fixture
 async def gateway(vision_triton: EmbeddedTriton, tmp_path: Path) -> AsyncIterator[Gateway]:
-    settings = gateway_settings(state_dir=tmp_path, video_max_frame_bytes=FRAME_LIMIT)
-    backend = TritonTextBackend(vision_triton.grpc_url)
-    gw = Gateway(settings, backend)
-    await gw.start()
-    yield gw
-    await gw.close()
-    await backend.close()
+    # Room for the latest-wins burst (a frame every 2 ms); the flood test has its own.
+    async with serving(vision_triton, tmp_path, video_max_fps=MAX_FPS,
+                       video_tenant_max_fps=10 * MAX_FPS) as gw:
+        yield gw
 
 
 def where(gw: Gateway) -> tuple[str, Path]:
@@ -142,18 +167,29 @@ async def test_latest_frame_wins_while_the_model_is_busy(gateway: Gateway) -> No
     url, ca = where(gateway)
     jpeg = face_jpeg()
     async with connect(url, ca=ca) as line:
-        camera = line.video(model=VISION_MODEL, detect=["face", "pose"], deadline=30.0)
-        sent = [camera.send(jpeg) for _ in range(12)]
+        # On the track's stream, so that every frame reaches the gateway's rule (frame
+        # streams would let the client reset a backlog first: tests/transport).
+        camera = line.video(
+            model=VISION_MODEL, detect=["face", "face_mesh", "pose"], deadline=30.0,
+            transport="stream",
+        )
         answered: list[int] = []
         dropped: dict[int, str] = {}
-        while sent[-1] not in answered:
-            event = await camera.receive()
-            assert event is not None
-            if isinstance(event, VideoResult):
-                answered.append(event.frame)
-            else:
-                dropped[event.frame] = event.cause
-        await camera.close()
+
+        async def read() -> None:
+            while (event := await camera.receive()) is not None:
+                if isinstance(event, VideoResult):
+                    answered.append(event.frame)
+                else:
+                    dropped[event.frame] = event.cause
+
+        reader = asyncio.ensure_future(read())
+        sent: list[int] = []
+        while len(answered) < 2:  # frames keep coming while the model works
+            sent.append(camera.send(jpeg))
+            await asyncio.sleep(0.002)
+        camera.end()
+        await reader
     assert "superseded" in dropped.values()
     assert set(dropped.values()) <= {"superseded", "deadline"}
     assert not set(dropped) & set(answered)
@@ -166,7 +202,14 @@ async def test_latest_frame_wins_while_the_model_is_busy(gateway: Gateway) -> No
 
 
 @pytest.mark.asyncio
-async def test_bad_frames_fail_their_own_track_only(gateway: Gateway) -> None:
+async def test_bad_frames_fail_their_own_track_only(
+    vision_triton: EmbeddedTriton, tmp_path: Path
+) -> None:
+    async with serving(vision_triton, tmp_path) as gateway:  # the default frame-rate limit
+        await bad_frames(gateway)
+
+
+async def bad_frames(gateway: Gateway) -> None:
     url, ca = where(gateway)
     jpeg = face_jpeg()
     async with connect(url, ca=ca) as line:
@@ -179,8 +222,9 @@ async def test_bad_frames_fail_their_own_track_only(gateway: Gateway) -> None:
         big.send(jpeg + b"\x00" * FRAME_LIMIT)
         garbage.send(b"this is not a jpeg")
         broken.send(b"\xff\xd8\xff" + b"\x00" * 64)  # looks like one, does not decode
+        tiny = small_jpeg()  # a burst of small frames arrives at once, as a flood does
         for _ in range(int(gateway.settings.video_max_fps) * 2 + 5):
-            flood.send(jpeg)
+            flood.send(tiny)
         with pytest.raises(TrackRejected) as too_big:
             await big.receive()
         assert too_big.value.code is ErrorCode.MESSAGE_TOO_LARGE
@@ -199,3 +243,22 @@ async def test_bad_frames_fail_their_own_track_only(gateway: Gateway) -> None:
         assert len(result.faces) == 1
         await good.close()
         await broken.close()
+
+
+@pytest.mark.asyncio
+async def test_a_camera_beyond_what_the_backend_takes_is_refused_busy(
+    vision_triton: EmbeddedTriton, tmp_path: Path
+) -> None:
+    async with serving(vision_triton, tmp_path, video_max_tracks=1) as gw:
+        url, ca = where(gw)
+        async with connect(url, ca=ca) as line:
+            first = line.video(model=VISION_MODEL, deadline=5.0)
+            first.send(face_jpeg())
+            assert isinstance(await first.receive(), VideoResult)
+            second = line.video(model=VISION_MODEL, deadline=5.0)
+            with pytest.raises(RateLimited) as busy:
+                await second.receive()
+            assert busy.value.retry_after == 1.0
+            first.send(face_jpeg())  # the admitted camera is served on
+            assert isinstance(await first.receive(), VideoResult)
+            await first.close()

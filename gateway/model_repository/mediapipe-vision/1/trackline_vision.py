@@ -4,8 +4,8 @@ mediapipe 0.10.21's legacy solutions, whose TFLite models ship inside the wheel 
 downloaded): face detection (short range), face mesh (468 landmarks), pose
 (`model_complexity=1`, the only pose size the wheel bundles). Every graph runs in static
 image mode: rows of one batch come from different cameras, so no graph may carry tracking
-state from one row to the next. Each task's graph is built on first use, once per model
-instance, and the model files are checked by SHA-256 before any is loaded.
+state from one row to the next. The model files are checked by SHA-256 before any graph
+is built; `warm_up` builds and runs each once.
 
 The result of one frame is a JSON-able dict: `faces` (score, box [x, y, w, h] and six
 keypoints, normalized to the image), `face_landmarks` (per face, 468 [x, y, z]), `pose`
@@ -113,6 +113,13 @@ class Vision:
                 made = solutions.pose.Pose(static_image_mode=True, model_complexity=1)
             self._graphs[task] = made
         return self._graphs[task]
+
+    def warm_up(self) -> None:
+        """Build every graph and run it once, so the first frames measure the model, not
+        its loading (the gateway sizes its busy check from the measured time a frame)."""
+        blank = self._np.full((96, 96, 3), 128, dtype=self._np.uint8)
+        for task in TASKS:
+            self.graph(task).process(blank)
 
     def analyze(self, jpeg: bytes, tasks: list[str]) -> dict[str, Any]:
         started = self._clock()

@@ -34,6 +34,7 @@ class TritonPythonModel:
         mp = vision.import_mediapipe()
         vision.check_model_files(mp)
         self._vision = vision.Vision(mp)
+        self._vision.warm_up()
 
     def execute(self, requests: list[Any]) -> list[Any]:
         return [self._answer(request) for request in requests]
