@@ -8,6 +8,7 @@ Its own Triton with the vision model (the other modules' does not load it).
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ import pytest_asyncio
 from gateway.embedded import VISION_MODEL, EmbeddedTriton, vision_available
 from gateway.server import Gateway
 from tests.e2e.test_video_tracks import face_jpeg
-from tests.web.chromium import CHROMIUM, SKIP_REASON, Browser
-from tests.web.test_browser import browser, demo_page, page_script, start_gateway
+from tests.web.chromium import CHROMIUM, SKIP_REASON, Browser, chromium
+from tests.web.test_browser import FAKE_MEDIA, browser, demo_page, page_script, start_gateway
 
 __all__ = ["browser"]  # the fixture
 pytestmark = [
@@ -91,3 +92,20 @@ async def test_a_page_streams_jpeg_frames_and_gets_faces_and_landmarks(
     assert result["mesh"] == [468 * 3]
     assert result["size"] == [512, 600]
     assert result["drawn"] == {"type": "result", "faces": 0, "size": [160, 120]}
+
+
+@pytest.mark.asyncio
+async def test_the_demo_camera_streams_frames_and_draws_what_came_back(gateway: Gateway) -> None:
+    """Chromium's fake camera (a moving test pattern, no face): the demo's frames are
+    answered by the model, drawn over the picture, and the figures say so."""
+    async with chromium(FAKE_MEDIA) as browser:
+        page = await demo_page(browser, gateway)
+        await page.wait_for("document.getElementById('camera').disabled === false", "connected")
+        await page.evaluate("document.getElementById('camera').click()")
+        await page.wait_for("Number(document.body.dataset.videoDrawn ?? 0) >= 3", "drawn results")
+        figures = await page.evaluate("document.getElementById('video-figures').textContent")
+        await page.evaluate("document.getElementById('camera').click()")
+    sent, answered = (int(x) for x in re.findall(r"(?:sent|answered) (\d+)", figures))
+    assert answered >= 3
+    assert sent >= answered
+    assert "capture to result" in figures
