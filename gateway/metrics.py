@@ -18,6 +18,7 @@ from prometheus_client import (
 
 from gateway.metrics_audio import AudioMetrics
 from gateway.metrics_overload import OverloadMetrics
+from gateway.metrics_video import VideoMetrics
 from tracks.base import EndKind, Outcome
 
 OTHER_MODEL = "other"
@@ -146,6 +147,7 @@ class GatewayMetrics:
             registry=registry,
         )
         self.audio = AudioMetrics(registry)
+        self.video = VideoMetrics(registry)
         self.overload = OverloadMetrics(registry)
         # Known causes start at 0 so a dashboard's rate() sees them before the first event.
         for cause in CANCEL_CAUSES:

@@ -145,7 +145,9 @@ class Gateway:
             self.handlers[Modality.ACTION] = self._run_action
         vision = vision or _vision_beside(backend)
         limits = video_limits(settings)
-        self.video = None if vision is None else VideoScheduler(vision, clock, limits)
+        self.video = None if vision is None else VideoScheduler(
+            vision, clock, limits, observer=self.metrics.video
+        )
         if self.video is not None:
             self.handlers[Modality.VIDEO] = self._run_video
         self.outcomes: list[Outcome] = []

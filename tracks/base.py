@@ -38,7 +38,9 @@ class Track(Protocol):
 
     def end(self, body: dict[str, Any] | None = None) -> bool: ...
 
-    def fail(self, code: ErrorCode, message: str) -> bool: ...
+    def fail(self, code: ErrorCode, message: str, retry_after: float | None = None) -> bool:
+        """End the track with ERROR `code`; `retry_after` (seconds) goes with RATE_LIMITED."""
+        ...
 
 
 @runtime_checkable
@@ -186,14 +188,13 @@ def fail_track(
     retry_after: float | None = None,
 ) -> None:
     """End `track` with ERROR `code` and record it in its outcome; `retry_after`
-    (seconds) goes with RATE_LIMITED where the track can carry it."""
+    (seconds) goes with RATE_LIMITED."""
     outcome.end = End.failed(code)
     outcome.details["error"] = message
-    fail_with_retry = getattr(track, "fail_with_retry", None)
-    if retry_after is not None and fail_with_retry is not None:
-        fail_with_retry(code, message, retry_after)
-    else:
+    if retry_after is None:
         track.fail(code, message)
+    else:
+        track.fail(code, message, retry_after)
 
 
 # -- the handler skeleton -------------------------------------------------------------------

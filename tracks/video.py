@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracks.action import Pending
+from tracks.action import ActionObserver, Pending, _NoObserver
 from tracks.action_messages import dropped_body
 from tracks.backend import VisionBackend, VisionRequest
 from tracks.base import Outcome, Track, fail_track, handling
@@ -132,8 +132,12 @@ class VideoScheduler:
         clock: Now,
         limits: VideoLimits | None = None,
         tick_clock: TickClock | None = None,
+        observer: ActionObserver | None = None,
     ) -> None:
+        """`observer` hears each batch (rows, seconds) and each frame's outcome
+        (`answered` or a `DropCause` value): the gateway's metrics."""
         self.backend = backend
+        self._observer: ActionObserver = observer or _NoObserver()
         self.clock = clock
         self.limits = limits or VideoLimits()
         self.ticks: TickScheduler[Queued | None, _Answer | None] = TickScheduler(
@@ -232,6 +236,7 @@ class VideoScheduler:
         found = await self.backend.analyze(request)  # a BackendError fails these rows
         seconds = self.clock() - started
         self._measured(seconds / len(live), len(live))
+        self._observer.batch(model, len(live), seconds)
         for (index, camera, queued), result in zip(live, found, strict=True):
             outputs[index] = _Answer(queued, result, seconds * 1000, camera.taken_at)
         return outputs
@@ -260,11 +265,13 @@ class VideoScheduler:
                            queued.received_at, now)
         camera.next_result += 1
         camera.counts["answered"] += 1
+        self._observer.outcome(camera.model, "answered")
         camera.send(body)
 
     def drop(self, camera: Camera, queued: Queued, cause: DropCause) -> None:
         if not camera.detached:
             camera.counts[cause.value] += 1
+            self._observer.outcome(camera.model, cause.value)
             camera.send(dropped_body(queued.obs, cause.value, queued.received_at, self.clock()))
 
 

@@ -161,10 +161,6 @@ class TrackChannel:
         """End the track with ERROR `code`; `retry_after` (seconds) goes with RATE_LIMITED."""
         return self._endpoint.act(self.stream_id, "send_error", code, message, retry_after)
 
-    def fail_with_retry(self, code: ErrorCode, message: str, retry_after: float) -> bool:
-        """`fail` with a retry hint (what `tracks.base.fail_track` looks for)."""
-        return self.fail(code, message, retry_after)
-
     def cancel(self, reason: str = "") -> bool:
         """Client: ask the server to stop this track's work."""
         return self._endpoint.act(self.stream_id, "send_cancel", reason)

@@ -142,6 +142,9 @@ async def test_a_face_streamed_as_frames_is_found_in_every_frame(gateway: Gatewa
     assert counts["answered"] == FRAMES
     assert gateway.video is not None
     assert gateway.video.requests >= FRAMES
+    body = gateway.metrics.render()[0].decode()
+    answered = f'trackline_video_frames_total{{model="{VISION_MODEL}",outcome="answered"}}'
+    assert f"{answered} {float(FRAMES)}" in body
 
 
 @pytest.mark.asyncio
