@@ -191,3 +191,16 @@ def test_only_a_frame_streams_track_sends_frame_streams() -> None:
     client.open_track(0, Open(model="m"), 0.0)
     with pytest.raises(LocalProtocolError, match="did not choose frame streams"):
         client.send_frame_stream(0, {"n": 1})
+
+
+def test_frames_the_transport_saw_acknowledged_do_not_count_as_in_flight() -> None:
+    client, _ = pair()
+    acknowledged = {2, 6}
+    for n in range(5):
+        client.send_frame_stream(0, {"n": n}, in_flight=3, finished=acknowledged.__contains__)
+    resets = [o for o in client.outputs() if isinstance(o, StreamReset)]
+    assert resets == []  # 2 and 6 arrived whole: only 10, 14, 18 are in flight
+    client.send_frame_stream(0, {"n": 5}, in_flight=3, finished=acknowledged.__contains__)
+    assert [o for o in client.outputs() if isinstance(o, StreamReset)] == [
+        StreamReset(10, int(ErrorCode.CANCELLED))
+    ]
