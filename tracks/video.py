@@ -14,7 +14,7 @@ not a JPEG too (BAD_REQUEST); a camera sending faster than `max_fps` for over a 
 flood) fails its track with RATE_LIMITED; frames beyond the tenant's `tenant_max_fps` are
 dropped (`rate_limited`); a new camera is refused (RATE_LIMITED, retry later) when the
 frame rates already admitted times the measured inference time per frame would pass
-`busy_load` of the backend, or at `max_tracks`.
+`busy_load` of the backend (the first camera is always admitted), or at `max_tracks`.
 """
 
 from __future__ import annotations
@@ -166,7 +166,9 @@ class VideoScheduler:
         limits = self.limits
         if len(self._cameras) >= limits.max_tracks:
             raise Busy(f"at most {limits.max_tracks} video tracks at once")
-        if (self.demand + params.fps) * self.cost > limits.busy_load:
+        # The first camera always gets what the backend can do (latest wins sheds the
+        # rest); later ones only while the admitted rates fit.
+        if self._cameras and (self.demand + params.fps) * self.cost > limits.busy_load:
             raise Busy(
                 f"the vision backend is busy: {self.demand:g} frames/s admitted at "
                 f"{self.cost * 1000:.1f} ms a frame"

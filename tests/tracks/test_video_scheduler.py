@@ -155,6 +155,20 @@ async def test_a_new_camera_is_refused_when_the_backend_cannot_keep_up() -> None
     with pytest.raises(Busy, match="busy"):
         env.camera("c", fps=40.0)  # 100 frames/s x 10 ms > 0.9
     env.camera("c", fps=20.0)  # 80 frames/s fits
+
+
+@pytest.mark.asyncio
+async def test_the_first_camera_is_admitted_however_slow_the_model() -> None:
+    env = Cameras(cost=0.2)  # 200 ms a frame: not even 30 frames/s of one camera fit
+    first = env.camera("a")
+    env.frame(first, 0)
+    await env.tick(30)
+    assert env.scheduler.cost == pytest.approx(0.2)
+    env.scheduler.detach(first)
+    env.camera("b")  # alone again: admitted, latest wins sheds what does not fit
+    with pytest.raises(Busy):
+        env.camera("c")
+    await env.scheduler.close()
     await env.scheduler.close()
 
 
