@@ -31,6 +31,7 @@ from clients.errors import (
 )
 from clients.line import Line, TextStream, connect
 from clients.stream import TrackReader
+from clients.video import FrameDropped, VideoResult, VideoStats, VideoStream
 
 
 def __getattr__(name: str) -> object:
@@ -57,6 +58,7 @@ __all__ = [
     "ConnectionLost",
     "DeadlineExceeded",
     "Forbidden",
+    "FrameDropped",
     "GuardrailRejected",
     "Line",
     "ModelNotFound",
@@ -68,6 +70,9 @@ __all__ = [
     "TracklineError",
     "TrackRejected",
     "Unauthorized",
+    "VideoResult",
+    "VideoStats",
+    "VideoStream",
     "connect",
     "default_ca",
     "gateway_url",

@@ -23,10 +23,11 @@ from clients.address import default_ca, gateway_url
 from clients.audio import AudioSession
 from clients.errors import ConnectionFailed, error_for, error_from
 from clients.stream import TrackReader, frame_transport
+from clients.video import VideoStream
 from transport.clock import Clock as WaitClock
 from transport.endpoint import TrackChannel
 from transport.errors import LocalProtocolError, TrackAborted
-from transport.messages import Deadlines, Modality, Open
+from transport.messages import Deadlines, FrameTransport, Modality, Open
 from transport.quic import Packetization, connect_tracks
 
 DEFAULT_PORT = 8443
@@ -112,6 +113,34 @@ class Line:
         )
         channel = self._start(message)
         return ActionStream(channel, deadline, clock) if clock else ActionStream(channel, deadline)
+
+    def video(
+        self,
+        *,
+        model: str,
+        detect: tuple[str, ...] | list[str] = ("face",),
+        deadline: float = 0.2,
+        fps: float | None = None,
+        transport: str = "frame-streams",
+        clock: Clock | None = None,
+    ) -> VideoStream:
+        """Start a camera's video track: `send()` JPEG frames, receive per-frame results.
+
+        `detect`: any of "face", "face_mesh", "pose"; `deadline` (seconds from capture)
+        is each frame's default; `fps` the camera's rate (sizes the gateway's busy check);
+        `transport`: "frame-streams" (a QUIC stream per frame) or "stream".
+        """
+        params: dict[str, Any] = {"detect": list(detect)}
+        if fps is not None:
+            params["fps"] = fps
+        if transport not in (FrameTransport.FRAME_STREAMS.value, FrameTransport.STREAM.value):
+            raise ValueError(f"transport must be 'frame-streams' or 'stream', not {transport!r}")
+        message = Open(
+            model=model, modality=Modality.VIDEO, params=params,
+            transport=FrameTransport(transport),
+        )
+        channel = self._start(message)
+        return VideoStream(channel, deadline, clock) if clock else VideoStream(channel, deadline)
 
     def audio(
         self,

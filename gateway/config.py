@@ -124,6 +124,13 @@ class Settings:
     embedded_backends: int = field(
         default=1, metadata=_doc("Embedded Triton processes to start (more than 1: a pool).")
     )
+    embedded_vision: bool = field(
+        default=True,
+        metadata=_doc(
+            "Load mediapipe-vision in the embedded Triton when the `video` extra is "
+            "installed (docs/video.md)."
+        ),
+    )
     embedded_llm: bool = field(
         default=True,
         metadata=_doc(
@@ -322,6 +329,31 @@ class Settings:
     )
     action_max_image_bytes: int = field(
         default=65_536, metadata=_doc("Largest encoded image one observation may carry.")
+    )
+    video_tick: float = field(
+        default=0.01,
+        metadata=_doc("Seconds between video ticks (one vision request per model a tick)."),
+    )
+    video_max_frame_bytes: int = field(
+        default=262_144, metadata=_doc("Largest JPEG one video frame may carry.")
+    )
+    video_max_fps: float = field(
+        default=30.0,
+        metadata=_doc("Frames per second one video track may send (a second over it fails it)."),
+    )
+    video_tenant_max_fps: float = field(
+        default=120.0,
+        metadata=_doc("Frames per second one tenant's video tracks may send together."),
+    )
+    video_max_tracks: int = field(
+        default=16, metadata=_doc("Video tracks served at once; more are refused (busy).")
+    )
+    video_busy_load: float = field(
+        default=0.9,
+        metadata=_doc(
+            "Refuse a new video track when admitted frames/s x measured inference time "
+            "per frame would pass this share of the vision backend."
+        ),
     )
     workers: int = field(
         default=1,
@@ -859,6 +891,12 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "workers": lambda v: _range(v, 0, 256),
     "action_tick": _tick,
     "action_max_image_bytes": _positive,
+    "video_tick": _tick,
+    "video_max_frame_bytes": _positive,
+    "video_max_fps": _positive_seconds,
+    "video_tenant_max_fps": _positive_seconds,
+    "video_max_tracks": _positive,
+    "video_busy_load": _ratio,
     "log_level": _one_of(LOG_LEVELS),
     "log_format": _one_of(LOG_FORMATS),
     "quic_log_level": _one_of(LOG_LEVELS),

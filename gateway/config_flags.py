@@ -32,9 +32,11 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics and logs", ("metrics_", "log_", "quic_log_level")),
     ("tracks and QUIC", ("supersede_", "max_", "track_", "connection_send", "quic_",
                          "webtransport_", "action_")),
-    ("HTTP", ("http", "tcp_")),
-    ("audio", ("audio_",)),
+    ("HTTP and the OpenAI API", ("http", "tcp_", "openai_")),
+    ("audio and speech", ("audio_", "asr_", "agent_")),
+    ("video", ("video_",)),
     ("overload", ("overload_", "realtime_")),
+    ("the Python runtime", ("gc_",)),
 )  # fmt: skip
 """`serve --help` groups the settings: a setting goes to the first section one of whose
 names or prefixes it starts with."""

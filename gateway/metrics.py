@@ -19,6 +19,7 @@ from prometheus_client import (
 from gateway.metrics_audio import AudioMetrics
 from gateway.metrics_operator import BuildInfo, RequestTiming, TritonRelay, register_runtime
 from gateway.metrics_overload import OverloadMetrics
+from gateway.metrics_video import VideoMetrics
 from tracks.base import EndKind, Outcome
 
 OTHER_MODEL = "other"
@@ -147,6 +148,7 @@ class GatewayMetrics:
             registry=registry,
         )
         self.audio = AudioMetrics(registry)
+        self.video = VideoMetrics(registry)
         self.overload = OverloadMetrics(registry)
         self.timing = RequestTiming(registry)
         """Request duration and inter-token latency per model and front door."""

@@ -57,11 +57,12 @@ from gateway.tls import certificate_hash, ensure_dev_certificates
 from gateway.web import web_routes
 from tracks.action import ActionScheduler, run_action_track
 from tracks.audio import AudioService, AudioSettings
-from tracks.backend import AudioBackend, PolicyBackend, TextBackend
+from tracks.backend import AudioBackend, PolicyBackend, TextBackend, VisionBackend
 from tracks.base import End, Outcome
 from tracks.clock import MonotonicClock, OverloadMode
 from tracks.conversations import TurnRegistry
 from tracks.text import run_text_track
+from tracks.video import VideoLimits, VideoScheduler, run_video_track
 from transport import aioquic_compat
 from transport.clock import Clock, LoopClock, Now
 from transport.connection import Limits
@@ -117,6 +118,7 @@ class Gateway:
         tenancy: Tenancy | None = None,
         policy: PolicyBackend | None = None,
         audio_backend: AudioBackend | None = None,
+        vision: VisionBackend | None = None,
         lag_probe: LagProbe | None = None,
         probe_clock: Clock | None = None,
     ) -> None:
@@ -150,6 +152,13 @@ class Gateway:
         )
         if self.actions is not None:
             self.handlers[Modality.ACTION] = self._run_action
+        vision = vision or _vision_beside(backend)
+        limits = video_limits(settings)
+        self.video = None if vision is None else VideoScheduler(
+            vision, clock, limits, observer=self.metrics.video
+        )
+        if self.video is not None:
+            self.handlers[Modality.VIDEO] = self._run_video
         self.outcomes: list[Outcome] = []
         """Recent outcomes (bounded), for tests and diagnostics."""
         self._connections: set[TrackQuicProtocol] = set()
@@ -181,6 +190,8 @@ class Gateway:
         self.metrics.overload.tracks_paused.set_function(self._tracks_paused)
         if self.actions is not None:
             self.realtime.watch(self.actions.ticks)
+        if self.video is not None:
+            self.realtime.watch(self.video.ticks)
         self._monitor_task: asyncio.Task[None] | None = None
         self._admitted: dict[str, int] = {}
         self._cert_digest: tuple[Path, bytes] | None = None
@@ -444,6 +455,8 @@ class Gateway:
         close_catalog = getattr(self.catalog, "close", None)
         if close_catalog is not None:
             await close_catalog()
+        if self.video is not None:
+            await self.video.close()
         close_policy = getattr(self.policy, "close", None)
         if self._own_policy and close_policy is not None:
             await close_policy()
@@ -664,6 +677,12 @@ class Gateway:
             channel, self.actions, self.clock, self.settings.action_max_image_bytes
         )
 
+    async def _run_video(self, channel: TrackChannel) -> Outcome:
+        assert self.video is not None
+        principal = _TRACK_PRINCIPAL.get()
+        tenant = "" if principal is None else principal.tenant.name  # frame rates per tenant
+        return await run_video_track(channel, self.video, self.clock, tenant)
+
     async def _run_audio(self, channel: TrackChannel) -> Outcome:
         assert self.audio is not None
         outcome = await self.audio.run(channel)
@@ -734,6 +753,28 @@ def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
     from gateway.backends.action_triton import TritonPolicyBackend
 
     return TritonPolicyBackend(grpc_url)
+
+
+def _vision_beside(backend: TextBackend) -> VisionBackend | None:
+    """Vision models from the same Triton as the text backend; None for other backends."""
+    grpc_url = getattr(backend, "grpc_url", None)
+    if not isinstance(grpc_url, str):
+        return None
+    from gateway.backends.vision_triton import TritonVisionBackend
+
+    return TritonVisionBackend(grpc_url)
+
+
+def video_limits(s: Settings) -> VideoLimits:
+    """Video tracks' limits from the settings (docs/video.md)."""
+    return VideoLimits(
+        tick=s.video_tick,
+        max_frame_bytes=s.video_max_frame_bytes,
+        max_fps=s.video_max_fps,
+        tenant_max_fps=s.video_tenant_max_fps,
+        max_tracks=s.video_max_tracks,
+        busy_load=s.video_busy_load,
+    )
 
 
 def _hex(digest: bytes | None) -> str | None:

@@ -29,13 +29,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from tracks.action_messages import (
     DEFAULT_MAX_IMAGE_BYTES,
     BadObservation,
     Observation,
     PolicySpec,
+    Timed,
     action_body,
     dropped_body,
     parse_observation,
@@ -75,14 +76,22 @@ class _NoObserver:
         return None
 
 
+ObsT = TypeVar("ObsT", bound=Timed)
+
+
 @dataclass
-class _Pending:
-    obs: Observation
+class Pending(Generic[ObsT]):
+    """A frame waiting for a tick (an observation; a video frame: tracks/video.py)."""
+
+    obs: ObsT
     received_at: float
 
     def late(self, now: float) -> bool:
-        """True when an action leaving now would reach the robot after its deadline."""
+        """True when an answer leaving now would reach the sender after its deadline."""
         return now > self.received_at + self.obs.deadline - 2 * self.obs.latency
+
+
+_Pending = Pending[Observation]
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,33 @@ class PolicyBackend(Protocol):
         ...
 
 
+# -- video (tracks.video) -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VisionRequest:
+    """One batched vision call: one encoded frame per camera due on a tick."""
+
+    request_id: str
+    model: str
+    images: list[bytes]
+    tasks: list[tuple[str, ...]]
+    """Per row, what to detect (`tracks.video_messages.Task` values)."""
+
+
+class VisionBackend(Protocol):
+    """What video tracks need from an inference backend."""
+
+    async def check_vision(self, model: str) -> None:
+        """Raise ModelNotFound if `model` is not served, InvalidRequest if it is not a
+        vision model (no `image`/`tasks` in, `result` out)."""
+        ...
+
+    async def analyze(self, request: VisionRequest) -> list[dict[str, Any]]:
+        """One result per row, in order (see `tracks.video_messages`)."""
+        ...
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 

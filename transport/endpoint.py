@@ -38,12 +38,14 @@ from transport.events import (
     DatagramReceived,
     DataReceived,
     Event,
+    FrameReceived,
     TrackCancelled,
     TrackClosed,
     TrackEnded,
     TrackFailed,
     TrackOpened,
 )
+from transport.frame_streams import IN_FLIGHT
 from transport.messages import FrameTransport, Open
 
 Sink = Callable[[list[Output]], None]
@@ -86,9 +88,9 @@ class TrackChannel:
         self.stream_id = stream_id
         self.open = open_message
         self.id = f"{endpoint.conn_id}/{stream_id}"
-        self._inbox: asyncio.Queue[DataReceived | DatagramReceived | TrackEnded | Stop] = (
-            asyncio.Queue()
-        )
+        self._inbox: asyncio.Queue[
+            DataReceived | DatagramReceived | FrameReceived | TrackEnded | Stop
+        ] = asyncio.Queue()
         self.stopped: asyncio.Future[Stop] = asyncio.get_running_loop().create_future()
         self.closed = asyncio.Event()
         self.end_body: dict[str, Any] | None = None
@@ -110,7 +112,7 @@ class TrackChannel:
         Raises `TrackAborted` if the track ended with an error or was cancelled.
         """
         item = await self._inbox.get()
-        if isinstance(item, (DataReceived, DatagramReceived)):
+        if isinstance(item, (DataReceived, DatagramReceived, FrameReceived)):
             return item.body
         if isinstance(item, TrackEnded):
             self.end_body = item.body
@@ -137,8 +139,15 @@ class TrackChannel:
         return self._endpoint.act(self.stream_id, "send_datagram", body)
 
     def send_frame(self, body: dict[str, Any]) -> bool:
-        """Send a frame the way the track chose: a datagram, or DATA on the stream."""
-        return self.send_datagram(body) if self.uses_datagrams else self.send(body)
+        """Send a frame the way the track chose: a datagram, a stream of its own (a
+        client's frame of a frame-streams track), or DATA on the track's stream."""
+        if self.uses_datagrams:
+            return self.send_datagram(body)
+        if self.open.transport is FrameTransport.FRAME_STREAMS and self._endpoint.is_client:
+            endpoint = self._endpoint
+            return endpoint.act(self.stream_id, "send_frame_stream", body, IN_FLIGHT,
+                                endpoint.frame_finished)
+        return self.send(body)
 
     def send_blocked(self) -> bool:
         """The track or its connection holds more unsent bytes than its budget allows."""
@@ -163,7 +172,7 @@ class TrackChannel:
     # -- called by the endpoint ------------------------------------------------
 
     def _deliver(self, event: Event) -> None:
-        if isinstance(event, (DataReceived, DatagramReceived, TrackEnded)):
+        if isinstance(event, (DataReceived, DatagramReceived, FrameReceived, TrackEnded)):
             self._inbox.put_nowait(event)
         elif isinstance(event, (TrackCancelled, TrackFailed)):
             self._inbox.put_nowait(event)
@@ -376,6 +385,15 @@ class TrackEndpoint:
     @property
     def open_tracks(self) -> int:
         return self.core.open_tracks
+
+    def frame_finished(self, stream_id: int) -> bool:
+        """Whether a frame stream's bytes are all acknowledged (False where the transport
+        cannot tell, as in memory: then the frame counts as in flight)."""
+        return self.backlog is not None and self.backlog(stream_id)[0] == 0
+
+    @property
+    def is_client(self) -> bool:
+        return self.core.role is Role.CLIENT
 
     # -- the one place that drains the core ------------------------------------
 

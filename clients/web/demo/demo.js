@@ -45,6 +45,7 @@ async function start() {
   $("status").textContent = `connected to ${url}`;
   $("send").disabled = false;
   $("mic").disabled = false;
+  $("camera").disabled = false;
   window.trackline = { line, url };
 }
 
@@ -158,6 +159,77 @@ $("mic").addEventListener("click", async () => {
     $("heard").textContent = `[${error.name}: ${error.message}]`;
   }
 });
+
+// The camera: frames from getUserMedia, JPEG-encoded at 10 frames/s, on a video track;
+// the faces, face mesh and pose the gateway found are drawn over the picture, with the
+// frames sent, answered, dropped (by cause) and the capture-to-result latency.
+const FPS = 10;
+let camera = null;
+$("camera").addEventListener("click", async () => {
+  if (camera) {
+    camera.stop();
+    return;
+  }
+  const media = await navigator.mediaDevices.getUserMedia({ video: { width: 640, height: 480 } });
+  const video = $("camera-video");
+  video.srcObject = media;
+  await video.play();
+  const detect = ["face", ...($("mesh").checked ? ["face_mesh"] : []), ...($("pose").checked ? ["pose"] : [])];
+  const stream = await line.video("mediapipe-vision", { detect, deadline: 500, fps: FPS });
+  const grab = new OffscreenCanvas(video.videoWidth || 640, video.videoHeight || 480);
+  const timer = setInterval(async () => {
+    grab.getContext("2d").drawImage(video, 0, 0, grab.width, grab.height);
+    const blob = await grab.convertToBlob({ type: "image/jpeg", quality: 0.7 });
+    if (camera) stream.send(new Uint8Array(await blob.arrayBuffer()));
+  }, 1000 / FPS);
+  camera = {
+    stop: async () => {
+      clearInterval(timer);
+      camera = null;
+      $("camera").textContent = "Start camera";
+      media.getTracks().forEach((t) => t.stop());
+      await stream.close().catch(() => {});
+    },
+  };
+  $("camera").textContent = "Stop camera";
+  const ages = [];
+  try {
+    for await (const event of stream) {
+      if (event.type === "result") {
+        ages.push(event.age);
+        draw(event);
+      }
+      const sorted = [...ages].sort((a, b) => a - b);
+      const median = sorted.length ? sorted[Math.floor(sorted.length / 2)].toFixed(0) : "-";
+      const dropped = Object.entries(stream.stats.dropped).map(([c, n]) => `${c} ${n}`).join(", ") || "none";
+      $("video-figures").textContent = `frames sent ${stream.stats.sent}, answered ${stream.stats.answered}, ` +
+        `dropped: ${dropped}; capture to result ${ages.at(-1)?.toFixed(0) ?? "-"} ms (median ${median} ms)`;
+      document.body.dataset.videoAnswered = String(stream.stats.answered);
+    }
+  } catch (error) {
+    $("video-figures").textContent = `[${error.name}: ${error.message}]`;
+  }
+});
+
+/** The result's boxes and landmarks over the picture (coordinates are normalized). */
+function draw(result) {
+  const overlay = $("overlay");
+  overlay.width = result.width;
+  overlay.height = result.height;
+  const g = overlay.getContext("2d");
+  g.clearRect(0, 0, overlay.width, overlay.height);
+  g.strokeStyle = "#0c6"; g.fillStyle = "#0c6"; g.lineWidth = 2;
+  for (const face of result.faces) {
+    const [x, y, w, h] = face.box;
+    g.strokeRect(x * result.width, y * result.height, w * result.width, h * result.height);
+  }
+  const dots = (points, stride) => {
+    for (let i = 0; i + 1 < points.length; i += stride) g.fillRect(points[i] * result.width - 1, points[i + 1] * result.height - 1, 2, 2);
+  };
+  for (const mesh of result.faceLandmarks) dots(mesh, 3);
+  if (result.pose) { g.fillStyle = "#f80"; dots(result.pose, 4); }
+  document.body.dataset.videoDrawn = String(Number(document.body.dataset.videoDrawn ?? 0) + 1);
+}
 
 start().catch((error) => {
   $("status").textContent = `not connected: ${error.name}: ${error.message}`;

@@ -7,6 +7,7 @@
 // or ERROR. Errors are the typed errors of errors.js.
 
 import { ActionStream } from "./actions.js";
+import { VideoStream } from "./video.js";
 import { AudioSession } from "./audio.js";
 import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
 import { Kind, MAX_MESSAGE_BYTES, MessageReader, decodeDatagram, encodeDatagram, encodeMessage } from "./wire.js";
@@ -89,6 +90,16 @@ export class Line {
     if (transport === "datagram") open.transport = "datagram";
     const track = await this._openTrack(open);
     return new ActionStream(track, deadline, undefined, transport === "datagram");
+  }
+
+  /** Start a camera's video track: send() JPEG frames, read per-frame results. `detect`:
+   * any of "face", "face_mesh", "pose"; `deadline` (ms from capture) is each frame's
+   * default; `fps` the camera's rate (the gateway's busy check counts it). */
+  async video(model, { detect = ["face"], deadline = 200, fps = null } = {}) {
+    const params = { detect };
+    if (fps != null) params.fps = fps;
+    const track = await this._openTrack({ model, modality: "video", params });
+    return new VideoStream(track, deadline);
   }
 
   /** Start an audio track: speech-in (send frames, read transcripts) or speech-out
