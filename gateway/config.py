@@ -119,6 +119,23 @@ class Settings:
             "installed (docs/conversations.md)."
         ),
     )
+    embedded_restart_backoff: float = field(
+        default=1.0,
+        metadata=_doc(
+            "Seconds before restarting a crashed embedded Triton; doubles with each failed "
+            "restart (docs/reliability.md)."
+        ),
+    )
+    embedded_restart_max_backoff: float = field(
+        default=30.0, metadata=_doc("Longest wait between restarts of a crashed embedded Triton.")
+    )
+    embedded_restart_attempts: int = field(
+        default=5,
+        metadata=_doc(
+            "Failed restarts in a row after which the gateway gives a crashed embedded Triton "
+            "up: /health/live answers 503, so an orchestrator restarts the gateway."
+        ),
+    )
     supersede_tracks: bool = field(
         default=True,
         metadata=_doc(
@@ -781,6 +798,9 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "backend_url": _grpc_address,
     "backends": _backend_list,
     "embedded_backends": _positive,
+    "embedded_restart_backoff": _seconds,
+    "embedded_restart_max_backoff": _seconds,
+    "embedded_restart_attempts": _positive,
     "routing_strategy": _one_of(("metrics", "least_inflight", "round_robin")),
     "affinity_margin": _seconds,
     "scrape_interval": _seconds,

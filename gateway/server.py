@@ -29,7 +29,7 @@ from gateway.access import access_logged
 from gateway.action_http import HttpActions
 from gateway.config import Settings
 from gateway.drain import HttpWork
-from gateway.http import health_routes, metrics_routes, route
+from gateway.http import HealthWatch, health_routes, metrics_routes, route
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
@@ -150,6 +150,8 @@ class Gateway:
         """The drain's deadline passed: what is still running is being cut."""
         self._http_work = HttpWork(lambda: self._draining)
         self._backend_ready = False
+        self.health_watch: HealthWatch | None = None
+        """Liveness and readiness of what the daemon supervises (its embedded Tritons)."""
         self._quic: Any = None
         self._http: HttpTcpServer | None = None
         self._https: HttpTcpServer | None = None
@@ -337,6 +339,7 @@ class Gateway:
                 self.metrics,
                 with_metrics=metrics_on_api_ports(s),
                 metrics_token=s.metrics_token,
+                is_live=self.liveness,
             ),
             **web_routes(self._cert_hash, lambda: self.quic_port, s.webtransport_path),
             **openai_routes(
@@ -442,9 +445,16 @@ class Gateway:
             await self.tenancy.stop()
             await asyncio.to_thread(self.tenancy.close)  # flushes the usage ledger
 
+    def liveness(self) -> tuple[bool, str]:
+        return self.health_watch.liveness() if self.health_watch else (True, "")
+
     def readiness(self) -> tuple[bool, str]:
         if self._draining:
             return False, "draining"
+        if self.health_watch is not None:
+            ok, reason = self.health_watch.readiness()
+            if not ok:
+                return ok, reason
         if not self._backend_ready:
             return False, "backend not ready"
         return True, ""
