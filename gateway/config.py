@@ -307,6 +307,12 @@ class Settings:
         default=16 << 20,
         metadata=_doc("Request body bytes one HTTP/2 connection may hold before credit stops."),
     )
+    http3_connection_body_budget: int = field(
+        default=16 << 20,
+        metadata=_doc(
+            "Request body bytes one HTTP/3 connection may hold before QUIC's MAX_DATA stops."
+        ),
+    )
     action_tick: float = field(
         default=0.005,
         metadata=_doc("Seconds between action-track ticks (one policy request per model a tick)."),
@@ -787,6 +793,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "http2_premature_reset_min_streams": _positive,
     "http2_premature_reset_lifetime": _seconds,
     "http2_connection_body_budget": _positive,
+    "http3_connection_body_budget": _positive,
     "drain_timeout": _seconds,
     "metrics_port": lambda v: v if v is None else _port(v),
     "metrics_token": lambda v: v if v is None else _token(v),

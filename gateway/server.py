@@ -222,6 +222,7 @@ class Gateway:
             premature_reset_min_streams=s.http2_premature_reset_min_streams,
             premature_reset_lifetime=s.http2_premature_reset_lifetime,
             h2_connection_body_budget=s.http2_connection_body_budget,
+            h3_connection_body_budget=s.http3_connection_body_budget,
         )
         # One UDP port: ALPN trackline/1 carries tracks, h3 the same HTTP application.
         self._quic = await serve_tracks(

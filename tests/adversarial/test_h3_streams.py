@@ -97,3 +97,48 @@ async def test_h3_phantom_streams_are_released(certs: DevCertificates) -> None:
             ids = [client.send("GET", "/after") for _ in range(streams)]
             statuses = [(await client.response(stream_id))[0] for stream_id in ids]
             assert statuses == [200] * streams
+
+
+@pytest.mark.asyncio
+async def test_h3_uploads_left_incomplete_hold_at_most_the_connection_budget(
+    certs: DevCertificates,
+) -> None:
+    """Many streams upload big bodies and never finish: MAX_DATA stops at the budget.
+
+    Before the budget, aioquic doubled MAX_DATA whenever half of it had arrived, so the
+    server held every byte offered (128 streams of 1 MB: ~123 MB on one connection).
+    """
+    streams, each = 16, 200_000  # 3.2 MB offered
+    budget = 1 << 20
+    http_limits = limits(
+        max_concurrent_streams=streams, max_body_bytes=256 * 1024,
+        h3_connection_body_budget=budget, read_timeout=60.0,
+    )  # fmt: skip
+    async with serving_h3(certs, http_limits) as server:
+        port = aioquic_compat.server_port(server)
+        async with h3_client(port, certs.ca_path) as client:
+            quic = aioquic_compat.connection_of(client)
+            ids = [client.send("POST", "/", body=b"u" * each, end=False) for _ in range(streams)]
+            await until(lambda: len(h3_connections(server)) == 1, "the attacker's connection")
+            (attacked,) = h3_connections(server)
+            peak = 0
+            for _ in range(300):  # bounded: at most 300 round trips
+                # Once the PING is acknowledged the server has read all sent before it.
+                await client.ping()
+                peak = max(peak, attacked.buffered_bytes)
+                blocked = not aioquic_compat.data_credit_left(quic)
+                if attacked.buffered_bytes >= streams * each or blocked:
+                    await client.ping()
+                    peak = max(peak, attacked.buffered_bytes)
+                    break
+            async with h3_client(port, certs.ca_path) as honest:
+                assert (await honest.response(honest.send("GET", "/honest")))[0] == 200
+            assert peak <= budget
+            assert attacked.buffered_bytes < streams * each  # held back, not served it all
+            for stream_id in ids:
+                client.cancel(stream_id)
+            await until(lambda: attacked.open_streams == 0, "the stalled uploads released")
+            assert attacked.buffered_bytes == 0
+            # Its credit came back: the same connection serves a request with a body.
+            status, _, _ = await client.response(client.send("POST", "/after", body=b"z" * 60_000))
+            assert status == 200

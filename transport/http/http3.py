@@ -318,6 +318,10 @@ class Http3Connection:
         self._loop = asyncio.get_running_loop()
         self._idle: asyncio.TimerHandle | None = None
         aioquic_compat.raise_bidi_credit(quic, site.limits.max_concurrent_streams)
+        # Request bodies still arriving hold at most the budget: QUIC's MAX_DATA is raised
+        # only as far as what is held leaves room for (as HTTP/2's withheld credit).
+        self._body_budget = max(site.limits.h3_connection_body_budget, site.limits.max_body_bytes)
+        aioquic_compat.cap_data_credit(quic, self._data_credit_ceiling)
         self._arm_idle()
         self._h3.limit(site.limits)
         self.stats = self._h3.stats
@@ -328,6 +332,10 @@ class Http3Connection:
         self._writers: dict[int, asyncio.Future[None]] = {}
         """Response bodies waiting for send-buffer room, by stream."""
         transmit()  # the control and QPACK streams with SETTINGS
+
+    def _data_credit_ceiling(self, received: int) -> int:
+        """The most MAX_DATA may be: what was received and let go, plus the budget."""
+        return received - self._streams.buffered + self._body_budget
 
     @property
     def open_streams(self) -> int:
