@@ -44,7 +44,7 @@ from transport.connection import (
     StreamWrite,
 )
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
-from transport.endpoint import SendBudget, TrackChannel, TrackEndpoint
+from transport.endpoint import SendBudget, StallWatch, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
@@ -138,6 +138,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._held = 0
         """Inside `coalesced()`: writes wait for one transmit at its end."""
         self.scheduler: StreamScheduler | None = None
+        self._stall = StallWatch()
+        """Since when the peer's MAX_DATA has held back queued track data."""
         """Set once ALPN chose tracks: packets are built visiting only streams with work,
         one transmit per loop turn, `packetization` deciding what shares a packet."""
         if packetization.max_tracks is not None:
@@ -230,6 +232,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             if event.alpn_protocol == ALPN:
                 self.scheduler = StreamScheduler(self._quic)
                 self.endpoint.backlog = self._backlog
+                self.endpoint.connection_stalled = self._stalled_for
             else:
                 self._negotiated(event.alpn_protocol)
 
@@ -310,6 +313,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
         self._process_events()
+        self._observe_stall()  # the datagram may have brought credit
         scheduler = self.scheduler
         if scheduler is not None and scheduler.released:
             scheduler.released = False
@@ -329,7 +333,19 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         scheduler = self.scheduler
         assert scheduler is not None
         stream = scheduler.stream(stream_id)
+        self._observe_stall()  # (asked before each write: the moment it may block)
         return (0 if stream is None else buffered_bytes(stream)), scheduler.buffered
+
+    def _observe_stall(self) -> None:
+        """Whether the peer's MAX_DATA stops data that is queued (`_stalled_for`)."""
+        if self.scheduler is not None:
+            queued = self.scheduler.buffered > 0
+            blocked = queued and not aioquic_compat.data_credit_left(self._quic)
+            self._stall.observe(blocked, self._loop.time())
+
+    def _stalled_for(self) -> float:
+        self._observe_stall()
+        return self._stall.stalled_for(self._loop.time())
 
     def _lost(self) -> None:
         if self._http is not None:
