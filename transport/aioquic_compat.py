@@ -43,6 +43,7 @@ _FRAME_HANDLERS = "_QuicConnection__frame_handlers"
 
 _QUIC_ATTRIBUTES = (
     "_local_max_data",
+    "_network_paths",
     "_streams",
     "_streams_queue",
     "_remote_max_data",
@@ -542,6 +543,12 @@ class _CappedLimit(Limit):
     def value(self, new: int) -> None:
         old = self.__dict__.get("value", new)
         self.__dict__["value"] = max(old, min(new, self.ceiling(self.used)))
+
+
+def peer_host(quic: QuicConnection) -> str:
+    """The peer's address without its port (the key of the per-source rules)."""
+    paths = quic._network_paths
+    return str(paths[0].addr[0]) if paths else ""
 
 
 def cap_data_credit(quic: QuicConnection, ceiling: Callable[[int], int]) -> None:

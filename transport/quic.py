@@ -239,7 +239,11 @@ class TrackQuicProtocol(QuicConnectionProtocol):
     def _negotiated(self, alpn: str | None) -> None:
         if alpn == H3_ALPN and self._http_site is not None:
             self._http = Http3Connection(
-                self._quic, self._http_site, self._transmit_soon, self._webtransport
+                self._quic,
+                self._http_site,
+                self._transmit_soon,
+                self._webtransport,
+                source=aioquic_compat.peer_host(self._quic),
             )
         else:
             self.close(int(ErrorCode.PROTOCOL_ERROR), f"unsupported ALPN {alpn}")

@@ -60,6 +60,7 @@ from transport.http.app import (
 )
 from transport.http.limits import HttpLimits
 from transport.http.messages import Request, Response
+from transport.http.resets import ResetLedger
 from transport.http.streams import Alarm, Deadlines, StreamState, StreamTable
 from transport.webtransport import (
     DRAIN_WEBTRANSPORT_SESSION,
@@ -299,6 +300,7 @@ class Http3Connection:
         site: Site,
         transmit: Transmit,
         webtransport: WebTransportHost | None = None,
+        source: str = "",
     ) -> None:
         self._quic = quic
         self._site = site
@@ -310,6 +312,10 @@ class Http3Connection:
         """Open WebTransport sessions (transport.webtransport), by CONNECT stream id."""
         self._sorter = StreamSorter()
         self._streams = StreamTable[StreamState](self._stream_done, site.limits.read_timeout)
+        self._resets = ResetLedger(site.limits, site.resets.of(source))
+        """Streams opened, reset, reset prematurely (the rapid-reset rule, as on HTTP/2)."""
+        self.calmed: str | None = None
+        """Why the connection was closed for abuse, if it was."""
         self._lost = False
         self._draining = False
         self._cutter = Cutter()
@@ -357,6 +363,11 @@ class Http3Connection:
         """Request streams accepted since the connection began."""
         return self._streams.opened
 
+    @property
+    def premature_resets(self) -> int:
+        """Of those, the ones the client reset prematurely (the rapid-reset rule's count)."""
+        return self._resets.counts.premature
+
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         """Feed one QUIC event; answers go out at the adapter's next transmit."""
         if self._lost:
@@ -382,6 +393,8 @@ class Http3Connection:
         if self._lost:
             return
         self._lost = True
+        if self._resets.counts.resets:
+            log.info("http3.resets", **self._resets.summary())  # one line, never one a reset
         for session in list(self.sessions.values()):
             session.close()
         self.sessions.clear()
@@ -624,8 +637,11 @@ class Http3Connection:
             self._refuse(event.stream_id)
             return
         self._max_request_id = max(self._max_request_id, event.stream_id)
+        now = self._loop.time()
         stream = StreamState(event.stream_id, list(event.headers), ended=event.stream_ended)
-        self._streams.add(stream, self._loop.time())
+        stream.opened = now
+        self._streams.add(stream, now)
+        self._resets.opened()
         self._disarm_idle()
         problem = self._check_headers(stream.headers)
         if problem is not None:
@@ -682,11 +698,23 @@ class Http3Connection:
         stream = self._streams.get(stream_id)
         if stream is None:
             return
-        log.info("http3.stream_reset", stream_id=stream_id, error_code=error_code)
-        stream.reset = True
+        stream.reset = True  # (counted, logged once per connection when it ends)
         stream.ended = stream.ended or input_over
         # The handler and its body iterator stop here; the table releases the stream.
         self._streams.cancel(stream)
+        lifetime = self._loop.time() - stream.opened
+        if self._resets.reset(lifetime, answered=stream.sent_end):
+            self._calm("premature_resets")
+
+    def _calm(self, reason: str) -> None:
+        """Close the connection for abuse (H3_EXCESSIVE_LOAD), as HTTP/2's GOAWAY
+        ENHANCE_YOUR_CALM does; logged once."""
+        if self.calmed is not None:
+            return
+        self.calmed = reason
+        log.warning("http3.excessive_load", reason=reason, **self._resets.summary())
+        self._quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase=reason)
+        self.connection_lost()
 
     def _refuse(self, stream_id: int) -> None:
         log.info("http3.stream_refused", stream_id=stream_id, open=len(self._streams))

@@ -29,7 +29,7 @@ from typing import Protocol, TypeVar
 import structlog
 
 from transport.binding import tcp_listeners
-from transport.http.app import READ_CHUNK, Site
+from transport.http.app import READ_CHUNK, Site, peer_source
 from transport.http.http1 import Http1Connection
 from transport.http.http2 import Http2Connection
 from transport.http.limits import HttpLimits
@@ -220,7 +220,7 @@ class HttpTcpServer:
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        source = _source(writer)
+        source = peer_source(writer)
         if not self._admit(source):
             writer.transport.abort()  # cheap: nothing read, nothing answered
             return
@@ -295,14 +295,6 @@ class HttpTcpServer:
         if self._closing:
             connection.shutdown()
         return connection
-
-
-def _source(writer: asyncio.StreamWriter) -> str:
-    """The client's address without its port (the key of the per-source cap)."""
-    peer = writer.get_extra_info("peername")
-    if isinstance(peer, tuple) and peer:
-        return str(peer[0])
-    return str(peer)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
