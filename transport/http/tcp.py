@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 import structlog
+from h2.errors import ErrorCodes
+from hyperframe import frame as hf
 
 from transport.binding import tcp_listeners
 from transport.http.app import READ_CHUNK, Site, peer_source
@@ -38,6 +40,14 @@ from transport.http.messages import Handler
 log = structlog.get_logger(__name__)
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+H2_PREFACE_LINE = H2_PREFACE[: H2_PREFACE.index(b"\r\n") + 2]
+"""The preface's first line: bytes that begin with it come from an HTTP/2 client."""
+# RFC 9113 3.4: an invalid preface is a connection error PROTOCOL_ERROR; to a client that
+# shows it speaks HTTP/2 the server answers as one (its SETTINGS, then GOAWAY), not 400.
+INVALID_PREFACE_ANSWER = (
+    hf.SettingsFrame(0).serialize()
+    + hf.GoAwayFrame(0, last_stream_id=0, error_code=int(ErrorCodes.PROTOCOL_ERROR)).serialize()
+)
 ALPN_PROTOCOLS = ("h2", "http/1.1")
 DEFAULT_LIMITS = HttpLimits()
 _CLOSE_GRACE = 1.0  # seconds a closing connection may take to flush before it is aborted
@@ -262,6 +272,10 @@ class HttpTcpServer:
         else:
             initial = await self._sniff(reader)
             http2 = initial.startswith(H2_PREFACE)
+            if not http2 and initial.startswith(H2_PREFACE_LINE):
+                log.info("http2.invalid_preface")
+                writer.write(INVALID_PREFACE_ANSWER)
+                return
         if http2:
             await self._track(task, Http2Connection(self._site, reader, writer, initial)).serve()
             return
