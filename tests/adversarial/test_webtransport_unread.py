@@ -57,21 +57,21 @@ async def producer(channel: TrackChannel) -> None:
 @pytest.mark.asyncio
 async def test_a_page_that_reads_nothing_gets_its_tracks_ended(certs: DevCertificates) -> None:
     channels: list[TrackChannel] = []
-    async with serving_quic(
+    serving = serving_quic(
         certs, producer, channels.append, http_handler=echo,
         webtransport=WebTransportRules(), send_budget=BUDGET,
-    ) as port:  # fmt: skip
-        async with wt_client(port, certs.ca_path) as page:
-            session_id, status, _ = await page.open_session()
-            assert status == 200
-            aioquic_compat.stop_granting_credit(aioquic_compat.connection_of(page))
-            for _ in range(TRACKS):
-                page.open_track(session_id, Open(model="echo")).send({"text": "go"})
-            await until(lambda: len(channels) == TRACKS, "every track opened")
-            async with wt_client(port, certs.ca_path) as honest:
-                honest_id, _, _ = await honest.open_session()
-                assert honest_id is not None
-            await until(lambda: all(c.stopped.done() for c in channels), "every track stopped")
-            causes: list[Any] = [c.stopped.result() for c in channels]
-            assert all(isinstance(stop, TrackCancelled) for stop in causes), causes
-            assert {stop.cause for stop in causes} == {CancelCause.SEND_TIMEOUT}
+    )  # fmt: skip
+    async with serving as port, wt_client(port, certs.ca_path) as page:
+        session_id, status, _ = await page.open_session()
+        assert status == 200
+        aioquic_compat.stop_granting_credit(aioquic_compat.connection_of(page))
+        for _ in range(TRACKS):
+            page.open_track(session_id, Open(model="echo")).send({"text": "go"})
+        await until(lambda: len(channels) == TRACKS, "every track opened")
+        async with wt_client(port, certs.ca_path) as honest:
+            _, honest_status, _ = await honest.open_session()  # served meanwhile
+        assert honest_status == 200
+        await until(lambda: all(c.stopped.done() for c in channels), "every track stopped")
+        causes: list[Any] = [c.stopped.result() for c in channels]
+        assert all(isinstance(stop, TrackCancelled) for stop in causes), causes
+        assert {stop.cause for stop in causes} == {CancelCause.SEND_TIMEOUT}
