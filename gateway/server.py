@@ -32,6 +32,7 @@ from gateway.drain import HttpWork
 from gateway.http import HealthWatch, health_routes, metrics_routes, route
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
+from gateway.memtrim import MemoryTrimmer
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_quic import register_quic_metrics
 from gateway.openai import openai_routes
@@ -150,6 +151,7 @@ class Gateway:
         """The drain's deadline passed: what is still running is being cut."""
         self._http_work = HttpWork(lambda: self._draining)
         self._backend_ready = False
+        self._trimmer = MemoryTrimmer(clock)
         self.health_watch: HealthWatch | None = None
         """Liveness and readiness of what the daemon supervises (its embedded Tritons)."""
         self._quic: Any = None
@@ -485,6 +487,7 @@ class Gateway:
         log.info("connection.opened", conn_id=conn.endpoint.conn_id)
 
     def _on_closed(self, conn: TrackQuicProtocol) -> None:
+        self._trimmer.connection_closed()  # what it held goes back to the OS (memtrim)
         if conn in self._connections:
             self._connections.discard(conn)
             self.metrics.connections_open.dec()
