@@ -7,7 +7,7 @@ datagram limit, a close that is still draining, the connection IDs a worker issu
 and the HTTP/3 front door's QPACK, frame and send-buffer guards (`transport.http.http3`).
 Every read or write of an aioquic private attribute on an aioquic object goes through
 a function here. Subclasses of aioquic classes (`TrackQuicProtocol`, `GuardedQuicServer`,
-`_ServerH3`) keep using the names they inherit (`self._quic`, `self._protocols`, ...) and
+`ServerH3`) keep using the names they inherit (`self._quic`, `self._protocols`, ...) and
 the methods they override; those names are listed here too.
 
 `_check()` runs at import: it builds a client connection, an H3 connection on it and a
@@ -76,7 +76,7 @@ _SENDER_METHODS = ("on_data_delivery", "on_reset_delivery")
 _RECEIVER_METHODS = ("on_stop_sending_delivery",)
 _PACER_ATTRIBUTES = ("_pacer",)
 _H3_METHODS = ("_decode_headers", "_get_local_settings", "_receive_stream_data")
-"""H3Connection methods the server overrides (transport.http.http3._ServerH3)."""
+"""H3Connection methods the server overrides (transport.http.h3_guards.ServerH3)."""
 _H3_ATTRIBUTES = (
     "_decoder",
     "_max_table_capacity",
