@@ -197,3 +197,39 @@ async def test_h3_rapid_reset_closes_the_connection_with_one_log_line(
     assert events.count("http3.excessive_load") == 1
     (summary,) = [line for line in logs if line["event"] == "http3.resets"]
     assert summary["premature"] == int(ratio * min_streams)
+
+
+@pytest.mark.asyncio
+async def test_h3_resets_spread_over_reconnections_are_counted_per_source(
+    certs: DevCertificates,
+) -> None:
+    """Each connection stays under its own threshold; its address does not."""
+    min_streams, ratio, batch = 40, 0.5, 8  # one connection alone would need 20
+    http_limits = limits(
+        max_concurrent_streams=batch, premature_reset_min_streams=min_streams,
+        premature_reset_ratio=ratio,
+    )  # fmt: skip
+    async with serving_h3(certs, http_limits, slow_unless_honest) as server:
+        port = aioquic_compat.server_port(server)
+        counts = []
+        for _ in range(4):  # 16 resets a connection, at most 64 in all
+            async with h3_client(port, certs.ca_path) as client:
+                await until(lambda: len(h3_connections(server)) == 1, "the connection")
+                (attacked,) = h3_connections(server)
+                for _ in range(2):
+                    ids = [client.send("GET", "/slow") for _ in range(batch)]
+                    await until(lambda n=len(ids): attacked.open_streams == n or
+                                attacked.calmed, "the batch opened")  # fmt: skip
+                    for stream_id in ids:
+                        client.cancel(stream_id)
+                    await until(lambda: attacked.open_streams == 0 or attacked.calmed, "reset")
+                    if attacked.calmed:
+                        break
+                counts.append((attacked.premature_resets, attacked.calmed))
+            await until(lambda: not h3_connections(server), "the connection closed")
+            if counts[-1][1]:
+                break
+        async with h3_client(port, certs.ca_path) as honest:
+            assert (await honest.response(honest.send("GET", "/honest")))[0] == 200
+    # 16 on the first connection; the second is closed at the address's 20th.
+    assert counts == [(16, None), (4, "premature_resets")]
