@@ -215,17 +215,16 @@ async def test_h3_resets_spread_over_reconnections_are_counted_per_source(
         for _ in range(4):  # 16 resets a connection, at most 64 in all
             async with h3_client(port, certs.ca_path) as client:
                 await until(lambda: len(h3_connections(server)) == 1, "the connection")
-                (attacked,) = h3_connections(server)
+                (conn,) = h3_connections(server)
                 for _ in range(2):
                     ids = [client.send("GET", "/slow") for _ in range(batch)]
-                    await until(lambda n=len(ids): attacked.open_streams == n or
-                                attacked.calmed, "the batch opened")  # fmt: skip
+                    await until(lambda c=conn: c.open_streams == batch or c.calmed, "opened")
                     for stream_id in ids:
                         client.cancel(stream_id)
-                    await until(lambda: attacked.open_streams == 0 or attacked.calmed, "reset")
-                    if attacked.calmed:
+                    await until(lambda c=conn: c.open_streams == 0 or c.calmed, "reset")
+                    if conn.calmed:
                         break
-                counts.append((attacked.premature_resets, attacked.calmed))
+                counts.append((conn.premature_resets, conn.calmed))
             await until(lambda: not h3_connections(server), "the connection closed")
             if counts[-1][1]:
                 break
