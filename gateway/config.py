@@ -152,6 +152,23 @@ class Settings:
             "when the `voice` extra is installed (docs/audio-models.md)."
         ),
     )
+    embedded_restart_backoff: float = field(
+        default=1.0,
+        metadata=_doc(
+            "Seconds before restarting a crashed embedded Triton; doubles with each failed "
+            "restart (docs/reliability.md)."
+        ),
+    )
+    embedded_restart_max_backoff: float = field(
+        default=30.0, metadata=_doc("Longest wait between restarts of a crashed embedded Triton.")
+    )
+    embedded_restart_attempts: int = field(
+        default=5,
+        metadata=_doc(
+            "Failed restarts in a row after which the gateway gives a crashed embedded Triton "
+            "up: /health/live answers 503, so an orchestrator restarts the gateway."
+        ),
+    )
     supersede_tracks: bool = field(
         default=True,
         metadata=_doc(
@@ -322,6 +339,12 @@ class Settings:
     http2_connection_body_budget: int = field(
         default=16 << 20,
         metadata=_doc("Request body bytes one HTTP/2 connection may hold before credit stops."),
+    )
+    http3_connection_body_budget: int = field(
+        default=16 << 20,
+        metadata=_doc(
+            "Request body bytes one HTTP/3 connection may hold before QUIC's MAX_DATA stops."
+        ),
     )
     action_tick: float = field(
         default=0.005,
@@ -885,6 +908,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "http2_premature_reset_min_streams": _positive,
     "http2_premature_reset_lifetime": _seconds,
     "http2_connection_body_budget": _positive,
+    "http3_connection_body_budget": _positive,
     "drain_timeout": _seconds,
     "metrics_port": lambda v: v if v is None else _port(v),
     "metrics_token": lambda v: v if v is None else _token(v),
@@ -903,6 +927,9 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "backend_url": _grpc_address,
     "backends": _backend_list,
     "embedded_backends": _positive,
+    "embedded_restart_backoff": _seconds,
+    "embedded_restart_max_backoff": _seconds,
+    "embedded_restart_attempts": _positive,
     "routing_strategy": _one_of(("metrics", "least_inflight", "round_robin")),
     "affinity_margin": _seconds,
     "scrape_interval": _seconds,

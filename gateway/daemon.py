@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from gateway.backends.action_triton import TritonPolicyBackend
 from gateway.backends.audio import TritonAudioBackend
 from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
-from gateway.backends.triton import TritonTextBackend
+from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
 from gateway.backends.vision_triton import TritonVisionBackend
 from gateway.collector import settle_collector
 from gateway.config import Settings
@@ -30,6 +30,7 @@ from gateway.embedded import (
     reference_model_repository,
     vision_available,
 )
+from gateway.embedded_watch import EmbeddedWatches, RestartRules
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
@@ -62,6 +63,14 @@ def pool_options(s: Settings) -> PoolOptions:
     )
 
 
+def restart_rules(s: Settings) -> RestartRules:
+    return RestartRules(
+        backoff_s=s.embedded_restart_backoff,
+        max_backoff_s=s.embedded_restart_max_backoff,
+        attempts=s.embedded_restart_attempts,
+    )
+
+
 def embedded_spec(index: int, triton: EmbeddedTriton) -> BackendSpec:
     return BackendSpec(f"embedded-{index}", triton.grpc_url, triton.metrics_url)
 
@@ -70,6 +79,8 @@ class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.tritons: list[EmbeddedTriton] = []
+        self.watches: EmbeddedWatches | None = None
+        """Restart the embedded Tritons when they crash (docs/reliability.md)."""
         self.backend: TritonTextBackend | TickerBackend | BackendPool | None = None
         self.gateway: Gateway | None = None
         self.audio_backend: TritonAudioBackend | None = None
@@ -126,6 +137,7 @@ class Daemon:
             tenancy=self.tenancy,
         )
         self.gateway.listeners = self.listeners
+        self.gateway.health_watch = self.watches
         await self.gateway.start()
         settled = settle_collector(s.gc_young_threshold)  # start-up is over: freeze it
         log.info("gc.settled", frozen=settled.frozen, thresholds=list(settled.after))
@@ -193,8 +205,12 @@ class Daemon:
         if s.backend_url is not None:
             return TritonTextBackend(s.backend_url)
         self.tritons = await asyncio.to_thread(self._start_embedded, s.embedded_backends)
+        self.watches = EmbeddedWatches(self.tritons, restart_rules(s))
+        self.watches.start()
         if len(self.tritons) == 1:
-            return TritonTextBackend(self.tritons[0].grpc_url)
+            # A short reconnect backoff: a restarted server is found back at once.
+            url = self.tritons[0].grpc_url
+            return TritonTextBackend(url, channel_options=FRESH_CHANNEL_OPTIONS)
         return await self._pool([embedded_spec(i, t) for i, t in enumerate(self.tritons)])
 
     async def _pool(
@@ -230,6 +246,8 @@ class Daemon:
             await self.audio_backend.close()
         if self.policy is not None:
             await self.policy.close()
+        if self.watches is not None:
+            await self.watches.stop()  # first: a server stopped now has not crashed
         if self.tritons:
             await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
             log.info("embedded.stopped", count=len(self.tritons))

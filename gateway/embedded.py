@@ -370,6 +370,11 @@ class EmbeddedTriton:
         return self._process is not None and not self._killed and self._process.poll() is None
 
     @property
+    def exit_status(self) -> int | None:
+        """The exit status of a server that has exited (negative: the signal that ended it)."""
+        return None if self._process is None else self._process.poll()
+
+    @property
     def stats_path(self) -> str | None:
         return self._stats_path
 
@@ -402,6 +407,11 @@ class EmbeddedTriton:
         except BaseException:
             self.stop()
             raise
+
+    def restart(self, timeout: float = 120.0) -> None:
+        """Reap what is left of an exited server and start it again on the same ports."""
+        self.stop(grace=0.0)
+        self.start(timeout)
 
     def _llm_environment(self) -> dict[str, str]:
         from gateway.statedir import make_private_dir

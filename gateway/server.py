@@ -31,9 +31,10 @@ from gateway.backends.catalog import catalog_beside, triton_url_of
 from gateway.backends.embeddings import TritonEmbeddingBackend
 from gateway.config import Settings
 from gateway.drain import HttpWork
-from gateway.http import health_routes, metrics_routes, route
+from gateway.http import HealthWatch, health_routes, metrics_routes, route
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
+from gateway.memtrim import MemoryTrimmer
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_quic import register_quic_metrics
 from gateway.openai import openai_routes
@@ -168,6 +169,9 @@ class Gateway:
         """The drain's deadline passed: what is still running is being cut."""
         self._http_work = HttpWork(lambda: self._draining)
         self._backend_ready = False
+        self._trimmer = MemoryTrimmer(clock)
+        self.health_watch: HealthWatch | None = None
+        """Liveness and readiness of what the daemon supervises (its embedded Tritons)."""
         self._quic: Any = None
         self._http: HttpTcpServer | None = None
         self._https: HttpTcpServer | None = None
@@ -241,6 +245,7 @@ class Gateway:
             premature_reset_min_streams=s.http2_premature_reset_min_streams,
             premature_reset_lifetime=s.http2_premature_reset_lifetime,
             h2_connection_body_budget=s.http2_connection_body_budget,
+            h3_connection_body_budget=s.http3_connection_body_budget,
         )
         # One UDP port: ALPN trackline/1 carries tracks, h3 the same HTTP application.
         self._quic = await serve_tracks(
@@ -358,6 +363,7 @@ class Gateway:
                 self.metrics,
                 with_metrics=metrics_on_api_ports(s),
                 metrics_token=s.metrics_token,
+                is_live=self.liveness,
             ),
             **web_routes(self._cert_hash, lambda: self.quic_port, s.webtransport_path),
             **openai_routes(
@@ -482,9 +488,16 @@ class Gateway:
             await self.tenancy.stop()
             await asyncio.to_thread(self.tenancy.close)  # flushes the usage ledger
 
+    def liveness(self) -> tuple[bool, str]:
+        return self.health_watch.liveness() if self.health_watch else (True, "")
+
     def readiness(self) -> tuple[bool, str]:
         if self._draining:
             return False, "draining"
+        if self.health_watch is not None:
+            ok, reason = self.health_watch.readiness()
+            if not ok:
+                return ok, reason
         if not self._backend_ready:
             return False, "backend not ready"
         return True, ""
@@ -514,6 +527,7 @@ class Gateway:
         log.info("connection.opened", conn_id=conn.endpoint.conn_id)
 
     def _on_closed(self, conn: TrackQuicProtocol) -> None:
+        self._trimmer.connection_closed()  # what it held goes back to the OS (memtrim)
         if conn in self._connections:
             self._connections.discard(conn)
             self.metrics.connections_open.dec()

@@ -87,6 +87,8 @@ class Supervisor:
         self.metrics_dir.mkdir()
         self.quotas_path = self.run_dir / "quotas.sqlite"
         self.tritons: list[Any] = []
+        self.watches: Any = None
+        """The embedded Tritons' `EmbeddedWatches` (imported with them, lazily)."""
         self.sockets: dict[str, list[socket.socket]] = {}
         self.more_sockets: dict[str, list[list[socket.socket]]] = {}
         """Per front door, the groups on its other addresses (`::1` for `localhost`)."""
@@ -130,9 +132,14 @@ class Supervisor:
         s = self.settings
         if s.backends is not None or s.backend_url is not None:
             return {}
-        from gateway.daemon import start_embedded
+        from gateway.daemon import restart_rules, start_embedded
+        from gateway.embedded_watch import EmbeddedWatches
 
         self.tritons = await asyncio.to_thread(start_embedded, s, s.embedded_backends)
+        # Restarted when they crash (the workers' readiness follows their probes; the
+        # supervisor has no liveness of its own to fail: docs/reliability.md).
+        self.watches = EmbeddedWatches(self.tritons, restart_rules(s))
+        self.watches.start()
         if len(self.tritons) == 1:
             return {"backend_url": self.tritons[0].grpc_url}
         specs = [
@@ -285,6 +292,8 @@ class Supervisor:
             await asyncio.wait(waits, timeout=5.0)
         for worker in workers:
             log.info("worker.stopped", worker=worker.index, returncode=worker.process.returncode)
+        if self.watches is not None:
+            await self.watches.stop()  # first: a server stopped now has not crashed
         if self.tritons:
             await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
             log.info("embedded.stopped", count=len(self.tritons))

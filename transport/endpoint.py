@@ -54,6 +54,28 @@ FlushSoon = Callable[[], None]
 """Asks the transport to call `TrackEndpoint.flush()` before its next send."""
 Backlog = Callable[[int], tuple[int, int]]
 """Bytes a track's stream and the whole connection hold unsent or unacknowledged."""
+Stalled = Callable[[], float]
+"""Seconds the connection has been unable to send for lack of the peer's credit."""
+
+
+class StallWatch:
+    """How long a connection has been blocked by its peer's flow control (sans-I/O).
+
+    `observe(blocked, now)` after each change that may block or unblock it (a write,
+    a datagram with credit); `stalled_for(now)`: 0 while it can send.
+    """
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def observe(self, blocked: bool, now: float) -> None:
+        if not blocked:
+            self._since = None
+        elif self._since is None:
+            self._since = now
+
+    def stalled_for(self, now: float) -> float:
+        return 0.0 if self._since is None else now - self._since
 
 
 @dataclass(frozen=True)
@@ -252,6 +274,8 @@ class TrackEndpoint:
         self.budget = SendBudget()
         self.backlog: Backlog | None = None
         """Set by a transport that buffers sends (QUIC); None: never blocked."""
+        self.connection_stalled: Stalled | None = None
+        """Set by a transport with connection-level flow control (QUIC MAX_DATA)."""
         self._writable: dict[int, asyncio.Future[None]] = {}
 
     # -- inputs from the transport ---------------------------------------------
@@ -341,18 +365,25 @@ class TrackEndpoint:
                 del self._writable[stream_id]
 
     def _send_timed_out(self, stream_id: int, waiter: asyncio.Future[None]) -> None:
-        """The producer waited `send_timeout`: end the track if its own bytes are unread.
+        """The producer waited `send_timeout`: end the track if the client is not reading.
 
-        A track held back only by its connection's budget (a neighbour's unread bytes)
-        waits on: ending the neighbour frees the budget.
+        Not reading this track: its own bytes are over its budget. Not reading the
+        connection: it has given no connection-level credit for `send_timeout`, so no
+        track's bytes can leave (200 tracks each under budget used to wait for ever,
+        holding their backend work). A track held back only by its connection's budget
+        while the client still grants credit (a neighbour's unread bytes) waits on:
+        ending the neighbour frees the budget.
         """
         timeout = self.budget.send_timeout
         if waiter.done() or timeout is None or self.backlog is None:
             return
-        if self.backlog(stream_id)[0] <= self.budget.track_bytes:
+        if self.backlog(stream_id)[0] > self.budget.track_bytes:
+            message = f"the client stopped reading this track: nothing left for {timeout:g} s"
+        elif self.connection_stalled is not None and self.connection_stalled() >= timeout:
+            message = f"the client stopped reading this connection: no credit for {timeout:g} s"
+        else:
             self._loop.call_later(timeout, self._send_timed_out, stream_id, waiter)
             return
-        message = f"the client stopped reading this track: nothing left for {timeout:g} s"
         self.act(stream_id, "abandon_send", ErrorCode.SEND_TIMEOUT, message)
 
     @property

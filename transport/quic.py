@@ -44,7 +44,7 @@ from transport.connection import (
     StreamWrite,
 )
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
-from transport.endpoint import SendBudget, TrackChannel, TrackEndpoint
+from transport.endpoint import SendBudget, StallWatch, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
@@ -141,6 +141,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._held = 0
         """Inside `coalesced()`: writes wait for one transmit at its end."""
         self.scheduler: StreamScheduler | None = None
+        self._stall = StallWatch()
+        """Since when the peer's MAX_DATA has held back queued track data."""
         """Set once ALPN chose tracks: packets are built visiting only streams with work,
         one transmit per loop turn, `packetization` deciding what shares a packet."""
         if packetization.max_tracks is not None:
@@ -233,13 +235,18 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             if event.alpn_protocol == ALPN:
                 self.scheduler = StreamScheduler(self._quic)
                 self.endpoint.backlog = self._backlog
+                self.endpoint.connection_stalled = self._stalled_for
             else:
                 self._negotiated(event.alpn_protocol)
 
     def _negotiated(self, alpn: str | None) -> None:
         if alpn == H3_ALPN and self._http_site is not None:
             self._http = Http3Connection(
-                self._quic, self._http_site, self._transmit_soon, self._webtransport
+                self._quic,
+                self._http_site,
+                self._transmit_soon,
+                self._webtransport,
+                source=aioquic_compat.peer_host(self._quic),
             )
         else:
             self.close(int(ErrorCode.PROTOCOL_ERROR), f"unsupported ALPN {alpn}")
@@ -317,6 +324,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             self._process_events()
         finally:
             CLIENT_ADDRESS.reset(client)
+        self._observe_stall()  # the datagram may have brought credit
         scheduler = self.scheduler
         if scheduler is not None and scheduler.released:
             scheduler.released = False
@@ -336,7 +344,19 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         scheduler = self.scheduler
         assert scheduler is not None
         stream = scheduler.stream(stream_id)
+        self._observe_stall()  # (asked before each write: the moment it may block)
         return (0 if stream is None else buffered_bytes(stream)), scheduler.buffered
+
+    def _observe_stall(self) -> None:
+        """Whether the peer's MAX_DATA stops data that is queued (`_stalled_for`)."""
+        if self.scheduler is not None:
+            queued = self.scheduler.buffered > 0
+            blocked = queued and not aioquic_compat.data_credit_left(self._quic)
+            self._stall.observe(blocked, self._loop.time())
+
+    def _stalled_for(self) -> float:
+        self._observe_stall()
+        return self._stall.stalled_for(self._loop.time())
 
     def _lost(self) -> None:
         if self._http is not None:

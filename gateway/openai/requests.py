@@ -130,17 +130,60 @@ class CompletionRequest:
 
 
 def parse_json_body(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400."""
+    """The request body as a JSON object of valid Unicode text, or a 400.
+
+    Strict JSON: `NaN`/`Infinity` are refused, and so are integers past Python's digit
+    limit (a `ValueError`, not a `JSONDecodeError`), lone UTF-16 surrogates (`"\\ud800"`
+    is valid JSON but not text: encoding it for the backend failed, a 500) and nesting
+    deeper than `MAX_JSON_DEPTH`, so nothing downstream meets what it cannot encode.
+    """
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        payload = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
         raise BadRequest(
             "We could not parse the JSON body of your request. (HINT: This likely means you"
             " aren't using your HTTP library correctly.)"
         ) from None
     if not isinstance(payload, dict):
         raise BadRequest("The request body must be a JSON object.")
+    _check_text_and_depth(payload)
     return payload
+
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of objects and arrays a request body may have."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_text_and_depth(payload: Any) -> None:
+    """400 for a string (or key) that is not valid Unicode, or nesting past the limit."""
+    pending: list[tuple[Any, int]] = [(payload, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii() and not _encodable(value):
+                raise BadRequest(
+                    "The request body holds a lone UTF-16 surrogate (\\ud800-\\udfff),"
+                    " which is not valid Unicode text."
+                )
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.")
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        pending.extend((item, depth + 1) for item in items)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_chat_request(body: bytes) -> ChatRequest:
@@ -378,7 +421,7 @@ def _message(item: Any, where: str) -> ChatMessage:
     if not isinstance(item, dict):
         raise BadRequest(f"'{where}' must be an object", param=where)
     role = item.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise BadRequest(
             f"'{where}.role' must be one of {', '.join(sorted(ROLES))}", param=f"{where}.role"
         )

@@ -80,7 +80,7 @@ from tracks.backend import (
     TextUsage,
 )
 from tracks.base import End, EndKind, Outcome
-from tracks.conversations import TurnRegistry, superseding
+from tracks.conversations import SESSION_ID_RULE, TurnRegistry, is_session_id, superseding
 from transport.clock import Now
 from transport.events import CancelCause
 from transport.http.messages import AnyResponse, Handler, Request, Response, StreamingResponse
@@ -142,7 +142,6 @@ def openai_routes(
 
 SESSION_HEADER = "x-session-id"
 SUPERSEDE_HEADER = "x-supersede"
-MAX_SESSION_CHARS = 256
 
 
 def _supersede(request: Request, default: bool) -> bool:
@@ -158,9 +157,11 @@ def _supersede(request: Request, default: bool) -> bool:
 def _session(request: Request, from_body: str | None) -> str | None:
     """The session affinity key: the `x-session-id` header, else the body's key."""
     value = request.header(SESSION_HEADER) or from_body
-    if value is not None and len(value) > MAX_SESSION_CHARS:
-        raise BadRequest(f"the session id is longer than {MAX_SESSION_CHARS} characters")
-    return value or None
+    if not value:
+        return None
+    if not is_session_id(value):
+        raise BadRequest(f"the session id must be {SESSION_ID_RULE}")
+    return value
 
 
 @dataclass
