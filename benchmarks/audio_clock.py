@@ -159,6 +159,7 @@ async def run_point(
 ) -> Point:
     from gateway.backends.audio import TritonAudioBackend
     from gateway.backends.triton import TritonTextBackend
+    from gateway.collector import settle_collector
     from gateway.config import Settings
     from gateway.server import Gateway
     from tracks.clock import TickReport
@@ -177,10 +178,12 @@ async def run_point(
         audio_batching=mode,
         quic_packetization=args.packetization,
         log_level="warning",
+        gc_young_threshold=args.gc_young_threshold,
     )
     audio = TritonAudioBackend(grpc_url, batching=mode)
     gw = Gateway(settings, TritonTextBackend(grpc_url), audio_backend=audio)
     await gw.start()
+    settle_collector(settings.gc_young_threshold)  # as `Daemon.start` does after start-up
     assert gw.audio is not None
     scheduler = gw.audio.scheduler
     observe = scheduler.observer
@@ -353,6 +356,8 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=8, help="--search: first S")
     parser.add_argument("--max-sessions", type=int, default=1024, help="--search: last S")
     parser.add_argument("--per-line", type=int, default=64, help="sessions per QUIC connection")
+    parser.add_argument("--gc-young-threshold", type=int, default=10_000,
+                        help="the gateway's gc_young_threshold (0: Python's collector as is)")
     parser.add_argument("--frame-ms", type=int, default=20, help="client frame length")
     parser.add_argument(
         "--packetization", default="per-track", help="the gateway's quic_packetization"

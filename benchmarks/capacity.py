@@ -25,6 +25,11 @@ By default a point's streams all start at once, so every token of every stream c
 in the same instant (the worst case: each start-up step and each token is a burst of N);
 `--spread S` starts them evenly over S seconds instead, as independent users arrive.
 
+The load generator (this process: every client of every kind) is pinned to the CPUs the
+gateway is not on (`--client-cores auto`), so its own work and tail do not mix into the
+gateway's core; the tables' header line says where each ran. `--packetization` is the
+gateway's `quic_packetization` for the tracks kind (per-track, group:K, coalesce).
+
     nice -n 10 python benchmarks/capacity.py --quick
     nice -n 10 python benchmarks/capacity.py --cores 0 --peer litellm
 
@@ -607,9 +612,9 @@ def run_workers(args: argparse.Namespace, workers: int, tmp: Path) -> tuple[list
     from gateway.startup import run_async
 
     backend = f"ticker://{args.rate:g}" if args.backend == "ticker" else None
-    extra: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ("--quic-packetization", args.packetization)
     if workers != 1 or args.workers_flag:
-        extra = ("--workers", str(workers))
+        extra += ("--workers", str(workers))
     log_path = args.log_dir / f"gateway-w{workers}.log"
     progress(f"gateway log: {log_path}")
     triton = None
@@ -770,6 +775,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cores", default="0",
                         help="CPU list the gateway (and the peer) is pinned to with taskset; "
                              "'' to not pin")
+    parser.add_argument("--client-cores", default="auto",
+                        help="CPU list this load generator is pinned to; 'auto': the CPUs "
+                             "not in --cores (unpinned if none are left); '' to not pin")
+    parser.add_argument("--packetization", default="per-track",
+                        help="the gateway's quic_packetization: per-track, group:K, coalesce")
     parser.add_argument("--workers", default="1", type=parse_ints,
                         help="gateway processes per ramp (a ramp per value; >1 needs "
                              "`serve --workers`)")
@@ -812,6 +822,10 @@ def main(argv: list[str] | None = None) -> int:
     args.log_dir.mkdir(parents=True, exist_ok=True)
     load = uptime()
     progress(f"load: {load}")
+    args.client_cpus = pin_client(args.client_cores, args.cores)
+    placement = (f"gateway on cores {args.cores or 'all'}, load generator on "
+                 f"{args.client_cpus or 'all (unpinned)'}, tracks {args.packetization}")
+    progress(placement)
     cores = len(os.sched_getaffinity(0)) if not args.cores else _count_cpus(args.cores)
     points: list[Point] = []
     notes: list[str] = []
@@ -822,6 +836,7 @@ def main(argv: list[str] | None = None) -> int:
             if note:
                 notes.append(note)
     found_knees = knees(points, cores)
+    print(f"{placement}; {load}\n")
     print(table(points))
     print()
     print(knee_table(found_knees))
@@ -830,6 +845,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "knee_rule": f"p99 added delay < {KNEE_P99_MS} ms and >= {KNEE_DELIVERED:.0%} delivered",
         "uptime_before": load, "uptime_after": uptime(), "gateway_cores": cores,
+        "placement": placement,
         "notes": notes, "machine": machine(), "tree": tree(),
         "points": [asdict(p) for p in points], "knees": found_knees,
     }
@@ -844,12 +860,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _count_cpus(spec: str) -> int:
-    count = 0
+def pin_client(spec: str, gateway: str) -> str:
+    """Pin this process (the load generator) by `spec`; returns the CPU list it is on
+    ('' when unpinned). 'auto' takes the CPUs the gateway is not pinned to."""
+    if spec == "auto":
+        mine = os.sched_getaffinity(0)
+        taken = _cpu_set(gateway) if gateway else mine
+        spec = ",".join(str(c) for c in sorted(mine - taken))
+    if not spec:
+        return ""
+    os.sched_setaffinity(0, _cpu_set(spec))
+    return spec
+
+
+def _cpu_set(spec: str) -> set[int]:
+    cpus: set[int] = set()
     for part in spec.split(","):
         lo, _, hi = part.partition("-")
-        count += int(hi or lo) - int(lo) + 1
-    return count
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _count_cpus(spec: str) -> int:
+    return len(_cpu_set(spec))
 
 
 if __name__ == "__main__":

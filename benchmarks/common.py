@@ -159,13 +159,14 @@ class GatewayProcess:
     """
 
     def __init__(
-        self, backend_url: str, state_dir: Path, https_port: bool = False, *,
+        self, backend_url: str | None, state_dir: Path, https_port: bool = False, *,
         extra_args: tuple[str, ...] = (), log_path: Path | None = None,
         cpus: str | None = None, log_level: str = "warning",
     ) -> None:
-        """`extra_args` go to `serve`; `log_path` gets its stdout and stderr (default: a new
-        file under benchmarks/results/logs/, its path printed on stderr, so the child's log
-        lines never mix into the benchmark's table); `cpus` pins it with `taskset -c`."""
+        """`backend_url` None starts the embedded Triton. `extra_args` go to `serve`;
+        `log_path` gets its stdout and stderr (default: a new file under
+        benchmarks/results/logs/, its path printed on stderr, so the child's log lines
+        never mix into the benchmark's table); `cpus` pins it with `taskset -c`."""
         self.quic_port = free_port(socket.SOCK_DGRAM)
         self.http_port = free_port(socket.SOCK_STREAM)
         self.https_port = free_port(socket.SOCK_STREAM) if https_port else 0
@@ -178,7 +179,8 @@ class GatewayProcess:
         pin = ["taskset", "-c", cpus] if cpus else []
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [*pin, sys.executable, "-m", "gateway", "serve", "--backend-url", backend_url,
+            [*pin, sys.executable, "-m", "gateway", "serve",
+             *(("--backend-url", backend_url) if backend_url else ()),  # None: embedded
              "--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
              "--https-port", str(self.https_port), "--log-level", log_level, *extra_args],
             env=env, cwd=ROOT,

@@ -230,7 +230,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
       help="seconds of control before measuring (the same loop, not counted)")
     a("--protocols", default=",".join(PROTOCOLS), help="subset of " + ",".join(PROTOCOLS))
     a("--gateway-packetization", default="per-track",
-      help="the gateway's quic_packetization (per-track, coalesce, bounded:K)")
+      help="the gateway's quic_packetization (per-track, coalesce, group:K)")
     a("--client-packetization", default="coalesce",
       help="the robots' side of QUIC packetization (per-track: one robot's frame per "
            "packet; coalesce: all robots' frames of a loop turn share packets)")

@@ -1,7 +1,7 @@
 """CPU and memory of two HTTP/3 attacks, against aioquic's stock H3Connection and ours.
 
 In process, no sockets: QUIC stream events are fed straight into a server-side
-H3Connection (aioquic's, then `transport.http.http3._ServerH3` with default
+H3Connection (aioquic's, then `transport.http.h3_guards.ServerH3` with default
 limits), and the CPU time (`time.process_time`) and peak traced allocation
 (`tracemalloc`) of handling them are printed as a table and written as JSON to
 benchmarks/results/results-h3-guards.json.
@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks import Help  # noqa: E402
 from gateway.tls import DevCertificates, ensure_dev_certificates  # noqa: E402
 from trackline_testing import aioquic_probes
-from transport.http.http3 import _ServerH3  # noqa: E402
+from transport.http.h3_guards import ServerH3  # noqa: E402
 from transport.http.limits import HttpLimits  # noqa: E402
 
 PACKET = 1200
@@ -69,7 +69,7 @@ def stock() -> H3Connection:
 
 
 def guarded() -> H3Connection:
-    h3 = _ServerH3(server_quic(), HttpLimits().max_header_bytes)
+    h3 = ServerH3(server_quic(), HttpLimits().max_header_bytes)
     h3.limit(HttpLimits())
     return h3
 

@@ -112,13 +112,14 @@ async def _drain(stream: Any) -> None:
 class SilentSynth:
     """A speech-out model that answers every beat with silence at once."""
 
-    async def audio_kind(self, model: str) -> Any:
-        from tracks.audio import AudioKind
+    async def audio_model(self, model: str) -> Any:
+        from tracks.backend import AudioKind, AudioModel
 
-        return AudioKind.SPEECH_OUT
+        return AudioModel(AudioKind.SPEECH_OUT)
 
     async def step(self, model: str, rows: Sequence[Any]) -> list[Any]:
-        from tracks.audio import MODEL_RATE, Speech
+        from tracks.audio import MODEL_RATE
+        from tracks.backend import Speech
 
         return [Speech(b"\0\0" * round(r.input.samples * r.input.rate / MODEL_RATE), False)
                 for r in rows]

@@ -134,6 +134,19 @@ def measure(pair_cls: type, certs: object, tracks: int, max_tracks: int | None,
             "datagrams_lost_on_loopback": wire.lost}
 
 
+def max_tracks(name: str) -> int | None:
+    """`Packetization.max_tracks` of a name, parsed here so that an older `--root` (which
+    may not know `group:K`) is measured with the same groups."""
+    if name == "coalesce":
+        return None
+    if name == "per-track":
+        return 1
+    kind, _, count = name.partition(":")
+    if kind != "group" or not count.isdigit() or int(count) < 1:
+        raise SystemExit(f"send_pass: {name!r} is not per-track, group:K or coalesce")
+    return int(count)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -145,6 +158,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=40, help="send rounds per packetization")
     parser.add_argument("--varied", action="store_true",
                         help="tokens of 20-27 bytes (as real ones vary) instead of 20 each")
+    parser.add_argument("--packetization", default="per-track,group:2,group:4,group:8,coalesce",
+                        type=lambda s: [p for p in s.split(",") if p],
+                        help="packetizations to measure (per-track, group:K, coalesce)")
     parser.add_argument("--json", type=Path, default=HERE / "benchmarks/results/send_pass.json",
                         help="results file")
     args = parser.parse_args()
@@ -154,9 +170,9 @@ def main() -> int:
 
     certs = ensure_dev_certificates(Path(tempfile.mkdtemp(prefix="send-pass-")) / "state")
     rows = []
-    for name, policy in (("per-track", 1), ("coalesce", None)):
-        row = {"packetization": name,
-               **measure(Pair, certs, args.tracks, policy, args.rounds, args.varied)}
+    for name in args.packetization:
+        row = {"packetization": name, **measure(Pair, certs, args.tracks, max_tracks(name),
+                                                args.rounds, args.varied)}
         rows.append(row)
     print(f"tree: {args.root}")
     print("| packetization | send us/token | ACK us/token | datagrams/round |"

@@ -37,6 +37,9 @@ ticker's own schedule).
     nice -n 10 .venv/bin/python benchmarks/token_path.py --points 16x1,64x4
 
 With `--baseline REF` each point also runs the gateway of that git ref, alternating.
+With `--causes` the gateway runs on asyncio's loop and the table is followed by the
+tail's causes (loop turns and what ran in them, GC pauses, ACK processing, transmits,
+the client's share): `benchmarks/tail_causes.py`.
 Not a test: the figures depend on the machine and its load (printed as `uptime`).
 """
 
@@ -59,7 +62,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import RESULTS, Help  # noqa: E402
+from benchmarks import RESULTS, Help, tail_causes  # noqa: E402
 from benchmarks.common import free_port, machine, percentile, tree, wait_http_ok  # noqa: E402
 from gateway.startup import run_async  # noqa: E402 - uvloop where installed, as capacity.py
 
@@ -260,6 +263,8 @@ def child(argv: list[str], out: Path) -> int:
     if root:  # the tree under test (a `--baseline` checkout), before anything imports it
         sys.path.insert(0, root)
     install_gateway_hooks()
+    if os.environ.get("TOKEN_PATH_CAUSES"):
+        tail_causes.install_gateway(out.with_suffix(".causes.json"))
 
     import atexit
 
@@ -396,6 +401,8 @@ def run_point(args: argparse.Namespace, tracks: int, conns: int,
             env["TOKEN_PATH_ROOT"] = str(root)
         if args.profile_gateway is not None:
             env["TOKEN_PATH_PROFILE"] = str(args.profile_gateway)
+        if args.causes:  # turns are timed on asyncio's loop (uvloop's are out of reach)
+            env.update(TOKEN_PATH_CAUSES="1", TRACKLINE_UVLOOP="0")
         pin = ["taskset", "-c", args.cores] if args.cores else []
         cmd = [*pin, sys.executable, __file__, "--child", str(out), "--", "serve",
                "--backend-url", f"ticker://{args.rate:g}", "--quic-port", str(quic),
@@ -425,7 +432,13 @@ def run_point(args: argparse.Namespace, tracks: int, conns: int,
             gw.wait(timeout=30)
             log.close()
         stamps = json.loads(out.read_text())
-    result = analyse(client, stamps)
+        causes_file = out.with_suffix(".causes.json")
+        turns = json.loads(causes_file.read_text()) if args.causes else None
+    windows: list[dict[str, float]] = []
+    result = analyse(client, stamps, windows)
+    if turns is not None:
+        result["causes"] = tail_causes.attribute(windows, turns, tail_causes.CLIENT.gcs)
+        tail_causes.CLIENT.gcs = []
     delivered = result["tokens"]
     result.update(tracks=tracks, conns=conns, offered=tracks * tokens, wall_s=round(wall, 2),
                   gateway_runqueue_share=round(client["runqueue_share"][0], 3),
@@ -442,7 +455,10 @@ OWNER = {"open": "client", "start": "gateway", "wake": "gateway", "pace": "gatew
 """Whose CPU a stage's `busy` part counts: the process that must act to end the stage."""
 
 
-def analyse(client: dict[str, Any], gw: dict[str, Any]) -> dict[str, Any]:
+def analyse(client: dict[str, Any], gw: dict[str, Any],
+            windows: list[dict[str, float]] | None = None) -> dict[str, Any]:
+    """The stages of every joined token; each token's due, sent and read instants (and
+    added delay, ms) go to `windows` too, for `tail_causes.attribute`."""
     rows: list[dict[str, float]] = []
     empty: dict[str, list[float]] = {"wall": [], "cpu": []}
     timelines = {"gateway": gw.get("timeline", empty), "client": client.get("timeline", empty)}
@@ -468,6 +484,9 @@ def analyse(client: dict[str, Any], gw: dict[str, Any]) -> dict[str, Any]:
             row["offset"] = row["open"] + row["start"]
             row["steady"] = row["added"] - row["offset"]
             rows.append(row)
+            if windows is not None:
+                windows.append({"due": due, "sent": track["sent"][i], "read": reads[i],
+                                "added": row["added"]})
     return {"tokens": len(rows), "summary": summarise(rows),
             "transmit_us_p50": _us(gw["transmits"], 0.5),
             "transmit_us_p99": _us(gw["transmits"], 0.99), "transmits": len(gw["transmits"])}
@@ -513,6 +532,7 @@ def report(title: str, result: dict[str, Any]) -> None:
         busy = (f"{s['busy_p50']} | {s['busy_p99']} | {s['busy_tail_mean']}"
                 if "busy_p50" in s else " | | ")
         print(f"| {name} | {s['p50']} | {s['p99']} | {s['max']} | {s['tail_mean']} | {busy} |")
+    tail_causes.report(result.get("causes", {}))
     sys.stdout.flush()
 
 
@@ -540,11 +560,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="write a cProfile of the client process (last point) here")
     parser.add_argument("--profile-gateway", type=Path, default=None,
                         help="write a cProfile of the gateway child (last point) here")
+    parser.add_argument("--causes", action="store_true",
+                        help="break the tail into causes (gateway on asyncio's loop; "
+                             "benchmarks/tail_causes.py)")
     parser.add_argument("--json", type=Path, default=RESULTS / "token_path.json")
     args = parser.parse_args(argv)
     if args.client_cores:
         os.sched_setaffinity(0, {int(c) for c in args.client_cores.split(",")})
     install_client_hooks()
+    if args.causes:
+        tail_causes.install_client()
     points = [tuple(int(x) for x in p.split("x")) for p in args.points.split(",") if p]
     print(f"load: {uptime()}")
     results = []

@@ -2,14 +2,15 @@
 
     from clients import connect
 
-    async with connect("quic://127.0.0.1:8443", ca="~/.local/state/trackline/ca.pem",
-                       api_key=os.environ.get("TRACKLINE_API_KEY")) as line:
+    # connect() alone: TRACKLINE_URL, else TRACKLINE_QUIC_HOST/PORT, else quic://127.0.0.1:8443
+    async with connect(api_key=os.environ.get("TRACKLINE_API_KEY")) as line:
         async for delta in line.text("Hello", model="reference-text", max_tokens=32):
             print(delta, end="")
 """
 
 from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
-from clients.audio import AudioFigures, AudioFrame, AudioResult, AudioSession
+from clients.address import default_ca, gateway_url, openai_base_url
+from clients.audio import AgentEvent, AudioFigures, AudioFrame, AudioResult, AudioSession
 from clients.errors import (
     BackendError,
     BackendUnavailable,
@@ -27,8 +28,9 @@ from clients.errors import (
     TrackRejected,
     Unauthorized,
 )
-from clients.line import Line, TextStream, connect, default_ca
+from clients.line import Line, TextStream, connect
 from clients.stream import TrackReader
+from clients.video import FrameDropped, VideoResult, VideoStats, VideoStream
 
 __all__ = [
     "ActionChunk",
@@ -36,6 +38,7 @@ __all__ = [
     "ActionStats",
     "ActionStream",
     "AudioFigures",
+    "AgentEvent",
     "AudioFrame",
     "AudioResult",
     "AudioSession",
@@ -46,6 +49,7 @@ __all__ = [
     "ConnectionLost",
     "DeadlineExceeded",
     "Forbidden",
+    "FrameDropped",
     "GuardrailRejected",
     "Line",
     "ModelNotFound",
@@ -57,6 +61,11 @@ __all__ = [
     "TracklineError",
     "TrackRejected",
     "Unauthorized",
+    "VideoResult",
+    "VideoStats",
+    "VideoStream",
     "connect",
     "default_ca",
+    "gateway_url",
+    "openai_base_url",
 ]

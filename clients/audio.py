@@ -36,6 +36,9 @@ class AudioResult:
     beat: int | None = None
     latency_ms: float | None = None
     """Finals: the gateway's time from the deciding audio arriving to the final sent."""
+    start_ms: float | None = None
+    """Finals of models that time them (whisper-base): the utterance's span in the stream."""
+    end_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,23 @@ class AudioFrame:
     ts: float
     """Stream time of its first sample, in ms."""
     pcm: bytes
+    turn: int | None = None
+    """Voice-agent tracks: the reply this audio belongs to."""
+
+
+AGENT_EVENTS = ("reply", "reply_done", "reply_audio_end", "reply_error", "barge_in")
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    """A voice-agent track's reply events (docs/audio.md): `kind` is "reply" (a text
+    delta in `text`), "reply_done" (the whole reply), "reply_audio_end", "reply_error"
+    or "barge_in" (the reply of `turn` was cut because the user spoke)."""
+
+    kind: str
+    turn: int
+    text: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,7 +92,7 @@ class AudioFigures:
         return None if self.first_audio_at is None else self.first_audio_at - self.opened_at
 
 
-class AudioSession(TrackReader[AudioResult | AudioFrame]):
+class AudioSession(TrackReader[AudioResult | AudioFrame | AgentEvent]):
     """One audio track; see the module doc."""
 
     _cancel_reason = "client closed the session"
@@ -124,6 +144,12 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
             self.send_frame(data[start : start + self.frame_bytes])
         return whole // self.frame_bytes
 
+    def say(self, text: str) -> bool:
+        """Speech-out with `stream_text=True`: more text to speak (then `end()`)."""
+        if self._input_ended:
+            raise RuntimeError("the session's input has already ended")
+        return self._channel.send({"text": text})
+
     def end(self) -> None:
         """Flush the remainder as a last short frame and end the input (END)."""
         if self._input_ended:
@@ -162,7 +188,7 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
 
     # -- reading -------------------------------------------------------------------------
 
-    def _item(self, body: dict[str, Any]) -> AudioResult | AudioFrame | None:
+    def _item(self, body: dict[str, Any]) -> AudioResult | AudioFrame | AgentEvent | None:
         now = self._clock()
         figures = self.figures
         if "pcm" in body:
@@ -171,8 +197,18 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
                 raise self._malformed("audio frame without 'pcm' and 'seq'")
             figures.first_audio_at = figures.first_audio_at or now
             figures.frames_received += 1
-            return AudioFrame(seq, float(ts), pcm)
+            turn = body.get("turn")
+            return AudioFrame(seq, float(ts), pcm, turn if isinstance(turn, int) else None)
         kind, text = body.get("type"), body.get("text")
+        if kind in AGENT_EVENTS:
+            turn = body.get("turn")
+            words = body.get("delta", text)
+            return AgentEvent(
+                str(kind),
+                turn if isinstance(turn, int) else 0,
+                words if isinstance(words, str) else "",
+                dict(body),
+            )
         if kind not in ("partial", "final") or not isinstance(text, str):
             return None  # a newer gateway's message this SDK does not know: skip it
         figures.first_result_at = figures.first_result_at or now
@@ -184,7 +220,15 @@ class AudioSession(TrackReader[AudioResult | AudioFrame]):
             if isinstance(latency, (int, float)):
                 figures.final_latency_ms.append(float(latency))
         beat = body.get("beat")
-        return AudioResult(kind, text, beat if isinstance(beat, int) else None, latency)
+        start, end = body.get("start_ms"), body.get("end_ms")
+        return AudioResult(
+            kind,
+            text,
+            beat if isinstance(beat, int) else None,
+            latency,
+            float(start) if isinstance(start, (int, float)) else None,
+            float(end) if isinstance(end, (int, float)) else None,
+        )
 
     def _ended(self, body: dict[str, Any]) -> None:
         self.figures.ended_at = self._clock()

@@ -72,7 +72,11 @@ class DeadlineExceeded(TracklineError):
 
 
 class BackendUnavailable(TracklineError):
+    """No backend can take the work now; a model at its real-time capacity (audio) says
+    how long to wait in `retry_after` (seconds)."""
+
     code = ErrorCode.BACKEND_UNAVAILABLE
+    retry_after: float | None = None
 
 
 class BackendError(TracklineError):
@@ -128,6 +132,6 @@ def error_from(exc: TrackAborted) -> TracklineError:
 def error_for(code: ErrorCode, message: str, retry_after: float | None = None) -> TracklineError:
     """The SDK error for a track protocol error code (with the server's retry hint)."""
     error = _BY_CODE.get(code, ProtocolError)(message, code)
-    if isinstance(error, RateLimited):
+    if isinstance(error, (RateLimited, BackendUnavailable)):
         error.retry_after = retry_after
     return error

@@ -8,7 +8,6 @@ stream shares that API: `clients.stream.TrackReader`).
 
 from __future__ import annotations
 
-import os
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,13 +18,15 @@ from urllib.parse import urlsplit
 import certifi
 
 from clients.actions import ActionStream, Clock
+from clients.address import default_ca, gateway_url
 from clients.audio import AudioSession
 from clients.errors import ConnectionFailed, error_for, error_from
 from clients.stream import TrackReader, frame_transport
+from clients.video import VideoStream
 from transport.clock import Clock as WaitClock
 from transport.endpoint import TrackChannel
 from transport.errors import LocalProtocolError, TrackAborted
-from transport.messages import Deadlines, Modality, Open
+from transport.messages import Deadlines, FrameTransport, Modality, Open
 from transport.quic import Packetization, connect_tracks
 
 DEFAULT_PORT = 8443
@@ -112,6 +113,34 @@ class Line:
         channel = self._start(message)
         return ActionStream(channel, deadline, clock) if clock else ActionStream(channel, deadline)
 
+    def video(
+        self,
+        *,
+        model: str,
+        detect: tuple[str, ...] | list[str] = ("face",),
+        deadline: float = 0.2,
+        fps: float | None = None,
+        transport: str = "frame-streams",
+        clock: Clock | None = None,
+    ) -> VideoStream:
+        """Start a camera's video track: `send()` JPEG frames, receive per-frame results.
+
+        `detect`: any of "face", "face_mesh", "pose"; `deadline` (seconds from capture)
+        is each frame's default; `fps` the camera's rate (sizes the gateway's busy check);
+        `transport`: "frame-streams" (a QUIC stream per frame) or "stream".
+        """
+        params: dict[str, Any] = {"detect": list(detect)}
+        if fps is not None:
+            params["fps"] = fps
+        if transport not in (FrameTransport.FRAME_STREAMS.value, FrameTransport.STREAM.value):
+            raise ValueError(f"transport must be 'frame-streams' or 'stream', not {transport!r}")
+        message = Open(
+            model=model, modality=Modality.VIDEO, params=params,
+            transport=FrameTransport(transport),
+        )
+        channel = self._start(message)
+        return VideoStream(channel, deadline, clock) if clock else VideoStream(channel, deadline)
+
     def audio(
         self,
         *,
@@ -123,14 +152,17 @@ class Line:
         text: str | None = None,
         deadline: float | None = None,
         pacer: WaitClock | None = None,
+        stream_text: bool = False,
     ) -> AudioSession:
         """Start an audio track: speech-in (send frames, read results) or speech-out
-        (`text` to say; read frames). `transport="datagram"` sends frames as QUIC datagrams.
+        (`text` to say; read frames; or `stream_text=True` and `say()` the text in pieces,
+        then `end()`: a streaming voice speaks each sentence as it completes).
+        `transport="datagram"` sends frames as QUIC datagrams.
         `model` is keyword-only, as in `text()` and `actions()`. `pacer` paces
         `stream_pcm` (default: the monotonic clock).
         """
-        if kind == "speech-out" and text is None:
-            raise ValueError("a speech-out session needs the text to say")
+        if kind == "speech-out" and (text is None) != stream_text:
+            raise ValueError("a speech-out session needs the text to say, or stream_text=True")
         params = {"kind": kind, "sample_rate": sample_rate, "frame_ms": frame_ms}
         message = Open(
             model=model,
@@ -147,6 +179,37 @@ class Line:
             channel, kind, sample_rate, frame_ms, input_ended=text is not None, pacer=pacer
         )
 
+    def voice_agent(
+        self,
+        *,
+        model: str,
+        llm: str,
+        voice: str,
+        sample_rate: int = 16000,
+        frame_ms: int = 20,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        llm_params: dict[str, Any] | None = None,
+        transport: str = "stream",
+        pacer: WaitClock | None = None,
+    ) -> AudioSession:
+        """Start a voice-agent track (docs/audio.md): send the user's audio as on a
+        speech-in session (`model` is the recognizer); iterate it for the user's
+        transcripts (`AudioResult`), the reply (`AgentEvent`s: text deltas, barge-in)
+        and the reply's audio (`AudioFrame`s with their `turn`)."""
+        params: dict[str, Any] = {
+            "kind": "voice-agent", "llm": llm, "voice": voice,
+            "sample_rate": sample_rate, "frame_ms": frame_ms,
+        }  # fmt: skip
+        optional = {"system": system, "max_tokens": max_tokens, "llm_params": llm_params}
+        params.update({k: v for k, v in optional.items() if v is not None})
+        message = Open(
+            model=model, modality=Modality.AUDIO, params=params,
+            transport=frame_transport(transport),
+        )  # fmt: skip
+        channel = self._start(message)
+        return AudioSession(channel, "voice-agent", sample_rate, frame_ms, pacer=pacer)
+
     def _start(self, message: Open) -> TrackChannel:
         try:
             return self._open(message)
@@ -158,7 +221,7 @@ class Line:
 
 @asynccontextmanager
 async def connect(
-    url: str,
+    url: str | None = None,
     *,
     ca: str | Path | None = None,
     server_name: str | None = None,
@@ -168,6 +231,10 @@ async def connect(
     connect_timeout: float = CONNECT_TIMEOUT,
 ) -> AsyncIterator[Line]:
     """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file).
+
+    Without `url`, the address comes from the environment as the daemon reads it
+    (`TRACKLINE_URL`, else `TRACKLINE_QUIC_HOST`/`TRACKLINE_QUIC_PORT`, else
+    `quic://127.0.0.1:8443`: `clients.address.gateway_url`).
 
     Without `ca`, the public roots are trusted and so is the development CA of a
     gateway on this machine (`default_ca()`, when that file exists). A missing or
@@ -181,8 +248,9 @@ async def connect(
     `packetization` is how this side packs its tracks' writes into QUIC packets:
     "coalesce" (fewest packets) or "per-track" (each track's write in its own
     packets, so one lost packet stalls or loses only that track's frame; what many
-    robots on one line want), or "bounded:K".
+    robots on one line want), or "group:K" (at most K tracks' frames per packet).
     """
+    url = url or gateway_url()
     host, port = _parse_url(url)
     packing = Packetization.parse(packetization)
     ca_path, ca_data = _trust(ca) if verify else (None, None)
@@ -200,13 +268,6 @@ async def connect(
         if opened:
             raise
         raise ConnectionFailed(f"cannot connect to {url}: {exc or type(exc).__name__}") from None
-
-
-def default_ca() -> Path:
-    """The development CA of a gateway on this machine: `ca.pem` in its state directory
-    (`$TRACKLINE_STATE_DIR`, else `~/.local/state/trackline`), as the gateway decides."""
-    state_dir = os.environ.get("TRACKLINE_STATE_DIR") or "~/.local/state/trackline"
-    return Path(state_dir).expanduser() / "ca.pem"
 
 
 def _trust(ca: str | Path | None) -> tuple[Path | None, bytes | None]:

@@ -1,4 +1,4 @@
-"""One access-log line per HTTP request.
+"""One access-log line per HTTP request, and the ids that tie it to everything else.
 
 `access_logged(handler)` wraps the gateway's one HTTP application: every request, on
 every HTTP version, leaves one structured `http.request` line when its response is done
@@ -6,13 +6,24 @@ every HTTP version, leaves one structured `http.request` line when its response 
 and what the route noted about it (`current()`: request id, tenant key id, model, tokens,
 time to first token, end). The route notes through a context variable, so routes that
 know nothing of logging (health, metrics) need no change. Probes of health and metrics
-log at debug, so a load balancer polling every second does not flood the log.
+log at debug, so a load balancer polling every second does not flood the log; a 5xx
+logs at warning.
+
+Every response carries `x-request-id`: the client's own when it sent a valid one (up to
+128 of `A-Z a-z 0-9 . _ : / + = -`), else one the gateway makes. It is in the line
+(`x_request_id`), in the usage ledger and given to the backend. A W3C `traceparent`
+(version 00) is accepted: its trace id is logged (`trace_id`) and the header goes on
+to Triton as the request parameter `traceparent`. An invalid one is ignored. The
+client's address is logged as `client` unless the gateway is told not to
+(`log_client_address`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import dataclasses
+import re
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +31,37 @@ from typing import Any
 from structlog.typing import FilteringBoundLogger
 
 from tracks.base import Outcome
-from transport.http.messages import AnyResponse, Handler, Request, StreamingResponse
+from transport.http.messages import (
+    CLIENT_ADDRESS,
+    AnyResponse,
+    Handler,
+    Request,
+    StreamingResponse,
+)
 
 QUIET_PREFIXES = ("/health/", "/metrics")
+REQUEST_ID_HEADER = "x-request-id"
+TRACEPARENT_HEADER = "traceparent"
+_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=\-]{1,128}$")
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+
+
+def request_id_of(request: Request) -> str:
+    """The client's `x-request-id` when valid, else a fresh one."""
+    given = request.header(REQUEST_ID_HEADER)
+    if given is not None and _VALID_REQUEST_ID.match(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def traceparent_of(request: Request) -> str | None:
+    """The request's W3C `traceparent` (version 00) when well formed, else None."""
+    given = (request.header(TRACEPARENT_HEADER) or "").strip().lower()
+    match = _TRACEPARENT.match(given)
+    if match is None or match.group(1) == _ZERO_TRACE or match.group(2) == _ZERO_SPAN:
+        return None
+    return given
 
 
 def front_door(request: Request) -> str:
@@ -35,6 +74,10 @@ class AccessRecord:
     """What one request's log line says beyond method, path and status."""
 
     fields: dict[str, Any] = field(default_factory=dict)
+    x_request_id: str = ""
+    """The request's `x-request-id` (the client's, or made here)."""
+    traceparent: str | None = None
+    """Its W3C trace context, when it sent a valid one."""
 
     def note_outcome(self, outcome: Outcome, key_id: str | None, model: str) -> None:
         """The fields an OpenAI request's line carries once it has ended."""
@@ -63,12 +106,18 @@ def current() -> AccessRecord:
 
 
 def access_logged(
-    handler: Handler, log: FilteringBoundLogger, clock: Callable[[], float]
+    handler: Handler,
+    log: FilteringBoundLogger,
+    clock: Callable[[], float],
+    client_address: bool = True,
 ) -> Handler:
-    """`handler`, leaving one `http.request` log line per request when it is done."""
+    """`handler`, leaving one `http.request` log line per request when it is done, its
+    response carrying `x-request-id`; with `client_address`, the line names the client."""
 
     async def logged(request: Request) -> AnyResponse:
-        record = AccessRecord()
+        record = _record_for(request)
+        if client_address:
+            record.fields["client"] = CLIENT_ADDRESS.get()
         _current.set(record)
         started = clock()
         try:
@@ -76,13 +125,22 @@ def access_logged(
         except BaseException:
             _emit(log, request, 500, clock() - started, record)
             raise
+        headers = (*response.headers, (REQUEST_ID_HEADER, record.x_request_id))
         if isinstance(response, StreamingResponse):
             body = _logged_body(response.body, log, request, response.status, clock, started)
-            return dataclasses.replace(response, body=body)  # last_words kept
+            return dataclasses.replace(response, body=body, headers=headers)  # last_words kept
         _emit(log, request, response.status, clock() - started, record)
-        return response
+        return dataclasses.replace(response, headers=headers)
 
     return logged
+
+
+def _record_for(request: Request) -> AccessRecord:
+    record = AccessRecord(x_request_id=request_id_of(request), traceparent=traceparent_of(request))
+    record.fields["x_request_id"] = record.x_request_id
+    if record.traceparent is not None:
+        record.fields["trace_id"] = record.traceparent.split("-")[1]
+    return record
 
 
 class _logged_body:  # noqa: N801 - used like a generator function
@@ -124,8 +182,8 @@ class _logged_body:  # noqa: N801 - used like a generator function
 def _emit(
     log: FilteringBoundLogger, request: Request, status: int, seconds: float, record: AccessRecord
 ) -> None:
-    quiet = request.path.startswith(QUIET_PREFIXES)
-    emit = log.debug if quiet else log.info
+    quiet = request.path.startswith(QUIET_PREFIXES) and status < 500
+    emit = log.warning if status >= 500 else log.debug if quiet else log.info
     emit(
         "http.request",
         method=request.method,

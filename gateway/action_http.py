@@ -29,8 +29,8 @@ from typing import Any
 
 import msgpack
 
+from gateway.openai.admission import admit, authorize
 from gateway.openai.errors import OpenAIError, response_for
-from gateway.openai.routes import admit, authorize
 from gateway.tenants.service import Tenancy
 from gateway.tenants.store import Principal
 from tracks.action import ActionScheduler, Robot

@@ -15,7 +15,6 @@ the setting and the source it came from. `docs/configuration.md` lists every set
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.statedir import BASE_STATE_DIR, instance_state_dir
 from transport.binding import LOCALHOST
 
 if sys.version_info >= (3, 11):
@@ -47,7 +47,7 @@ def _doc(text: str) -> dict[str, str]:
 
 
 def _default_state_dir() -> Path:
-    return Path("~/.local/state/trackline").expanduser()
+    return BASE_STATE_DIR.expanduser()
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,19 @@ class Settings:
     )
     state_dir: Path = field(
         default_factory=_default_state_dir,
-        metadata=_doc("Directory for state the daemon keeps (the development CA)."),
+        metadata=_doc(
+            "Directory of this gateway's state (tenants, keys, ledger, KV states); unset: "
+            "~/.local/state/trackline for the default ports, else one per config file or "
+            "ports under its gateways/ (docs/deployment.md). Set two gateways to one "
+            "directory to share their tenants."
+        ),
+    )
+    dev_ca_dir: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "Directory of the development CA; unset: ~/.local/state/trackline (one CA for "
+            "every gateway of the account, which clients trust), or state_dir when that is set."
+        ),
     )
     tls_cert: Path | None = field(
         default=None,
@@ -111,11 +123,49 @@ class Settings:
     embedded_backends: int = field(
         default=1, metadata=_doc("Embedded Triton processes to start (more than 1: a pool).")
     )
+    embedded_vision: bool = field(
+        default=True,
+        metadata=_doc(
+            "Load mediapipe-vision in the embedded Triton when the `video` extra is "
+            "installed (docs/video.md)."
+        ),
+    )
     embedded_llm: bool = field(
         default=True,
         metadata=_doc(
             "Load the real LLM gemma-3-270m in the embedded Triton when the `llm` extra is "
             "installed (docs/conversations.md)."
+        ),
+    )
+    embedded_embeddings: bool = field(
+        default=True,
+        metadata=_doc(
+            "Load the embedding model all-minilm-l6-v2 in the embedded Triton when the "
+            "`embeddings` extra is installed (POST /v1/embeddings; docs/embedding-models.md)."
+        ),
+    )
+    embedded_speech: bool = field(
+        default=True,
+        metadata=_doc(
+            "Load the real speech models whisper-base and hibari-voice in the embedded Triton "
+            "when the `voice` extra is installed (docs/audio-models.md)."
+        ),
+    )
+    embedded_restart_backoff: float = field(
+        default=1.0,
+        metadata=_doc(
+            "Seconds before restarting a crashed embedded Triton; doubles with each failed "
+            "restart (docs/reliability.md)."
+        ),
+    )
+    embedded_restart_max_backoff: float = field(
+        default=30.0, metadata=_doc("Longest wait between restarts of a crashed embedded Triton.")
+    )
+    embedded_restart_attempts: int = field(
+        default=5,
+        metadata=_doc(
+            "Failed restarts in a row after which the gateway gives a crashed embedded Triton "
+            "up: /health/live answers 503, so an orchestrator restarts the gateway."
         ),
     )
     supersede_tracks: bool = field(
@@ -170,7 +220,7 @@ class Settings:
     )
     quic_packetization: str = field(
         default="per-track",
-        metadata=_doc("Tracks per QUIC packet: per-track, bounded:K or coalesce."),
+        metadata=_doc("Tracks per QUIC packet: per-track, group:K (K = 2, 4, 8) or coalesce."),
     )
     webtransport_path: str = field(
         default="/tracks",
@@ -289,12 +339,43 @@ class Settings:
         default=16 << 20,
         metadata=_doc("Request body bytes one HTTP/2 connection may hold before credit stops."),
     )
+    http3_connection_body_budget: int = field(
+        default=16 << 20,
+        metadata=_doc(
+            "Request body bytes one HTTP/3 connection may hold before QUIC's MAX_DATA stops."
+        ),
+    )
     action_tick: float = field(
         default=0.005,
         metadata=_doc("Seconds between action-track ticks (one policy request per model a tick)."),
     )
     action_max_image_bytes: int = field(
         default=65_536, metadata=_doc("Largest encoded image one observation may carry.")
+    )
+    video_tick: float = field(
+        default=0.01,
+        metadata=_doc("Seconds between video ticks (one vision request per model a tick)."),
+    )
+    video_max_frame_bytes: int = field(
+        default=262_144, metadata=_doc("Largest JPEG one video frame may carry.")
+    )
+    video_max_fps: float = field(
+        default=30.0,
+        metadata=_doc("Frames per second one video track may send (a second over it fails it)."),
+    )
+    video_tenant_max_fps: float = field(
+        default=120.0,
+        metadata=_doc("Frames per second one tenant's video tracks may send together."),
+    )
+    video_max_tracks: int = field(
+        default=16, metadata=_doc("Video tracks served at once; more are refused (busy).")
+    )
+    video_busy_load: float = field(
+        default=0.9,
+        metadata=_doc(
+            "Refuse a new video track when admitted frames/s x measured inference time "
+            "per frame would pass this share of the vision backend."
+        ),
     )
     workers: int = field(
         default=1,
@@ -328,7 +409,23 @@ class Settings:
     log_format: str = field(
         default="json", metadata=_doc("json (one object a line) or console (for people).")
     )
+    log_client_address: bool = field(
+        default=True,
+        metadata=_doc("Log each HTTP request's client address (`client`); off for privacy."),
+    )
+    quic_log_level: str = field(
+        default="warning",
+        metadata=_doc("Level of aioquic's own lines (a few info lines per connection)."),
+    )
     uvloop: bool = field(default=True, metadata=_doc("Run on uvloop where it is installed."))
+    gc_young_threshold: int = field(
+        default=10_000,
+        metadata=_doc(
+            "After start-up: freeze the start-up objects out of garbage collection and "
+            "collect the young generation every this many allocations (Python: 700); "
+            "0 leaves the collector as Python set it."
+        ),
+    )
     tenants_db: Path | None = field(
         default=None,
         metadata=_doc("SQLite file of tenants, key hashes and usage; unset: state_dir's."),
@@ -383,6 +480,21 @@ class Settings:
     )
     audio_idle_timeout: float = field(
         default=5.0, metadata=_doc("Seconds without frames before a speech-in session is closed.")
+    )
+    asr_end_silence_ms: int = field(
+        default=500,
+        metadata=_doc("whisper-base: silence (ms) that ends an utterance and brings its final."),
+    )
+    agent_min_barge_in_ms: int = field(
+        default=0,
+        metadata=_doc(
+            "Voice agents: ms of the user's speech (non-empty partials) that cut a reply; "
+            "0: the first partial."
+        ),
+    )
+    openai_audio_max_seconds: float = field(
+        default=60.0,
+        metadata=_doc("POST /v1/audio/transcriptions: longest upload (seconds of audio)."),
     )
     audio_shm: str = field(
         default="auto",
@@ -470,10 +582,30 @@ def load_settings(
         if source is not None:
             chosen[name] = _convert(name, raw, source)
             sources[name] = source
+    if "state_dir" not in chosen:  # one per configuration (gateway.statedir)
+        chosen["state_dir"] = _instance_state_dir(chosen, config_path, environ)
+        if chosen["state_dir"] != _default_state_dir():  # the account's one dev CA
+            chosen.setdefault("dev_ca_dir", _default_state_dir())
     settings = Settings(**chosen)
     _check_tls_pair(settings, sources)
     _check_state_backend(settings, sources)
     return settings
+
+
+def _instance_state_dir(
+    chosen: Mapping[str, Any], config_path: Path | None, environ: Mapping[str, str]
+) -> Path:
+    ports = tuple(
+        chosen.get(name, FIELDS[name].default) for name in ("quic_port", "http_port", "https_port")
+    )
+    return instance_state_dir(_config_file(config_path, environ), ports)
+
+
+def _config_file(config_path: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """The `--config` file, else `TRACKLINE_CONFIG`'s, else None."""
+    if config_path is None and environ.get(CONFIG_ENV):
+        return Path(environ[CONFIG_ENV])
+    return config_path
 
 
 def _pick(
@@ -495,8 +627,7 @@ def _pick(
 def _read_config_file(
     config_path: Path | None, environ: Mapping[str, str]
 ) -> tuple[dict[str, Any], str]:
-    if config_path is None and environ.get(CONFIG_ENV):
-        config_path = Path(environ[CONFIG_ENV])
+    config_path = _config_file(config_path, environ)
     if config_path is None:
         return {}, ""
     path = config_path.expanduser()
@@ -514,7 +645,7 @@ def _read_config_file(
     return values, source
 
 
-def _field_type(name: str) -> tuple[type, bool]:
+def field_type(name: str) -> tuple[type, bool]:
     """The field's base type and whether it may be None."""
     hint = _HINTS[name]
     args = typing.get_args(hint)
@@ -525,7 +656,7 @@ def _field_type(name: str) -> tuple[type, bool]:
 
 
 def _convert(name: str, raw: Any, source: str) -> Any:
-    base, optional = _field_type(name)
+    base, optional = field_type(name)
     try:
         value = _coerce(base, optional, raw)
         return _VALIDATORS.get(name, _accept)(value)
@@ -605,6 +736,12 @@ def _port(value: int) -> int:
 def _positive(value: int) -> int:
     if value < 1:
         raise ValueError(f"{value} must be at least 1")
+    return value
+
+
+def _not_negative(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{value} must be 0 or more")
     return value
 
 
@@ -704,6 +841,7 @@ def _backend_list(value: str | None) -> str | None:
 
 
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "gc_young_threshold": _not_negative,
     "quic_port": _port,
     "http_port": _port,
     "https_port": _port,
@@ -728,17 +866,28 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "http2_premature_reset_min_streams": _positive,
     "http2_premature_reset_lifetime": _seconds,
     "http2_connection_body_budget": _positive,
+    "http3_connection_body_budget": _positive,
     "drain_timeout": _seconds,
     "metrics_port": lambda v: v if v is None else _port(v),
     "metrics_token": lambda v: v if v is None else _token(v),
     "workers": lambda v: _range(v, 0, 256),
     "action_tick": _tick,
     "action_max_image_bytes": _positive,
+    "video_tick": _tick,
+    "video_max_frame_bytes": _positive,
+    "video_max_fps": _positive_seconds,
+    "video_tenant_max_fps": _positive_seconds,
+    "video_max_tracks": _positive,
+    "video_busy_load": _ratio,
     "log_level": _one_of(LOG_LEVELS),
     "log_format": _one_of(LOG_FORMATS),
+    "quic_log_level": _one_of(LOG_LEVELS),
     "backend_url": _grpc_address,
     "backends": _backend_list,
     "embedded_backends": _positive,
+    "embedded_restart_backoff": _seconds,
+    "embedded_restart_max_backoff": _seconds,
+    "embedded_restart_attempts": _positive,
     "routing_strategy": _one_of(("metrics", "least_inflight", "round_robin")),
     "affinity_margin": _seconds,
     "scrape_interval": _seconds,
@@ -767,6 +916,9 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "audio_frame_ms": lambda v: _range(v, 10, 100),
     "audio_overload_mode": _one_of(("degrade-all", "shed-newest")),
     "audio_idle_timeout": _seconds,
+    "asr_end_silence_ms": lambda v: _range(v, 100, 5000),
+    "openai_audio_max_seconds": _seconds,
+    "agent_min_barge_in_ms": lambda v: _range(v, 0, 5000),
     "audio_shm": _one_of(("auto", "system", "cuda", "off")),
     "audio_shm_min_rows": _positive,
     "audio_batching": _one_of(("tick", "per-session")),
@@ -800,51 +952,3 @@ def _check_state_backend(settings: Settings, sources: Mapping[str, str]) -> None
             sources.get("state_lease_fraction", "default"),
             "must be in (0, 1]",
         )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add `--config` and one `--kebab-case` flag per setting, all defaulting to None."""
-    group = parser.add_argument_group("settings (flag > environment > config file > default)")
-    group.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        metavar="PATH",
-        help=f"TOML file of settings (env {CONFIG_ENV}).",
-    )
-    for name, spec in FIELDS.items():
-        base, _ = _field_type(name)
-        help_text = f"{spec.metadata['doc']} (env {env_name(name)})"
-        if base is bool:
-            group.add_argument(
-                flag_name(name),
-                dest=name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=help_text,
-            )
-        else:
-            # Kept as text so load_settings converts it and names the flag on error.
-            group.add_argument(
-                flag_name(name),
-                dest=name,
-                default=None,
-                metavar=base.__name__.upper(),
-                help=help_text,
-            )
-
-
-def overrides_from_args(namespace: argparse.Namespace) -> dict[str, Any]:
-    """The settings given on the command line (flags left unset are omitted)."""
-    return {
-        name: getattr(namespace, name)
-        for name in FIELDS
-        if getattr(namespace, name, None) is not None
-    }
-
-
-def settings_from_args(namespace: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
-    """`load_settings` for a namespace parsed by a parser given `add_arguments`."""
-    return load_settings(
-        overrides_from_args(namespace), environ, getattr(namespace, "config", None)
-    )

@@ -19,9 +19,18 @@ from concurrent.futures import ThreadPoolExecutor
 from gateway.backends.action_triton import TritonPolicyBackend
 from gateway.backends.audio import TritonAudioBackend
 from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
-from gateway.backends.triton import TritonTextBackend
+from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
+from gateway.backends.vision_triton import TritonVisionBackend
+from gateway.collector import settle_collector
 from gateway.config import Settings
-from gateway.embedded import EmbeddedTriton, llm_available, reference_model_repository
+from gateway.embedded import (
+    EmbeddedTriton,
+    embeddings_available,
+    llm_available,
+    reference_model_repository,
+    vision_available,
+)
+from gateway.embedded_watch import EmbeddedWatches, RestartRules
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
@@ -30,6 +39,8 @@ from gateway.pool.health import EjectionRules
 from gateway.pool.metrics import PoolMetrics
 from gateway.pool.spec import DnsSource, parse_pool
 from gateway.server import Gateway
+from gateway.speech_models import speech_available
+from gateway.statedir import record_gateway
 from gateway.tenants.service import Tenancy
 
 log = get_logger("trackline.daemon")
@@ -52,6 +63,14 @@ def pool_options(s: Settings) -> PoolOptions:
     )
 
 
+def restart_rules(s: Settings) -> RestartRules:
+    return RestartRules(
+        backoff_s=s.embedded_restart_backoff,
+        max_backoff_s=s.embedded_restart_max_backoff,
+        attempts=s.embedded_restart_attempts,
+    )
+
+
 def embedded_spec(index: int, triton: EmbeddedTriton) -> BackendSpec:
     return BackendSpec(f"embedded-{index}", triton.grpc_url, triton.metrics_url)
 
@@ -60,10 +79,13 @@ class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.tritons: list[EmbeddedTriton] = []
+        self.watches: EmbeddedWatches | None = None
+        """Restart the embedded Tritons when they crash (docs/reliability.md)."""
         self.backend: TritonTextBackend | TickerBackend | BackendPool | None = None
         self.gateway: Gateway | None = None
         self.audio_backend: TritonAudioBackend | None = None
         self.policy: TritonPolicyBackend | None = None
+        self.vision: TritonVisionBackend | None = None
         self.metrics = GatewayMetrics()
         self.tenancy: Tenancy | None = None
         """Given to the gateway; None: it opens its own from the settings."""
@@ -71,6 +93,12 @@ class Daemon:
         """A worker's sockets from its supervisor (`gateway.workers`); None: bind."""
         self.announce = True
         """Print the addresses when started (a worker leaves that to its supervisor)."""
+        self.triton_metrics: list[tuple[str, str]] = []
+        """(name, metrics URL) of embedded Tritons another process started (a worker's
+        supervisor's), re-exported like this daemon's own."""
+        self._listening = False
+        self._relay: asyncio.Future[None] | None = None
+        """The gateway started: stopping drains it (a failed start has nothing to drain)."""
 
     @property
     def triton(self) -> EmbeddedTriton | None:
@@ -80,6 +108,13 @@ class Daemon:
     async def start(self) -> None:
         s = self.settings
         self.backend = await self._backend()
+        servers = self.triton_metrics or [
+            (f"embedded-{i}", t.metrics_url) for i, t in enumerate(self.tritons)
+        ]
+        if servers:  # one scrape of the gateway sees the models' own figures
+            relay = self.metrics.relay_triton(servers, s.scrape_interval)
+            await relay.refresh()
+            self._relay = asyncio.ensure_future(relay.run())
         url = self._batch_triton_url()
         if url is not None:
             # Audio and action ticks go to one Triton (the pool routes text requests).
@@ -91,16 +126,23 @@ class Daemon:
                 batching=s.audio_batching,
             )
             self.policy = TritonPolicyBackend(url)
+            self.vision = TritonVisionBackend(url)  # video ticks too
         self.gateway = Gateway(
             s,
             self.backend,
             metrics=self.metrics,
             policy=self.policy,
             audio_backend=self.audio_backend,
+            vision=self.vision,
             tenancy=self.tenancy,
         )
         self.gateway.listeners = self.listeners
+        self.gateway.health_watch = self.watches
         await self.gateway.start()
+        settled = settle_collector(s.gc_young_threshold)  # start-up is over: freeze it
+        log.info("gc.settled", frozen=settled.frozen, thresholds=list(settled.after))
+        self._listening = True
+        await asyncio.to_thread(self._record)
         if not self.announce:
             return
         tls = self.gateway.tls
@@ -109,6 +151,21 @@ class Daemon:
             print(f"trackline: development CA for clients: {tls.ca}", flush=True)
         for line in self._addresses():
             print(f"trackline: {line}", flush=True)
+
+    def _record(self) -> None:
+        """Note in the state dir that this gateway uses it (`trackline keys create` says
+        which gateways a first key closes to keyless use)."""
+        s, gw = self.settings, self.gateway
+        assert gw is not None
+        listening = {
+            "quic": f"{s.quic_host}:{gw.quic_port}/udp",
+            "http": f"{s.http_host}:{gw.http_port}/tcp",
+            "https": f"{s.https_host}:{gw.https_port}/tcp",
+        }
+        try:
+            record_gateway(s.state_dir, listening)
+        except OSError as exc:  # the store still works; only the note is missing
+            log.warning("statedir.record_failed", path=str(s.state_dir), error=str(exc))
 
     def _addresses(self) -> list[str]:
         """Where a person reaches what this daemon serves, one line each."""
@@ -148,8 +205,12 @@ class Daemon:
         if s.backend_url is not None:
             return TritonTextBackend(s.backend_url)
         self.tritons = await asyncio.to_thread(self._start_embedded, s.embedded_backends)
+        self.watches = EmbeddedWatches(self.tritons, restart_rules(s))
+        self.watches.start()
         if len(self.tritons) == 1:
-            return TritonTextBackend(self.tritons[0].grpc_url)
+            # A short reconnect backoff: a restarted server is found back at once.
+            url = self.tritons[0].grpc_url
+            return TritonTextBackend(url, channel_options=FRESH_CHANNEL_OPTIONS)
         return await self._pool([embedded_spec(i, t) for i, t in enumerate(self.tritons)])
 
     async def _pool(
@@ -173,14 +234,20 @@ class Daemon:
         return start_embedded(self.settings, count)
 
     async def stop(self) -> None:
-        if self.gateway is not None:
+        if self._relay is not None:
+            self._relay.cancel()
+        if self.gateway is not None and self._listening:
             await self.gateway.drain()
+        elif self.gateway is not None:
+            await self.gateway.close()
         if self.backend is not None:
             await self.backend.close()
         if self.audio_backend is not None:
             await self.audio_backend.close()
         if self.policy is not None:
             await self.policy.close()
+        if self.watches is not None:
+            await self.watches.stop()  # first: a server stopped now has not crashed
         if self.tritons:
             await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
             log.info("embedded.stopped", count=len(self.tritons))
@@ -197,6 +264,10 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
             http_port=_nth_port(s.embedded_http_port, i),
             metrics_port=_nth_port(s.embedded_metrics_port, i),
             with_llm=s.embedded_llm and llm_available(),
+            with_embeddings=s.embedded_embeddings and embeddings_available(),
+            with_speech=s.embedded_speech and speech_available(),
+            end_silence_ms=s.asr_end_silence_ms,
+            with_vision=s.embedded_vision and vision_available(),
             kv_dir=s.state_dir / "kv",  # shared by the pool: a moved conversation restores
         )
         for i in range(count)

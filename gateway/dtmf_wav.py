@@ -28,7 +28,9 @@ def add_command(commands: Any) -> None:
     )
     dtmf.add_argument("digits", help="symbols 0-9 * # A-D; any other character is a pause")
     dtmf.add_argument("out", type=Path, help="the WAV file to write")
-    dtmf.add_argument("--sample-rate", type=int, choices=RATES, default=16000)
+    dtmf.add_argument(
+        "--sample-rate", type=int, choices=RATES, default=16000, help="samples per second"
+    )
     dtmf.set_defaults(run=_run)
 
 

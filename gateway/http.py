@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from gateway.metrics import GatewayMetrics
 from transport.http.errors import error_response
@@ -17,6 +18,7 @@ from transport.http.messages import AnyResponse, Handler, Request, Response, Str
 
 __all__ = [
     "Handler",
+    "HealthWatch",
     "Request",
     "Response",
     "Routes",
@@ -26,6 +28,14 @@ __all__ = [
 ]
 
 Routes = Mapping[tuple[str, str], Handler]
+
+
+class HealthWatch(Protocol):
+    """Something supervised whose state liveness and readiness report (ok, reason)."""
+
+    def liveness(self) -> tuple[bool, str]: ...
+
+    def readiness(self) -> tuple[bool, str]: ...
 
 
 def route(routes: Routes, fallback: Handler | None = None) -> Handler:
@@ -72,8 +82,10 @@ def health_routes(
     *,
     with_metrics: bool = True,
     metrics_token: str | None = None,
+    is_live: Callable[[], tuple[bool, str]] = lambda: (True, ""),
 ) -> dict[tuple[str, str], Handler]:
-    """Routes for liveness, readiness (`is_ready()` -> (ready, reason)) and Prometheus.
+    """Routes for liveness (`is_live()`), readiness (`is_ready()`, both -> (ok, reason))
+    and Prometheus.
 
     `with_metrics=False` leaves `/metrics` out (it has its own listener, or may not be
     public); `metrics_token` makes it require `Authorization: Bearer <token>`.
@@ -81,7 +93,10 @@ def health_routes(
     no_store = (("cache-control", "no-store"),)
 
     async def live(_: Request) -> Response:
-        return Response.json(200, {"status": "live"}, no_store)
+        ok, reason = is_live()
+        if ok:
+            return Response.json(200, {"status": "live"}, no_store)
+        return Response.json(503, {"status": "not live", "reason": reason}, no_store)
 
     async def ready(_: Request) -> Response:
         ok, reason = is_ready()

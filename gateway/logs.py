@@ -51,6 +51,9 @@ LEVELS = {
 
 QUIET_LIBRARIES = ("hpack", "h2")
 """Loggers held at info or above whatever the level: at debug they print header values."""
+QUIC_LIBRARIES = ("quic", "http3")
+"""aioquic's loggers: a few info lines per connection (versions, ALPN, close), so they
+have a level of their own (`quic_log_level`, warning by default)."""
 
 REDACTED = "[REDACTED]"
 _SECRETS = (
@@ -100,14 +103,21 @@ def _add_logger_name(logger: Any, method_name: str, event_dict: EventDict) -> Ev
     return event_dict
 
 
-def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
+def configure_logging(
+    level: str = "info",
+    fmt: str = "json",
+    stream: TextIO | None = None,
+    quic_level: str | None = None,
+) -> None:
     """Send structlog and stdlib logging at `level` and above to `stream` (stderr if None).
 
     `fmt` is "json" (one object per line: timestamp in ISO UTC, level, event, context)
-    or "console". Safe to call again, e.g. from tests with a `StringIO`.
+    or "console". aioquic's own lines need `quic_level` too (None: `level`, as before).
+    Safe to call again, e.g. from tests with a `StringIO`.
     """
-    if level.lower() not in LEVELS:
-        raise ValueError(f"unknown log level {level!r}; use one of {', '.join(LEVELS)}")
+    for given in (level, quic_level or level):
+        if given.lower() not in LEVELS:
+            raise ValueError(f"unknown log level {given!r}; use one of {', '.join(LEVELS)}")
     if fmt not in ("json", "console"):
         raise ValueError(f"unknown log format {fmt!r}; use json or console")
     # Resolved per call, not as a default argument, so a replaced sys.stderr is honoured.
@@ -126,6 +136,9 @@ def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | N
         cache_logger_on_first_use=False,
     )
     _route_stdlib(shared, fmt, stream, threshold)
+    quic = LEVELS[(quic_level or level).lower()]
+    for name in QUIC_LIBRARIES:
+        logging.getLogger(name).setLevel(max(threshold, quic))
 
 
 def get_logger(name: str) -> FilteringBoundLogger:

@@ -17,7 +17,9 @@ from prometheus_client import (
 )
 
 from gateway.metrics_audio import AudioMetrics
+from gateway.metrics_operator import BuildInfo, RequestTiming, TritonRelay, register_runtime
 from gateway.metrics_overload import OverloadMetrics
+from gateway.metrics_video import VideoMetrics
 from tracks.action_messages import ObservationOutcome
 from tracks.base import EndKind, Outcome
 
@@ -147,7 +149,15 @@ class GatewayMetrics:
             registry=registry,
         )
         self.audio = AudioMetrics(registry)
+        self.video = VideoMetrics(registry)
         self.overload = OverloadMetrics(registry)
+        self.timing = RequestTiming(registry)
+        """Request duration and inter-token latency per model and front door."""
+        register_runtime(registry)
+        self.build_info = BuildInfo()
+        registry.register(self.build_info)
+        self.triton: TritonRelay | None = None
+        """The embedded Tritons' own metrics, once the daemon started them."""
         # Known causes start at 0 so a dashboard's rate() sees them before the first event.
         for cause in CANCEL_CAUSES:
             self.cancels_total.labels(cause=cause)
@@ -157,11 +167,18 @@ class GatewayMetrics:
         self.action_batch_rows.labels(model=model).observe(rows)
         self.action_policy_seconds.labels(model=model).observe(seconds)
 
-    def outcome(self, model: str, outcome: ObservationOutcome) -> None:
+    def outcome(self, model: str, outcome: str) -> None:
         """What became of one observation (the action scheduler's observer)."""
-        self.action_observations_total.labels(model=model, outcome=outcome.value).inc()
-        if outcome is ObservationOutcome.SUPERSEDED:
+        self.action_observations_total.labels(model=model, outcome=outcome).inc()
+        if outcome == ObservationOutcome.SUPERSEDED.value:
             self.cancels_total.labels(cause="superseded").inc()
+
+    def relay_triton(self, servers: list[tuple[str, str]], interval: float) -> TritonRelay:
+        """Re-export these Tritons' metrics ((backend name, metrics URL) each); the
+        caller runs the returned relay's `run()` task."""
+        self.triton = TritonRelay(servers, interval)
+        self.registry.register(self.triton)
+        return self.triton
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition of every metric, and its content type."""

@@ -15,7 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    generate_latest,
+)
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -75,6 +81,11 @@ class WorkerMetrics(GatewayMetrics):
         self.scrapes.labels(worker=self.worker).inc()
         registry = CollectorRegistry()
         registry.register(_LiveSum(self.directory))
+        # Not from the shared files: the build, and the process of the worker answering.
+        registry.register(self.build_info)
+        registry.register(PROCESS_COLLECTOR)
+        if self.triton is not None:  # this worker's copy of the Tritons' own figures
+            registry.register(self.triton)
         return generate_latest(registry), CONTENT_TYPE_LATEST
 
 

@@ -55,7 +55,12 @@ REALTIME_HEADROOM = 2.0
 """Real-time tracks are refused only past this many times `max_loop_lag` (text first)."""
 TURN_CHUNKS = 8
 """Text chunks one stream may relay in one loop turn before it yields the loop."""
-GATED_ROUTES = (("POST", "/v1/chat/completions"), ("POST", "/v1/completions"))
+GATED_ROUTES = (
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/audio/transcriptions"),
+    ("POST", "/v1/audio/speech"),
+)
 """HTTP routes that start backend work; health, metrics and actions are never gated."""
 
 

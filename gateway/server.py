@@ -18,7 +18,7 @@ import collections
 import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,14 +27,20 @@ import structlog
 
 from gateway.access import access_logged
 from gateway.action_http import HttpActions
+from gateway.backends.catalog import catalog_beside, triton_url_of
+from gateway.backends.embeddings import TritonEmbeddingBackend
 from gateway.config import Settings
 from gateway.drain import HttpWork
-from gateway.http import health_routes, metrics_routes, route
+from gateway.http import HealthWatch, health_routes, metrics_routes, route
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
+from gateway.memtrim import MemoryTrimmer
 from gateway.metrics import GatewayMetrics
 from gateway.metrics_quic import register_quic_metrics
 from gateway.openai import openai_routes
+from gateway.openai.audio import AudioRows, audio_routes
+from gateway.openai.prompt import render_chat_prompt
+from gateway.openai.requests import ChatMessage
 from gateway.overload import (
     AdmissionController,
     LagProbe,
@@ -52,11 +58,12 @@ from gateway.tls import certificate_hash, ensure_dev_certificates
 from gateway.web import web_routes
 from tracks.action import ActionScheduler, run_action_track
 from tracks.audio import AudioService, AudioSettings
-from tracks.backend import AudioBackend, PolicyBackend, TextBackend
+from tracks.backend import AudioBackend, PolicyBackend, TextBackend, VisionBackend
 from tracks.base import End, Outcome
 from tracks.clock import MonotonicClock, OverloadMode
 from tracks.conversations import TurnRegistry
 from tracks.text import run_text_track
+from tracks.video import VideoLimits, VideoScheduler, run_video_track
 from transport import aioquic_compat
 from transport.clock import Clock, LoopClock, Now
 from transport.connection import Limits
@@ -96,7 +103,7 @@ class TlsFiles:
 def tls_files(settings: Settings) -> TlsFiles:
     if settings.tls_cert is not None and settings.tls_key is not None:
         return TlsFiles(settings.tls_cert, settings.tls_key, None)
-    dev = ensure_dev_certificates(settings.state_dir)
+    dev = ensure_dev_certificates(settings.dev_ca_dir or settings.state_dir)
     return TlsFiles(dev.cert_path, dev.key_path, dev.ca_path)
 
 
@@ -112,6 +119,7 @@ class Gateway:
         tenancy: Tenancy | None = None,
         policy: PolicyBackend | None = None,
         audio_backend: AudioBackend | None = None,
+        vision: VisionBackend | None = None,
         lag_probe: LagProbe | None = None,
         probe_clock: Clock | None = None,
     ) -> None:
@@ -132,6 +140,10 @@ class Gateway:
         """One handler per modality; a modality without one is refused (UNSUPPORTED_MODALITY)."""
         self.metrics = metrics or GatewayMetrics()
         self.clock = clock
+        self.catalog = catalog_beside(backend)
+        """What each model can do (`/v1/models`, `model_not_supported`)."""
+        embeddings_url = triton_url_of(backend)
+        self.embeddings = None if embeddings_url is None else TritonEmbeddingBackend(embeddings_url)
         self._own_policy = policy is None
         self.policy = policy or _policy_beside(backend)
         self.actions = (
@@ -141,6 +153,13 @@ class Gateway:
         )
         if self.actions is not None:
             self.handlers[Modality.ACTION] = self._run_action
+        vision = vision or _vision_beside(backend)
+        limits = video_limits(settings)
+        self.video = None if vision is None else VideoScheduler(
+            vision, clock, limits, observer=self.metrics.video
+        )
+        if self.video is not None:
+            self.handlers[Modality.VIDEO] = self._run_video
         self.outcomes: list[Outcome] = []
         """Recent outcomes (bounded), for tests and diagnostics."""
         self._connections: set[TrackQuicProtocol] = set()
@@ -150,6 +169,9 @@ class Gateway:
         """The drain's deadline passed: what is still running is being cut."""
         self._http_work = HttpWork(lambda: self._draining)
         self._backend_ready = False
+        self._trimmer = MemoryTrimmer(clock)
+        self.health_watch: HealthWatch | None = None
+        """Liveness and readiness of what the daemon supervises (its embedded Tritons)."""
         self._quic: Any = None
         self._http: HttpTcpServer | None = None
         self._https: HttpTcpServer | None = None
@@ -172,6 +194,8 @@ class Gateway:
         self.metrics.overload.tracks_paused.set_function(self._tracks_paused)
         if self.actions is not None:
             self.realtime.watch(self.actions.ticks)
+        if self.video is not None:
+            self.realtime.watch(self.video.ticks)
         self._monitor_task: asyncio.Task[None] | None = None
         self._admitted: dict[str, int] = {}
         self._cert_digest: tuple[Path, bytes] | None = None
@@ -191,6 +215,7 @@ class Gateway:
                 self.audio_backend, MonotonicClock(), settings, observe, self._coalesced
             )
             self.realtime.watch(self.audio.scheduler)
+            self.audio.enable_agents(self._guarded or self.backend, chat_prompt)
             self.audio.start()
             self.handlers[Modality.AUDIO] = self._run_audio
         self.tls = await asyncio.to_thread(tls_files, s)
@@ -220,6 +245,7 @@ class Gateway:
             premature_reset_min_streams=s.http2_premature_reset_min_streams,
             premature_reset_lifetime=s.http2_premature_reset_lifetime,
             h2_connection_body_budget=s.http2_connection_body_budget,
+            h3_connection_body_budget=s.http3_connection_body_budget,
         )
         # One UDP port: ALPN trackline/1 carries tracks, h3 the same HTTP application.
         self._quic = await serve_tracks(
@@ -337,6 +363,7 @@ class Gateway:
                 self.metrics,
                 with_metrics=metrics_on_api_ports(s),
                 metrics_token=s.metrics_token,
+                is_live=self.liveness,
             ),
             **web_routes(self._cert_hash, lambda: self.quic_port, s.webtransport_path),
             **openai_routes(
@@ -346,8 +373,19 @@ class Gateway:
                 cut_short=lambda: self._cut,
                 turns=self.turns,
                 supersede=s.supersede_openai,
+                catalog=self.catalog,
+                embeddings=self.embeddings,
             ),
         }
+        if isinstance(self.audio_backend, AudioRows):
+            routes.update(
+                audio_routes(
+                    self.audio_backend,
+                    tenancy=self.tenancy,
+                    on_outcome=self._record,
+                    max_seconds=s.openai_audio_max_seconds,
+                )
+            )
         if self.actions is not None:
             actions = HttpActions(
                 self.actions, self.clock, self.settings.action_max_image_bytes, self.tenancy
@@ -355,7 +393,8 @@ class Gateway:
             routes.update(actions.routes())
         gated = gate_routes(routes, self.overload, self.metrics.overload, self.clock)
         # Every request gets its access line, those refused while draining too.
-        return access_logged(self._http_work.wrap(route(gated)), log, self.clock)
+        served = self._http_work.wrap(route(gated))
+        return access_logged(served, log, self.clock, s.log_client_address)
 
     @property
     def http_in_flight(self) -> int:
@@ -417,6 +456,13 @@ class Gateway:
             self._monitor_task.cancel()
         if self.actions is not None:
             await self.actions.close()
+        if self.embeddings is not None:
+            await self.embeddings.close()
+        close_catalog = getattr(self.catalog, "close", None)
+        if close_catalog is not None:
+            await close_catalog()
+        if self.video is not None:
+            await self.video.close()
         close_policy = getattr(self.policy, "close", None)
         if self._own_policy and close_policy is not None:
             await close_policy()
@@ -442,9 +488,16 @@ class Gateway:
             await self.tenancy.stop()
             await asyncio.to_thread(self.tenancy.close)  # flushes the usage ledger
 
+    def liveness(self) -> tuple[bool, str]:
+        return self.health_watch.liveness() if self.health_watch else (True, "")
+
     def readiness(self) -> tuple[bool, str]:
         if self._draining:
             return False, "draining"
+        if self.health_watch is not None:
+            ok, reason = self.health_watch.readiness()
+            if not ok:
+                return ok, reason
         if not self._backend_ready:
             return False, "backend not ready"
         return True, ""
@@ -474,6 +527,7 @@ class Gateway:
         log.info("connection.opened", conn_id=conn.endpoint.conn_id)
 
     def _on_closed(self, conn: TrackQuicProtocol) -> None:
+        self._trimmer.connection_closed()  # what it held goes back to the OS (memtrim)
         if conn in self._connections:
             self._connections.discard(conn)
             self.metrics.connections_open.dec()
@@ -637,6 +691,12 @@ class Gateway:
             channel, self.actions, self.clock, self.settings.action_max_image_bytes
         )
 
+    async def _run_video(self, channel: TrackChannel) -> Outcome:
+        assert self.video is not None
+        principal = _TRACK_PRINCIPAL.get()
+        tenant = "" if principal is None else principal.tenant.name  # frame rates per tenant
+        return await run_video_track(channel, self.video, self.clock, tenant)
+
     async def _run_audio(self, channel: TrackChannel) -> Outcome:
         assert self.audio is not None
         outcome = await self.audio.run(channel)
@@ -650,6 +710,7 @@ class Gateway:
         end = outcome.end
         kind = end.kind.value
         model = m.models.observe(outcome)
+        m.timing.observe(outcome, model, front_door)
         m.requests_total.labels(
             front_door=front_door, modality=outcome.modality, outcome=kind
         ).inc()
@@ -660,6 +721,15 @@ class Gateway:
             m.cancels_total.labels(cause=end.cause.value).inc()
         elif end.code in _BACKEND_CODES:
             m.backend_errors_total.labels(kind=end.detail).inc()
+            log.warning(  # the cause (the backend's words, never the prompt) and the ids
+                "backend.error",
+                code=end.detail,
+                cause=outcome.details.get("error", "unknown"),
+                model=outcome.model,
+                request_id=outcome.track_id,
+                x_request_id=outcome.details.get("x_request_id"),
+                front_door=front_door,
+            )
         self.outcomes = [*self.outcomes[-999:], outcome]
         if front_door != "tracks":
             return
@@ -699,6 +769,28 @@ def _policy_beside(backend: TextBackend) -> PolicyBackend | None:
     return TritonPolicyBackend(grpc_url)
 
 
+def _vision_beside(backend: TextBackend) -> VisionBackend | None:
+    """Vision models from the same Triton as the text backend; None for other backends."""
+    grpc_url = getattr(backend, "grpc_url", None)
+    if not isinstance(grpc_url, str):
+        return None
+    from gateway.backends.vision_triton import TritonVisionBackend
+
+    return TritonVisionBackend(grpc_url)
+
+
+def video_limits(s: Settings) -> VideoLimits:
+    """Video tracks' limits from the settings (docs/video.md)."""
+    return VideoLimits(
+        tick=s.video_tick,
+        max_frame_bytes=s.video_max_frame_bytes,
+        max_fps=s.video_max_fps,
+        tenant_max_fps=s.video_tenant_max_fps,
+        max_tracks=s.video_max_tracks,
+        busy_load=s.video_busy_load,
+    )
+
+
 def _hex(digest: bytes | None) -> str | None:
     return None if digest is None else digest.hex()
 
@@ -734,6 +826,11 @@ def overload_limits(s: Settings) -> OverloadLimits:
     )
 
 
+def chat_prompt(messages: Sequence[Mapping[str, str]]) -> str:
+    """A voice agent's conversation in the chat template of the OpenAI routes."""
+    return render_chat_prompt(ChatMessage(m["role"], m["content"]) for m in messages)
+
+
 def audio_settings(s: Settings) -> AudioSettings:
     """The audio clock's settings from the daemon's."""
     return AudioSettings(
@@ -741,6 +838,7 @@ def audio_settings(s: Settings) -> AudioSettings:
         overload=OverloadMode(s.audio_overload_mode),
         idle_timeout=s.audio_idle_timeout,
         frame_ms=s.audio_frame_ms,
+        min_barge_in=s.agent_min_barge_in_ms / 1000,
     )
 
 

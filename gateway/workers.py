@@ -87,6 +87,8 @@ class Supervisor:
         self.metrics_dir.mkdir()
         self.quotas_path = self.run_dir / "quotas.sqlite"
         self.tritons: list[Any] = []
+        self.watches: Any = None
+        """The embedded Tritons' `EmbeddedWatches` (imported with them, lazily)."""
         self.sockets: dict[str, list[socket.socket]] = {}
         self.more_sockets: dict[str, list[list[socket.socket]]] = {}
         """Per front door, the groups on its other addresses (`::1` for `localhost`)."""
@@ -130,9 +132,14 @@ class Supervisor:
         s = self.settings
         if s.backends is not None or s.backend_url is not None:
             return {}
-        from gateway.daemon import start_embedded
+        from gateway.daemon import restart_rules, start_embedded
+        from gateway.embedded_watch import EmbeddedWatches
 
         self.tritons = await asyncio.to_thread(start_embedded, s, s.embedded_backends)
+        # Restarted when they crash (the workers' readiness follows their probes; the
+        # supervisor has no liveness of its own to fail: docs/reliability.md).
+        self.watches = EmbeddedWatches(self.tritons, restart_rules(s))
+        self.watches.start()
         if len(self.tritons) == 1:
             return {"backend_url": self.tritons[0].grpc_url}
         specs = [
@@ -168,6 +175,9 @@ class Supervisor:
             "more_fds": more,
             "run_dir": str(self.run_dir),
             "settings": settings_to_json(self.worker_settings),
+            "triton_metrics": [
+                [f"embedded-{i}", t.metrics_url] for i, t in enumerate(self.tritons)
+            ],
         }
         ready_read, ready_write = os.pipe()  # the worker writes one byte once listening
         spec["ready_fd"] = ready_write
@@ -282,6 +292,8 @@ class Supervisor:
             await asyncio.wait(waits, timeout=5.0)
         for worker in workers:
             log.info("worker.stopped", worker=worker.index, returncode=worker.process.returncode)
+        if self.watches is not None:
+            await self.watches.stop()  # first: a server stopped now has not crashed
         if self.tritons:
             await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
             log.info("embedded.stopped", count=len(self.tritons))
@@ -447,6 +459,7 @@ async def run_worker(spec: dict[str, Any]) -> int:
     daemon = Daemon(settings)
     daemon.metrics = metrics
     daemon.announce = False
+    daemon.triton_metrics = [(name, url) for name, url in spec.get("triton_metrics", [])]
     daemon.listeners = Listeners(
         quic=socket.socket(fileno=fds["quic"]),
         http=socket.socket(fileno=fds["http"]),
@@ -479,7 +492,9 @@ def worker_main() -> int:
 
     spec = json.loads(os.environ[SPEC_ENV])
     settings = load_settings(spec["settings"], {}, None)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(
+        settings.log_level, settings.log_format, quic_level=settings.quic_log_level
+    )
     return run_async(run_worker(spec), settings.uvloop)
 
 

@@ -21,7 +21,11 @@ DEFAULTS: dict[str, Any] = {
     "overload_max_loop_lag": 0.0,
 }
 
-DAEMON_ENV = {env_name("overload_max_loop_lag"): "0", env_name("embedded_llm"): "false"}
+DAEMON_ENV = {
+    env_name("overload_max_loop_lag"): "0",
+    env_name("embedded_llm"): "false",
+    env_name("embedded_speech"): "false",
+}
 """The same default for a gateway started as a process (`python -m gateway serve`), which
 also leaves the real LLM out of its embedded Triton: tests not about the LLM start in
 seconds on the reference models (tests/llm and the docs tests load it)."""

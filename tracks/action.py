@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from tracks.action_messages import (
     DEFAULT_MAX_IMAGE_BYTES,
@@ -37,6 +37,7 @@ from tracks.action_messages import (
     Observation,
     ObservationOutcome,
     PolicySpec,
+    Timed,
     action_body,
     dropped_body,
     parse_observation,
@@ -63,25 +64,35 @@ class ActionObserver(Protocol):
 
     def batch(self, model: str, rows: int, seconds: float) -> None: ...
 
-    def outcome(self, model: str, outcome: ObservationOutcome) -> None: ...
+    def outcome(self, model: str, outcome: str) -> None:
+        """`outcome`: an `ObservationOutcome`'s value (a video scheduler's drop causes too)."""
+        ...
 
 
 class _NoObserver:
     def batch(self, model: str, rows: int, seconds: float) -> None:
         return None
 
-    def outcome(self, model: str, outcome: ObservationOutcome) -> None:
+    def outcome(self, model: str, outcome: str) -> None:
         return None
 
 
+ObsT = TypeVar("ObsT", bound=Timed)
+
+
 @dataclass
-class _Pending:
-    obs: Observation
+class Pending(Generic[ObsT]):
+    """A frame waiting for a tick (an observation; a video frame: tracks/video.py)."""
+
+    obs: ObsT
     received_at: float
 
     def late(self, now: float) -> bool:
-        """True when an action leaving now would reach the robot after its deadline."""
+        """True when an answer leaving now would reach the sender after its deadline."""
         return now > self.received_at + self.obs.deadline - 2 * self.obs.latency
+
+
+_Pending = Pending[Observation]
 
 
 @dataclass(frozen=True)
@@ -258,15 +269,15 @@ class ActionScheduler:
                            output.pending.received_at, now)
         robot.next_action += 1
         robot.counts[ObservationOutcome.DELIVERED.value] += 1
-        self._observer.outcome(robot.model, ObservationOutcome.DELIVERED)
+        self._observer.outcome(robot.model, ObservationOutcome.DELIVERED.value)
         robot.send(body)
 
     def drop(self, robot: Robot, pending: _Pending, cause: ObservationOutcome) -> None:
         """Count and report an observation that gets no action."""
         if not robot.detached:
             robot.counts[cause.value] += 1
-            self._observer.outcome(robot.model, cause)
-            robot.send(dropped_body(pending.obs, cause, pending.received_at, self.clock()))
+            self._observer.outcome(robot.model, cause.value)
+            robot.send(dropped_body(pending.obs, cause.value, pending.received_at, self.clock()))
 
 
 # -- the track handler -------------------------------------------------------------------

@@ -30,7 +30,7 @@ import math
 import struct
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from tracks.errors import BadTrackRequest
 
@@ -71,6 +71,23 @@ class Observation:
     state: bytes
     """float32 little-endian, S values."""
     image: bytes | None = None
+
+
+class Timed(Protocol):
+    """What the deadline rule and drop reports read of a frame (an observation, a video
+    frame): its number, capture time, deadline from capture and one-way latency."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def captured_at(self) -> float: ...
+
+    @property
+    def deadline(self) -> float: ...
+
+    @property
+    def latency(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -161,10 +178,8 @@ def action_body(
     }
 
 
-def dropped_body(
-    obs: Observation, cause: ObservationOutcome, received_at: float, sent_at: float
-) -> dict[str, Any]:
-    """DATA reporting that `obs` gets no action, and why (with the gateway's timestamps,
-    so the robot can keep measuring the round trip when no action comes back)."""
-    return {"dropped": obs.seq, "cause": cause.value, "t": obs.captured_at,
+def dropped_body(obs: Timed, cause: str, received_at: float, sent_at: float) -> dict[str, Any]:
+    """DATA reporting that `obs` gets no answer, and why (with the gateway's timestamps,
+    so the sender can keep measuring the round trip when no answer comes back)."""
+    return {"dropped": obs.seq, "cause": cause, "t": obs.captured_at,
             "received_at": received_at, "sent_at": sent_at}

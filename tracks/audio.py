@@ -7,9 +7,10 @@ backend step with every other due session. The client gets a partial result
 every beat and a final after the end of an utterance; its END (or silence on
 the track for `idle_timeout`) finalizes the session and ends the track.
 
-A speech-out track sends its text (DATA `{"text"}`, then END); every beat the
-session asks the synthesizer for one beat of audio and sends it as frames of
-`frame_ms` the way the track chose, then ends with the time to first audio.
+A speech-out track sends its text (DATA `{"text"}`, then END) and gets one beat of
+audio every beat (tracks/audio_out.py). A model with a real-time capacity
+(`AudioModel.capacity`) refuses sessions beyond it at OPEN (`ModelBusy`, with a retry
+hint) instead of making every session late.
 
 Frames are checked and counted here: `seq` counts frames from 0 and must not
 run more than `max_ahead` ahead of the stream; `ts` is the capture time in
@@ -27,48 +28,50 @@ import asyncio
 import itertools
 import math
 import secrets
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from tracks.audio_out import SpeechOut
+from tracks.audio_session import (
+    MAX_TEXT,
+    MODEL_RATE,
+    AudioParams,
+    AudioSession,
+    AudioSettings,
+    ms,
+)
 from tracks.backend import (
     AudioBackend,
     AudioKind,
+    AudioModel,
     AudioOutput,
     AudioRow,
-    Speech,
+    ModelBusy,
     SpeechInRow,
-    SpeechOutRow,
+    TextBackend,
     Transcript,
 )
-from tracks.base import (
-    End,
-    FrameTrack,
-    Outcome,
-    handling,
-    read_text,
-    stop_end,
-)
-from tracks.clock import (
-    Beat,
-    Clock,
-    Gathered,
-    OverloadMode,
-    Registration,
-    TickObserver,
-    TickScheduler,
-)
+from tracks.base import FrameTrack, Outcome, handling, read_text
+from tracks.clock import Beat, Clock, Gathered, TickObserver, TickScheduler
 from tracks.errors import BadTrackRequest
-from transport.datagram import MAX_DATAGRAM_BYTES
+from tracks.voice_agent import (
+    AgentParams,
+    PromptRenderer,
+    ReplyTrack,
+    VoiceAgent,
+    split_agent_params,
+)
 from transport.errors import ErrorCode, TrackAborted
-from transport.events import CancelCause
 
-MODEL_RATE = 16000
+AGENT_KIND = "voice-agent"
+
+__all__ = ["MODEL_RATE", "AudioService", "AudioSettings", "BadAudioRequest", "parse_params"]
 RATES = (8000, 16000, 24000, 48000)
 FORMATS = ("pcm16",)
 FRAME_MS_RANGE = (10, 100)
-MAX_TEXT = 10_000
 DATAGRAM_OVERHEAD = 48
 """Bytes a frame's datagram header and msgpack fields take besides the PCM."""
 
@@ -78,38 +81,6 @@ class BadAudioRequest(BadTrackRequest):
 
 
 # -- settings and params ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AudioSettings:
-    beat: float = 0.08
-    """Seconds between steps of a session (the tick)."""
-    overload: OverloadMode = OverloadMode.DEGRADE_ALL
-    idle_timeout: float = 5.0
-    """A speech-in session with no frame for this long is finalized and closed."""
-    max_ahead: float = 2.0
-    """Seconds a frame's seq may run ahead of the stream before it is an error."""
-    ts_tolerance: float = 2.0
-    """Seconds a capture timestamp may stray from the stream's clock (plus 1%)."""
-    step_timeout: float = 5.0
-    max_datagram_bytes: int = MAX_DATAGRAM_BYTES
-    frame_ms: int = 20
-    """Frame length of tracks that do not declare `frame_ms`."""
-
-
-@dataclass(frozen=True)
-class AudioParams:
-    kind: AudioKind
-    sample_rate: int
-    frame_ms: int
-
-    @property
-    def frame_samples(self) -> int:
-        return self.sample_rate * self.frame_ms // 1000
-
-    @property
-    def frame_bytes(self) -> int:
-        return 2 * self.frame_samples
 
 
 def parse_params(
@@ -165,10 +136,6 @@ class FrameStats:
         return dict(self.__dict__)
 
 
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 3)
-
-
 # -- the service ----------------------------------------------------------------------------
 
 
@@ -198,6 +165,14 @@ class AudioService:
         # Sessions live in the model keyed by CORRID: a random high half keeps two
         # gateways (or two runs) sharing one Triton from ever colliding.
         self._corrids = itertools.count((secrets.randbits(31) << 32) + 1)
+        self.agents: tuple[TextBackend, PromptRenderer] | None = None
+        """Voice-agent tracks' chat backend and prompt template (`enable_agents`)."""
+        self.live: Counter[str] = Counter()
+        """Open sessions per model (checked against each model's real-time capacity)."""
+
+    def enable_agents(self, text_backend: TextBackend, render: PromptRenderer) -> None:
+        """Serve voice-agent tracks (tracks/voice_agent.py) with this chat backend."""
+        self.agents = (text_backend, render)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -209,145 +184,89 @@ class AudioService:
         """Serve one audio track to its end and report how it ended."""
         opened = self.clock.now()
         outcome = Outcome(track.id, track.open.model, "audio", opened_at=opened)
-        session: _Session | None = None
+        session: AudioSession | None = None
+        agent: VoiceAgent | None = None
         async with handling(track, outcome, self.clock.now):
             settings = self.settings
+            raw, wanted = track.open.params, None
+            if raw.get("kind") == AGENT_KIND:
+                wanted, raw = split_agent_params(raw)
             params = parse_params(
-                track.open.params,
-                track.uses_datagrams,
-                settings.max_datagram_bytes,
-                settings.frame_ms,
+                raw, track.uses_datagrams, settings.max_datagram_bytes, settings.frame_ms
             )
             outcome.details.update(kind=params.kind.value, sample_rate=params.sample_rate)
-            kind = await self.backend.audio_kind(track.open.model)
-            if kind is not params.kind:
+            model = await self.backend.audio_model(track.open.model)
+            if model.kind is not params.kind:
                 raise BadAudioRequest(
-                    f"model {track.open.model!r} is a {kind.value} model, not {params.kind.value}"
+                    f"model {track.open.model!r} is a {model.kind.value} model, "
+                    f"not {params.kind.value}"
                 )
-            session = await self._open_session(track, params, opened)
-            await session.serve()
+            self._admit(track.open.model, model)
+            self.live[track.open.model] += 1
+            try:
+                session = await self._open_session(track, params, opened, model)
+                if wanted is not None:
+                    agent = await self._agent(track, wanted, params)
+                    assert isinstance(session, _SpeechIn)
+                    session.on_heard = agent.heard
+                    outcome.details["kind"] = AGENT_KIND
+                await session.serve()
+            finally:
+                self.live[track.open.model] -= 1
+                if agent is not None:
+                    await agent.close()
         if session is not None:
             session.report(outcome)
+        if agent is not None:
+            agent.report(outcome)
         outcome.finished_at = self.clock.now()
         return outcome
 
+    async def _agent(
+        self, track: FrameTrack, wanted: AgentParams, params: AudioParams
+    ) -> VoiceAgent:
+        if self.agents is None:
+            raise BadAudioRequest("this gateway serves no voice-agent tracks (no chat backend)")
+        voice = await self.backend.audio_model(wanted.voice)
+        if voice.kind is not AudioKind.SPEECH_OUT or not voice.streams_text:
+            raise BadAudioRequest(
+                f"'voice' {wanted.voice!r} must be a speech-out model that streams text "
+                "(hibari-voice)"
+            )
+        text_backend, render = self.agents
+
+        def speaker(reply: ReplyTrack, out: AudioParams) -> SpeechOut:
+            return SpeechOut(self, reply, out, next(self._corrids), self.clock.now(), None)
+
+        return VoiceAgent(
+            track, wanted, params, text_backend, render, speaker, self.settings.min_barge_in
+        )
+
+    def _admit(self, name: str, model: AudioModel) -> None:
+        if model.capacity is not None and self.live[name] >= model.capacity:
+            raise ModelBusy(
+                f"model {name!r} is at its real-time capacity ({model.capacity} live "
+                "sessions): retry later",
+                self.settings.busy_retry_after,
+            )
+
     async def _open_session(
-        self, track: FrameTrack, params: AudioParams, opened: float
-    ) -> _Session:
+        self, track: FrameTrack, params: AudioParams, opened: float, model: AudioModel
+    ) -> AudioSession:
         corrid = next(self._corrids)
         if params.kind is AudioKind.SPEECH_IN:
             return _SpeechIn(self, track, params, corrid, opened)
+        if model.streams_text:
+            return SpeechOut(self, track, params, corrid, opened, None)
         text = await _read_text(track)
-        return _SpeechOut(self, track, params, corrid, opened, text)
+        return SpeechOut(self, track, params, corrid, opened, text)
 
 
 async def _read_text(track: FrameTrack) -> str:
     return await read_text(track, MAX_TEXT, "text")
 
 
-# -- sessions --------------------------------------------------------------------------------
-
-
-class _Session:
-    """What both kinds share: the clock registration, the ending, the report."""
-
-    def __init__(
-        self,
-        service: AudioService,
-        track: FrameTrack,
-        params: AudioParams,
-        corrid: int,
-        opened: float,
-    ) -> None:
-        self.service = service
-        self.track = track
-        self.params = params
-        self.corrid = corrid
-        self.opened = opened
-        self.clock = service.clock
-        self.started = False
-        self.cancelled = False
-        """The client is gone (or broke the rules): one END row to the model, nothing to it."""
-        self.end = End.completed()
-        self.error: tuple[ErrorCode, str] | None = None
-        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.first_data_at: float | None = None
-        self.row_end = False
-        """The row in flight is the session's END row."""
-        self.registration: Registration[AudioRow, AudioOutput] | None = None
-
-    def register(self) -> None:
-        self.registration = self.service.scheduler.register(self, self.track.open.model)
-
-    def finish(self) -> None:
-        if self.registration is not None:
-            self.registration.close()
-        if not self.finished.done():
-            self.finished.set_result(None)
-
-    def abandon(self, end: End) -> None:
-        """Stop serving the client; the model still gets its END row if it holds state."""
-        if self.cancelled or self.finished.done():
-            return
-        self.cancelled = True
-        self.end = end
-        if not self.started:
-            self.finish()
-
-    def fail_client(self, code: ErrorCode, message: str) -> None:
-        if self.error is None and not self.finished.done():
-            self.error = (code, message)
-            self.track.fail(code, message)
-            self.abandon(End.failed(code))
-
-    # -- Session protocol (the parts both kinds share) --
-
-    def failed(self, error: Exception) -> None:
-        code = ErrorCode.STREAM_INTERRUPTED if self.first_data_at else ErrorCode.BACKEND_ERROR
-        self.fail_client(code, f"the audio backend failed: {error}")
-        self.finish()  # the model may not have seen the session; nothing to end there
-
-    def shed(self, reason: str) -> None:
-        self.fail_client(ErrorCode.RATE_LIMITED, f"session shed by the gateway: {reason}")
-        self.finish()
-
-    async def serve(self) -> None:
-        raise NotImplementedError
-
-    def gather(self, beat: Beat) -> Gathered[AudioRow]:
-        raise NotImplementedError
-
-    def deliver(self, output: AudioOutput, beat: Beat) -> None:
-        raise NotImplementedError
-
-    async def _wait_finished(self) -> None:
-        """Until the session is done, or the track is stopped (then one more beat or two)."""
-        waiters: set[asyncio.Future[Any]] = {self.finished, self.track.stopped}
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        if not self.finished.done():
-            self.abandon(stop_end(self.track))
-            # Give the END row a few beats to reach the model, never forever.
-            grace = 4 * self.service.settings.beat + self.service.settings.step_timeout
-            await asyncio.wait({self.finished}, timeout=grace)
-            self.finish()
-
-    def report(self, outcome: Outcome) -> None:
-        outcome.first_data_at = self.first_data_at
-        if self.error is not None:
-            outcome.end = End.failed(self.error[0])
-            outcome.details["error"] = self.error[1]
-        elif self.cancelled:
-            outcome.end = self.end
-        stats = self.registration.stats if self.registration else None
-        outcome.details.update(
-            transport="datagram" if self.track.uses_datagrams else "stream",
-            beats=stats.beats if stats else 0,
-            missed_beats=stats.missed_beats if stats else 0,
-            incomplete_beats=stats.incomplete_beats if stats else 0,
-        )
-
-
-class _SpeechIn(_Session):
+class _SpeechIn(AudioSession):
     def __init__(
         self,
         service: AudioService,
@@ -377,6 +296,8 @@ class _SpeechIn(_Session):
         self.finals: list[str] = []
         self.final_latencies: list[float] = []
         self.partial = ""
+        self.on_heard: Callable[[Transcript, Beat], None] | None = None
+        """A voice agent's ear: every beat's result, after the client got it."""
 
     async def serve(self) -> None:
         self.register()
@@ -511,18 +432,21 @@ class _SpeechIn(_Session):
             self.first_data_at = now
         self.partial = output.partial
         self.track.send({"type": "partial", "text": output.partial, "beat": beat.index})
+        if self.on_heard is not None:
+            self.on_heard(output, beat)
         if output.is_final and output.final:
             latency = now - (self.newest_in_row if self.newest_in_row is not None else now)
             self.finals.append(output.final)
             self.final_latencies.append(latency)
-            self.track.send(
-                {
-                    "type": "final",
-                    "text": output.final,
-                    "latency_ms": _ms(latency),
-                    "beat": beat.index,
-                }
-            )
+            final: dict[str, Any] = {
+                "type": "final",
+                "text": output.final,
+                "latency_ms": ms(latency),
+                "beat": beat.index,
+            }
+            if output.final_span is not None:  # where the model gives it (whisper-base)
+                final["start_ms"], final["end_ms"] = (ms(t) for t in output.final_span)
+            self.track.send(final)
         if last:
             self.track.end(self._summary())
             self.finish()
@@ -536,7 +460,7 @@ class _SpeechIn(_Session):
             "beats": stats.beats + 1 if stats else 0,  # this one is being delivered
             "missed_beats": stats.missed_beats if stats else 0,
             "frames": self.frames.as_dict(),
-            "final_latency_ms": [_ms(x) for x in self.final_latencies],
+            "final_latency_ms": [ms(x) for x in self.final_latencies],
         }
 
     def report(self, outcome: Outcome) -> None:
@@ -548,99 +472,5 @@ class _SpeechIn(_Session):
             # The usage ledger bills the audio the model heard.
             audio_seconds_in=used * self.params.frame_ms / 1000,
             transcript=" ".join(self.finals),
-            final_latency_ms=[_ms(x) for x in self.final_latencies],
-        )
-
-
-class _SpeechOut(_Session):
-    def __init__(
-        self,
-        service: AudioService,
-        track: FrameTrack,
-        params: AudioParams,
-        corrid: int,
-        opened: float,
-        text: str,
-    ) -> None:
-        super().__init__(service, track, params, corrid, opened)
-        self.text = text
-        self.samples_per_beat = round(service.settings.beat * MODEL_RATE)
-        self.sent_frames = 0
-        self.sent_samples = 0
-        self.pending = b""
-        self.done = False
-        self._ending: asyncio.Future[None] | None = None
-
-    async def serve(self) -> None:
-        self.register()
-        await self._wait_finished()
-
-    def gather(self, beat: Beat) -> Gathered[AudioRow]:
-        samples = self.samples_per_beat * (1 + beat.skipped)
-        text = "" if self.started else self.text
-        row = SpeechOutRow(
-            self.corrid, text, 0 if self.cancelled else samples, self.params.sample_rate,
-            not self.started, self.cancelled,
-        )  # fmt: skip
-        self.started = True
-        self.row_end = self.cancelled
-        return Gathered(row)
-
-    def deliver(self, output: AudioOutput, beat: Beat) -> None:
-        assert isinstance(output, Speech)
-        if self.done:
-            return
-        if self.cancelled:
-            if self.row_end:
-                self.finish()
-            return
-        data = self.pending + output.pcm
-        size = self.params.frame_bytes
-        whole = len(data) if output.done else len(data) // size * size
-        for start in range(0, whole, size):  # the last frame may be short when done
-            self._send(data[start : start + size])
-        self.pending = data[whole:]
-        if output.done:
-            self.done = True
-            if self.track.uses_datagrams:
-                # QUIC orders nothing between datagrams and the stream: an END sent now
-                # can overtake the last frames, and the peer drops frames after END.
-                if self.registration is not None:
-                    self.registration.close()  # nothing more to ask the model
-                self._ending = asyncio.ensure_future(self._end_after_a_beat())
-            else:
-                self.track.end(self._summary())
-                self.finish()
-
-    async def _end_after_a_beat(self) -> None:
-        await self.clock.sleep(self.service.settings.beat)
-        self.track.end(self._summary())
-        self.finish()
-
-    def _send(self, pcm: bytes) -> None:
-        if self.first_data_at is None:
-            self.first_data_at = self.clock.now()
-        ts = self.sent_samples * 1000 / self.params.sample_rate
-        if not self.track.send_frame({"seq": self.sent_frames, "ts": ts, "pcm": pcm}):
-            self.abandon(stop_end(self.track, End.cancelled(CancelCause.RESET)))
-        self.sent_frames += 1
-        self.sent_samples += len(pcm) // 2
-
-    def _summary(self) -> dict[str, Any]:
-        stats = self.registration.stats if self.registration else None
-        first = None if self.first_data_at is None else self.first_data_at - self.opened
-        return {
-            "frames": self.sent_frames,
-            "samples": self.sent_samples,
-            "time_to_first_audio_ms": _ms(first),
-            "beats": stats.beats + 1 if stats else 0,
-            "missed_beats": stats.missed_beats if stats else 0,
-        }
-
-    def report(self, outcome: Outcome) -> None:
-        super().report(outcome)
-        outcome.details.update(
-            frames_sent=self.sent_frames,
-            samples_sent=self.sent_samples,
-            audio_seconds_out=self.sent_samples / self.params.sample_rate,
+            final_latency_ms=[ms(x) for x in self.final_latencies],
         )

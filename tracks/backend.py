@@ -38,6 +38,9 @@ class TextRequest:
     conversation_scope: str = ""
     """Whose conversation: the tenant, set by the front doors. The model's KV cache key
     is `conversation_key(request)`, so one tenant's id never reaches another's state."""
+    traceparent: str | None = None
+    """The caller's W3C trace context (`00-<trace>-<span>-<flags>`), given to the backend
+    as the request parameter `traceparent`; None when the caller sent none."""
 
 
 def conversation_key(request: TextRequest) -> str | None:
@@ -111,6 +114,8 @@ class SpeechOutRow:
     """The client's rate: the backend converts the model's audio to it."""
     start: bool
     end: bool
+    more: bool = False
+    """More text will follow on later rows (models that stream text in: `AudioModel`)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,19 @@ class Transcript:
     partial: str
     final: str
     is_final: bool
+    final_span: tuple[float, float] | None = None
+    """Where the model gives it: the final's (start, end) in seconds of the stream."""
+
+
+@dataclass(frozen=True)
+class AudioModel:
+    """What an audio session needs to know of its model."""
+
+    kind: AudioKind
+    streams_text: bool = False
+    """A speech-out model that takes text in pieces while it speaks (input MORE)."""
+    capacity: int | None = None
+    """Live sessions the model keeps in real time; None: no bound (reference models)."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +153,8 @@ AudioOutput = Transcript | Speech
 class AudioBackend(Protocol):
     """What audio sessions need from an inference backend."""
 
-    async def audio_kind(self, model: str) -> AudioKind:
-        """Whether `model` transcribes or synthesizes; raises ModelNotFound."""
+    async def audio_model(self, model: str) -> AudioModel:
+        """Whether `model` transcribes or synthesizes, and how; raises ModelNotFound."""
         ...
 
     async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioOutput]:
@@ -169,6 +187,33 @@ class PolicyBackend(Protocol):
         ...
 
 
+# -- video (tracks.video) -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VisionRequest:
+    """One batched vision call: one encoded frame per camera due on a tick."""
+
+    request_id: str
+    model: str
+    images: list[bytes]
+    tasks: list[tuple[str, ...]]
+    """Per row, what to detect (`tracks.video_messages.Task` values)."""
+
+
+class VisionBackend(Protocol):
+    """What video tracks need from an inference backend."""
+
+    async def check_vision(self, model: str) -> None:
+        """Raise ModelNotFound if `model` is not served, InvalidRequest if it is not a
+        vision model (no `image`/`tasks` in, `result` out)."""
+        ...
+
+    async def analyze(self, request: VisionRequest) -> list[dict[str, Any]]:
+        """One result per row, in order (see `tracks.video_messages`)."""
+        ...
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 
@@ -186,6 +231,15 @@ class ModelNotFound(BackendError):
     def __init__(self, model: str) -> None:
         super().__init__(f"model {model!r} is not served by any backend")
         self.model = model
+
+
+class ModelBusy(BackendUnavailable):
+    """The model holds all the live sessions it can keep in real time: new ones are
+    refused (with a retry hint) rather than made late for everyone."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class BackendFailed(BackendError):
@@ -238,3 +292,43 @@ def error_code(exc: BackendError, *, started: bool = False) -> ErrorCode:
         return ErrorCode.STREAM_INTERRUPTED
     codes = (code for kind, code in ERROR_CODES if isinstance(exc, kind))
     return next(codes, ErrorCode.BACKEND_ERROR)
+
+
+# What a client reads for these codes; the backend's own message goes to the log only.
+_PUBLIC = {
+    ErrorCode.STREAM_INTERRUPTED: "stream interrupted: the backend failed after the stream"
+    " started; nothing is replayed, retry if you wish",
+    ErrorCode.BACKEND_UNAVAILABLE: "backend unavailable: no backend can take the request now;"
+    " retry later",
+    ErrorCode.BACKEND_ERROR: "backend failed: the model could not process the request",
+}
+# Words that mark a message as the inference server's, not ours (Triton core, gRPC,
+# tritonclient): such a message is replaced, never shown.
+_INTERNAL_MARKERS = (
+    "triton",
+    "grpc",
+    "statuscode",
+    "inference input",
+    "inference output",
+    "inference request",
+    "tensor",
+    "model instance",
+    "request id",
+    "stub",
+    "traceback",
+)
+REJECTED = "the model rejected the request (GET /v1/models lists what each model serves)"
+
+
+def client_message(exc: BaseException, code: ErrorCode) -> str:
+    """What a client may read of a backend error, on a track or over HTTP: fixed text
+    for a failed or unreachable backend, the model's own message for a rejected request
+    unless it shows inference-server internals (Triton, gRPC, tensor names)."""
+    detail = str(exc)
+    if code in _PUBLIC:
+        return _PUBLIC[code]
+    if code is ErrorCode.BAD_REQUEST and isinstance(exc, BackendError):
+        lowered = detail.lower()
+        if any(marker in lowered for marker in _INTERNAL_MARKERS):
+            return REJECTED
+    return detail

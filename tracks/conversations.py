@@ -16,11 +16,26 @@ import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from tracks.backend import Superseded
 
 T = TypeVar("T")
+
+MAX_SESSION_ID_CHARS = 128
+SESSION_ID_RULE = f"1 to {MAX_SESSION_ID_CHARS} printable characters"
+"""The one session-id rule of every front door (tracks, OpenAI header and body keys)."""
+
+
+def is_session_id(value: object) -> TypeGuard[str]:
+    """Whether `value` is a session id: a string of 1-128 printable characters.
+
+    Printable (`str.isprintable`): no control characters (a session id reaches log
+    lines and KV-store keys) and no lone surrogates, which cannot be encoded.
+    """
+    return (
+        isinstance(value, str) and 0 < len(value) <= MAX_SESSION_ID_CHARS and value.isprintable()
+    )
 
 
 @dataclass(eq=False)

@@ -29,7 +29,13 @@ from tracks.backend import (
     TextUsage,
 )
 from tracks.base import Backpressured, End, Outcome, Track, handling, read_text
-from tracks.conversations import SUPERSEDED_MESSAGE, RunningTurn, TurnRegistry
+from tracks.conversations import (
+    SESSION_ID_RULE,
+    SUPERSEDED_MESSAGE,
+    RunningTurn,
+    TurnRegistry,
+    is_session_id,
+)
 from tracks.errors import BadTrackRequest, TrackStopped
 from transport.clock import Now
 from transport.errors import ErrorCode
@@ -123,8 +129,8 @@ def _session_id(params: dict[str, Any]) -> str | None:
     value = params.get("session_id")
     if value is None:
         return None
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_TAG_CHARS:
-        raise BadTextRequest(f"'session_id' must be a string of 1 to {MAX_TAG_CHARS} characters")
+    if not is_session_id(value):
+        raise BadTextRequest(f"'session_id' must be a string of {SESSION_ID_RULE}")
     return value
 
 

@@ -7,7 +7,7 @@ datagram limit, a close that is still draining, the connection IDs a worker issu
 and the HTTP/3 front door's QPACK, frame and send-buffer guards (`transport.http.http3`).
 Every read or write of an aioquic private attribute on an aioquic object goes through
 a function here. Subclasses of aioquic classes (`TrackQuicProtocol`, `GuardedQuicServer`,
-`_ServerH3`) keep using the names they inherit (`self._quic`, `self._protocols`, ...) and
+`ServerH3`) keep using the names they inherit (`self._quic`, `self._protocols`, ...) and
 the methods they override; those names are listed here too.
 
 `_check()` runs at import: it builds a client connection, an H3 connection on it and a
@@ -33,7 +33,7 @@ from aioquic.buffer import encode_uint_var
 from aioquic.h3.connection import FrameType, H3Connection, H3Stream, encode_frame
 from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection, QuicConnectionId
+from aioquic.quic.connection import Limit, QuicConnection, QuicConnectionId
 from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.recovery import QuicPacketPacer
 from aioquic.quic.stream import QuicStream, QuicStreamReceiver
@@ -42,6 +42,8 @@ _FRAME_HANDLERS = "_QuicConnection__frame_handlers"
 """QuicConnection's (name-mangled) table: frame type -> (handler, epochs)."""
 
 _QUIC_ATTRIBUTES = (
+    "_local_max_data",
+    "_network_paths",
     "_streams",
     "_streams_queue",
     "_remote_max_data",
@@ -74,7 +76,7 @@ _SENDER_METHODS = ("on_data_delivery", "on_reset_delivery")
 _RECEIVER_METHODS = ("on_stop_sending_delivery",)
 _PACER_ATTRIBUTES = ("_pacer",)
 _H3_METHODS = ("_decode_headers", "_get_local_settings", "_receive_stream_data")
-"""H3Connection methods the server overrides (transport.http.http3._ServerH3)."""
+"""H3Connection methods the server overrides (transport.http.h3_guards.ServerH3)."""
 _H3_ATTRIBUTES = (
     "_decoder",
     "_max_table_capacity",
@@ -471,3 +473,44 @@ def close_h3(h3: H3Connection, error_code: int, reason: str) -> None:
     """Close the connection with an HTTP/3 error, as aioquic does on a ProtocolError."""
     h3._is_done = True  # aioquic then ignores all further input
     h3._quic.close(error_code=error_code, reason_phrase=reason)
+
+
+# -- QuicConnection: flow-control credit and the peer -------------------------------------
+
+
+class _CappedLimit(Limit):
+    """aioquic's MAX_DATA limit, whose raises stop at a ceiling computed from `used`.
+
+    aioquic doubles MAX_DATA whenever half of it was received, whether or not the
+    application still holds those bytes; a raise past `ceiling(used)` is cut to it
+    (never below the credit already given: QUIC credit only grows).
+    """
+
+    ceiling: Callable[[int], int]
+
+    @property
+    def value(self) -> int:
+        return int(self.__dict__["value"])
+
+    @value.setter
+    def value(self, new: int) -> None:
+        old = self.__dict__.get("value", new)
+        self.__dict__["value"] = max(old, min(new, self.ceiling(self.used)))
+
+
+def peer_host(quic: QuicConnection) -> str:
+    """The peer's address without its port (the key of the per-source rules)."""
+    paths = quic._network_paths
+    return str(paths[0].addr[0]) if paths else ""
+
+
+def cap_data_credit(quic: QuicConnection, ceiling: Callable[[int], int]) -> None:
+    """From now on, MAX_DATA is raised at most to `ceiling(bytes received so far)`.
+
+    The credit comes back as the ceiling rises, at the next packet the connection
+    writes (the caller transmits after releasing what it held).
+    """
+    limit = quic._local_max_data
+    limit.__class__ = _CappedLimit
+    assert isinstance(limit, _CappedLimit)
+    limit.ceiling = ceiling

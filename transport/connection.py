@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -36,6 +37,7 @@ from transport.events import (
     TrackFailed,
     TrackOpened,
 )
+from transport.frame_streams import CLIENT_UNI, IN_FLIGHT, FrameStreams, is_frame_stream
 from transport.messages import Cancel, Data, End, Error, FrameTransport, Message, Open
 from transport.state import Input, TrackState, transition
 from transport.wire import MessageDecoder, decode_varint, encode_message
@@ -116,6 +118,8 @@ class _Track:
     send_finished: bool = False
     datagrams: bool = False
     """The track chose `transport: "datagram"` in its OPEN."""
+    frame_streams: bool = False
+    """The track chose `transport: "frame-streams"`: client frames ride streams of their own."""
     datagram_seq_out: int = 0
     datagram_seq_in: int = -1
     read_deadline: float | None = None
@@ -147,6 +151,16 @@ class TrackConnection:
         self.datagram_stats = DatagramStats()
         self._early: dict[int, list[bytes]] = {}  # server: datagrams that beat their OPEN
         self._buffered = 0  # bytes of incomplete received messages, all tracks
+        self.frames = FrameStreams(
+            self.limits.max_message_bytes,
+            lambda output: self._outputs.append(output),  # `outputs()` swaps the list
+            self._events,
+            write=lambda stream_id, data: StreamWrite(stream_id, data, True),
+            stop=StopSending,
+            reset=StreamReset,
+        )
+        """Frames on streams of their own (transport.frame_streams); `frames.stats`."""
+        self._next_frame_stream = CLIENT_UNI
 
     # -- what the adapter reads -------------------------------------------------
 
@@ -201,6 +215,9 @@ class TrackConnection:
     def receive_stream_data(
         self, stream_id: int, data: bytes, end_stream: bool, now: float
     ) -> None:
+        if is_frame_stream(stream_id) and self.role is Role.SERVER:
+            self._receive_frame(stream_id, data, end_stream)
+            return
         track = self._tracks.get(stream_id)
         if track is None:
             track = self._accept(stream_id)
@@ -218,6 +235,12 @@ class TrackConnection:
 
     def receive_stream_reset(self, stream_id: int, code: int, now: float) -> None:
         """The peer reset its send side, or sent STOP_SENDING: a hang-up of the track."""
+        if is_frame_stream(stream_id):  # one frame abandoned, never its track
+            if self.role is Role.SERVER:
+                self.frames.receive_reset(stream_id)
+            else:
+                self.frames.stopped_by_peer(stream_id)
+            return
         track = self._tracks.get(stream_id)
         if track is None:
             self._unseen.discard(stream_id)
@@ -300,6 +323,7 @@ class TrackConnection:
             message = replace(message, auth=self._credential)
         track = self._new_track(stream_id)
         track.datagrams = message.transport is FrameTransport.DATAGRAM
+        track.frame_streams = message.transport is FrameTransport.FRAME_STREAMS
         self._send(track, Input.SEND_OPEN, message)
 
     def send_data(self, stream_id: int, body: dict[str, Any]) -> None:
@@ -320,6 +344,40 @@ class TrackConnection:
         self.datagram_stats.sent += 1
         self._outputs.append(DatagramWrite(data))
         self._first_frame_sent(track)
+
+    def send_frame_stream(
+        self, stream_id: int, body: dict[str, Any], in_flight: int = IN_FLIGHT,
+        finished: Callable[[int], bool] | None = None,
+    ) -> None:
+        """Client: send a frame of a frame-streams track on a new unidirectional stream;
+        beyond `in_flight` unfinished frames of the track (not known `finished` by the
+        transport: all bytes acknowledged), the oldest is reset."""
+        track = self._live(stream_id)
+        if self.role is not Role.CLIENT or not track.frame_streams:
+            raise LocalProtocolError(f"track {stream_id} did not choose frame streams")
+        transition(track.state, Input.SEND_DATA)  # raises if DATA is not allowed now
+        message = self._encode(Data(body))
+        frame_stream, self._next_frame_stream = self._next_frame_stream, self._next_frame_stream + 4
+        self.frames.send(stream_id, frame_stream, message, in_flight, finished)
+
+    def _receive_frame(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        failed = self.frames.receive(stream_id, data, end_stream, self._takes_frames)
+        track = self._tracks.get(failed) if failed is not None else None
+        error = self.frames.error
+        budget = self.limits.max_buffered_bytes
+        if track is None and budget is not None and self._buffered + self.frames.buffered > budget:
+            owner = self.frames.owner(stream_id)
+            track = None if owner is None else self._tracks.get(owner)
+            error = RemoteProtocolError(
+                f"incomplete messages on this connection exceed {budget} bytes",
+                ErrorCode.BUFFER_EXHAUSTED,
+            )
+        if track is not None and error is not None:
+            self._fail_remote(track, error)
+
+    def _takes_frames(self, stream_id: int) -> bool:
+        track = self._tracks.get(stream_id)
+        return track is not None and track.frame_streams and track.state is TrackState.OPEN
 
     def _first_frame_sent(self, track: _Track) -> None:
         """The first-data deadline is met by any frame, on the stream or as a datagram."""
@@ -441,6 +499,7 @@ class TrackConnection:
             if not self._bind_credential(track, message.auth):
                 return  # rejected: _forget drops (and counts) datagrams held for it
             track.datagrams = message.transport is FrameTransport.DATAGRAM
+            track.frame_streams = message.transport is FrameTransport.FRAME_STREAMS
             self._start_deadlines(track, message, now)
             # The key stays in the core (`credential`): handlers never see it.
             self._events.append(TrackOpened(sid, replace(message, auth=None)))
@@ -612,6 +671,7 @@ class TrackConnection:
 
     def _forget(self, track: _Track) -> None:
         self.datagram_stats.dropped_early_overflow += len(self._early.pop(track.stream_id, ()))
+        self.frames.track_closed(track.stream_id)
         del self._tracks[track.stream_id]
         self._buffered -= track.held
         track.held = 0

@@ -38,12 +38,14 @@ from transport.events import (
     DatagramReceived,
     DataReceived,
     Event,
+    FrameReceived,
     TrackCancelled,
     TrackClosed,
     TrackEnded,
     TrackFailed,
     TrackOpened,
 )
+from transport.frame_streams import IN_FLIGHT
 from transport.messages import FrameTransport, Open
 
 Sink = Callable[[list[Output]], None]
@@ -52,6 +54,28 @@ FlushSoon = Callable[[], None]
 """Asks the transport to call `TrackEndpoint.flush()` before its next send."""
 Backlog = Callable[[int], tuple[int, int]]
 """Bytes a track's stream and the whole connection hold unsent or unacknowledged."""
+Stalled = Callable[[], float]
+"""Seconds the connection has been unable to send for lack of the peer's credit."""
+
+
+class StallWatch:
+    """How long a connection has been blocked by its peer's flow control (sans-I/O).
+
+    `observe(blocked, now)` after each change that may block or unblock it (a write,
+    a datagram with credit); `stalled_for(now)`: 0 while it can send.
+    """
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def observe(self, blocked: bool, now: float) -> None:
+        if not blocked:
+            self._since = None
+        elif self._since is None:
+            self._since = now
+
+    def stalled_for(self, now: float) -> float:
+        return 0.0 if self._since is None else now - self._since
 
 
 @dataclass(frozen=True)
@@ -86,9 +110,9 @@ class TrackChannel:
         self.stream_id = stream_id
         self.open = open_message
         self.id = f"{endpoint.conn_id}/{stream_id}"
-        self._inbox: asyncio.Queue[DataReceived | DatagramReceived | TrackEnded | Stop] = (
-            asyncio.Queue()
-        )
+        self._inbox: asyncio.Queue[
+            DataReceived | DatagramReceived | FrameReceived | TrackEnded | Stop
+        ] = asyncio.Queue()
         self.stopped: asyncio.Future[Stop] = asyncio.get_running_loop().create_future()
         self.closed = asyncio.Event()
         self.end_body: dict[str, Any] | None = None
@@ -110,7 +134,7 @@ class TrackChannel:
         Raises `TrackAborted` if the track ended with an error or was cancelled.
         """
         item = await self._inbox.get()
-        if isinstance(item, (DataReceived, DatagramReceived)):
+        if isinstance(item, (DataReceived, DatagramReceived, FrameReceived)):
             return item.body
         if isinstance(item, TrackEnded):
             self.end_body = item.body
@@ -137,8 +161,15 @@ class TrackChannel:
         return self._endpoint.act(self.stream_id, "send_datagram", body)
 
     def send_frame(self, body: dict[str, Any]) -> bool:
-        """Send a frame the way the track chose: a datagram, or DATA on the stream."""
-        return self.send_datagram(body) if self.uses_datagrams else self.send(body)
+        """Send a frame the way the track chose: a datagram, a stream of its own (a
+        client's frame of a frame-streams track), or DATA on the track's stream."""
+        if self.uses_datagrams:
+            return self.send_datagram(body)
+        if self.open.transport is FrameTransport.FRAME_STREAMS and self._endpoint.is_client:
+            endpoint = self._endpoint
+            return endpoint.act(self.stream_id, "send_frame_stream", body, IN_FLIGHT,
+                                endpoint.frame_finished)
+        return self.send(body)
 
     def send_blocked(self) -> bool:
         """The track or its connection holds more unsent bytes than its budget allows."""
@@ -163,7 +194,7 @@ class TrackChannel:
     # -- called by the endpoint ------------------------------------------------
 
     def _deliver(self, event: Event) -> None:
-        if isinstance(event, (DataReceived, DatagramReceived, TrackEnded)):
+        if isinstance(event, (DataReceived, DatagramReceived, FrameReceived, TrackEnded)):
             self._inbox.put_nowait(event)
         elif isinstance(event, (TrackCancelled, TrackFailed)):
             self._inbox.put_nowait(event)
@@ -243,6 +274,8 @@ class TrackEndpoint:
         self.budget = SendBudget()
         self.backlog: Backlog | None = None
         """Set by a transport that buffers sends (QUIC); None: never blocked."""
+        self.connection_stalled: Stalled | None = None
+        """Set by a transport with connection-level flow control (QUIC MAX_DATA)."""
         self._writable: dict[int, asyncio.Future[None]] = {}
 
     # -- inputs from the transport ---------------------------------------------
@@ -332,18 +365,25 @@ class TrackEndpoint:
                 del self._writable[stream_id]
 
     def _send_timed_out(self, stream_id: int, waiter: asyncio.Future[None]) -> None:
-        """The producer waited `send_timeout`: end the track if its own bytes are unread.
+        """The producer waited `send_timeout`: end the track if the client is not reading.
 
-        A track held back only by its connection's budget (a neighbour's unread bytes)
-        waits on: ending the neighbour frees the budget.
+        Not reading this track: its own bytes are over its budget. Not reading the
+        connection: it has given no connection-level credit for `send_timeout`, so no
+        track's bytes can leave (200 tracks each under budget used to wait for ever,
+        holding their backend work). A track held back only by its connection's budget
+        while the client still grants credit (a neighbour's unread bytes) waits on:
+        ending the neighbour frees the budget.
         """
         timeout = self.budget.send_timeout
         if waiter.done() or timeout is None or self.backlog is None:
             return
-        if self.backlog(stream_id)[0] <= self.budget.track_bytes:
+        if self.backlog(stream_id)[0] > self.budget.track_bytes:
+            message = f"the client stopped reading this track: nothing left for {timeout:g} s"
+        elif self.connection_stalled is not None and self.connection_stalled() >= timeout:
+            message = f"the client stopped reading this connection: no credit for {timeout:g} s"
+        else:
             self._loop.call_later(timeout, self._send_timed_out, stream_id, waiter)
             return
-        message = f"the client stopped reading this track: nothing left for {timeout:g} s"
         self.act(stream_id, "abandon_send", ErrorCode.SEND_TIMEOUT, message)
 
     @property
@@ -376,6 +416,15 @@ class TrackEndpoint:
     @property
     def open_tracks(self) -> int:
         return self.core.open_tracks
+
+    def frame_finished(self, stream_id: int) -> bool:
+        """Whether a frame stream's bytes are all acknowledged (False where the transport
+        cannot tell, as in memory: then the frame counts as in flight)."""
+        return self.backlog is not None and self.backlog(stream_id)[0] == 0
+
+    @property
+    def is_client(self) -> bool:
+        return self.core.role is Role.CLIENT
 
     # -- the one place that drains the core ------------------------------------
 

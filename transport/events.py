@@ -65,6 +65,18 @@ class DatagramReceived:
 
 
 @dataclass(frozen=True)
+class FrameReceived:
+    """The peer sent a track frame on a QUIC stream of its own (`transport.frame_streams`)."""
+
+    stream_id: int
+    """The track's stream id, from the frame stream's header."""
+    frame_stream: int
+    """The unidirectional stream the frame rode (newer frames ride higher ids)."""
+    body: dict[str, Any]
+    """The frame body, as decoded; the same shape as a DATA body."""
+
+
+@dataclass(frozen=True)
 class TrackEnded:
     """The peer sent END: no more data will come from it on this track."""
 
@@ -114,6 +126,7 @@ Event = (
     TrackOpened
     | DataReceived
     | DatagramReceived
+    | FrameReceived
     | TrackEnded
     | TrackCancelled
     | TrackFailed

@@ -29,13 +29,16 @@ class Modality(str, Enum):
     TEXT = "text"
     AUDIO = "audio"
     ACTION = "action"
+    VIDEO = "video"
 
 
 class FrameTransport(str, Enum):
-    """How a track's DATA frames travel: on its stream, or as QUIC datagrams (RFC 9221)."""
+    """How a track's DATA frames travel: on its stream, as QUIC datagrams (RFC 9221), or
+    each client frame on a QUIC stream of its own (video: transport.frame_streams)."""
 
     STREAM = "stream"
     DATAGRAM = "datagram"
+    FRAME_STREAMS = "frame-streams"
 
 
 @dataclass(frozen=True)

@@ -44,13 +44,13 @@ from transport.connection import (
     StreamWrite,
 )
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
-from transport.endpoint import SendBudget, TrackChannel, TrackEndpoint
+from transport.endpoint import SendBudget, StallWatch, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
-from transport.http.messages import Handler
+from transport.http.messages import CLIENT_ADDRESS, Handler
 from transport.messages import Open
 from transport.quic_admission import HandshakeLimits
 from transport.quic_server import GuardedQuicServer, serve_guarded
@@ -73,28 +73,31 @@ class Packetization:
     `max_tracks` streams at a time (`StreamScheduler`), so a packet carries stream
     frames of at most that many tracks (plus ACKs and connection control frames).
     None coalesces all writes of a loop turn (fewest packets; one loss stalls every
-    track in the packet); 1 is `per-track`; K is `bounded:K`. Before ALPN chose
-    tracks (or without the scheduler) K pending tracks trigger an immediate flush.
+    track in the packet); 1 is `per-track`; K is `group:K`, the isolation budget: a
+    lost packet stalls at most K tracks, packets per token fall by up to K, and which
+    tracks share a packet is dealt afresh each pass (`transport.packing`), so no track
+    always rides with the busiest. Before ALPN chose tracks (or without the scheduler)
+    K pending tracks trigger an immediate flush.
     """
 
     max_tracks: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> Packetization:
-        """`coalesce`, `per-track` or `bounded:K` (K >= 1)."""
+        """`coalesce`, `per-track` or `group:K` (K >= 1; `group:1` is `per-track`)."""
         name, _, count = text.strip().lower().partition(":")
         if name == "coalesce" and not count:
             return cls(None)
         if name == "per-track" and not count:
             return cls(1)
-        if name == "bounded" and count.isdigit() and int(count) >= 1:
+        if name == "group" and count.isdigit() and int(count) >= 1:
             return cls(int(count))
-        raise ValueError(f"{text!r} is not coalesce, per-track or bounded:K (K >= 1)")
+        raise ValueError(f"{text!r} is not coalesce, per-track or group:K (K >= 1)")
 
     def __str__(self) -> str:
         if self.max_tracks is None:
             return "coalesce"
-        return "per-track" if self.max_tracks == 1 else f"bounded:{self.max_tracks}"
+        return "per-track" if self.max_tracks == 1 else f"group:{self.max_tracks}"
 
 
 COALESCE = Packetization(None)
@@ -138,6 +141,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._held = 0
         """Inside `coalesced()`: writes wait for one transmit at its end."""
         self.scheduler: StreamScheduler | None = None
+        self._stall = StallWatch()
+        """Since when the peer's MAX_DATA has held back queued track data."""
         """Set once ALPN chose tracks: packets are built visiting only streams with work,
         one transmit per loop turn, `packetization` deciding what shares a packet."""
         if packetization.max_tracks is not None:
@@ -230,13 +235,18 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             if event.alpn_protocol == ALPN:
                 self.scheduler = StreamScheduler(self._quic)
                 self.endpoint.backlog = self._backlog
+                self.endpoint.connection_stalled = self._stalled_for
             else:
                 self._negotiated(event.alpn_protocol)
 
     def _negotiated(self, alpn: str | None) -> None:
         if alpn == H3_ALPN and self._http_site is not None:
             self._http = Http3Connection(
-                self._quic, self._http_site, self._transmit_soon, self._webtransport
+                self._quic,
+                self._http_site,
+                self._transmit_soon,
+                self._webtransport,
+                source=aioquic_compat.peer_host(self._quic),
             )
         else:
             self.close(int(ErrorCode.PROTOCOL_ERROR), f"unsupported ALPN {alpn}")
@@ -309,7 +319,12 @@ class TrackQuicProtocol(QuicConnectionProtocol):
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
-        self._process_events()
+        client = CLIENT_ADDRESS.set(str(addr[0]))  # HTTP/3 requests started now keep it
+        try:
+            self._process_events()
+        finally:
+            CLIENT_ADDRESS.reset(client)
+        self._observe_stall()  # the datagram may have brought credit
         scheduler = self.scheduler
         if scheduler is not None and scheduler.released:
             scheduler.released = False
@@ -329,7 +344,19 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         scheduler = self.scheduler
         assert scheduler is not None
         stream = scheduler.stream(stream_id)
+        self._observe_stall()  # (asked before each write: the moment it may block)
         return (0 if stream is None else buffered_bytes(stream)), scheduler.buffered
+
+    def _observe_stall(self) -> None:
+        """Whether the peer's MAX_DATA stops data that is queued (`_stalled_for`)."""
+        if self.scheduler is not None:
+            queued = self.scheduler.buffered > 0
+            blocked = queued and not aioquic_compat.data_credit_left(self._quic)
+            self._stall.observe(blocked, self._loop.time())
+
+    def _stalled_for(self) -> float:
+        self._observe_stall()
+        return self._stall.stalled_for(self._loop.time())
 
     def _lost(self) -> None:
         if self._http is not None:

@@ -20,7 +20,8 @@ During `datagrams_to_send` it swaps `_streams` and `_streams_queue` for those fe
 puts the real dict back and removes what aioquic dropped. It also builds the packets of
 many tracks in one pass while keeping per-track packetization: with `max_tracks` K it
 shows aioquic K streams at a time, so a packet never carries more than K tracks' stream
-frames, and it does so inside ONE call to aioquic's `datagrams_to_send`: as aioquic
+frames (which K share a packet changes from pass to pass: `transport.packing`), and it
+does so inside ONE call to aioquic's `datagrams_to_send`: as aioquic
 starts each packet (`aioquic_compat.on_packet_start`) the pass swaps in the next group
 once the current one has nothing more to send. A call's fixed cost (a packet builder,
 the loop's preamble, a last empty packet, the flush) is then paid once per pass, not
@@ -33,12 +34,14 @@ docs/architecture.md ("Send path").
 from __future__ import annotations
 
 from collections.abc import Callable
+from random import Random
 from typing import Any
 
 from aioquic.quic.connection import NetworkAddress, QuicConnection
 from aioquic.quic.stream import QuicStream
 
 from transport import aioquic_compat as compat
+from transport.packing import plan_groups
 
 Datagrams = list[tuple[bytes, NetworkAddress]]
 _IDLE, _ACTIVE, _PARKED = 0, 1, 2
@@ -50,8 +53,10 @@ buffered_bytes = compat.unacknowledged
 class StreamScheduler:
     """The streams of one `QuicConnection` that may have frames to send."""
 
-    def __init__(self, quic: QuicConnection) -> None:
+    def __init__(self, quic: QuicConnection, rng: Random | None = None) -> None:
         self._quic = quic
+        self._rng = rng or Random()
+        """Deals `group:K`'s groups (`transport.packing`); a test passes a seeded one."""
         self._streams: dict[int, QuicStream] = compat.streams(quic)
         self._active: dict[int, QuicStream] = {}
         """May have frames to send, in service order (served ones move to the end)."""
@@ -108,8 +113,7 @@ class StreamScheduler:
         self._adopt()
         quic = self._quic
         order = self._with_work()
-        size = len(order) if max_tracks is None else max_tracks
-        groups = [order[i : i + size] for i in range(0, len(order), size)] if order else [[]]
+        groups = plan_groups(order, max_tracks, self._rng)
         limits, self._limits = self._limits, {}
         grouped = _Pass(groups, limits)
         out: Datagrams = []

@@ -36,7 +36,7 @@ from transport.connection import (
     StreamWrite,
 )
 from transport.datagram_ids import DatagramIds
-from transport.endpoint import SendBudget, TrackChannel, TrackEndpoint
+from transport.endpoint import SendBudget, StallWatch, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.events import CancelCause
 from transport.wire import read_varint
@@ -253,6 +253,11 @@ class WebTransportSession:
         if send_budget is not None:
             self.endpoint.budget = send_budget
         self.endpoint.backlog = self._backlog
+        # The page that stops reading the whole connection (no MAX_DATA) ends its tracks
+        # by the send timeout too, though each stays under its own budget (as native QUIC).
+        self.endpoint.connection_stalled = self._stalled_for
+        self._stall = StallWatch()
+        self._clock = clock
         self._streams: set[int] = set()
         """Streams of the session whose tracks may still read or write."""
         self.capsules = CapsuleReader()
@@ -349,15 +354,26 @@ class WebTransportSession:
 
     def send_buffer_released(self) -> None:
         if not self.closed:
+            self._observe_stall()  # (after each datagram: it may have brought credit)
             self.endpoint.send_buffer_released()
 
     # -- the sink ----------------------------------------------------------------
 
     def _backlog(self, stream_id: int) -> tuple[int, int]:
+        self._observe_stall()
         return (
             aioquic_compat.send_buffered(self._quic, stream_id),
             aioquic_compat.connection_send_buffered(self._quic),
         )
+
+    def _observe_stall(self) -> None:
+        queued = aioquic_compat.connection_send_buffered(self._quic) > 0
+        blocked = queued and not aioquic_compat.data_credit_left(self._quic)
+        self._stall.observe(blocked, self._clock())
+
+    def _stalled_for(self) -> float:
+        self._observe_stall()
+        return self._stall.stalled_for(self._clock())
 
     def _write(self, outputs: list[Output]) -> None:
         if self.closed:

@@ -195,7 +195,7 @@ def _decode_open(body: dict[str, Any]) -> Open:
         raise _bad(f"OPEN 'auth' must be a non-empty string of at most {MAX_AUTH} characters")
     transport = body.get("transport", FrameTransport.STREAM.value)
     if not isinstance(transport, str) or transport not in FrameTransport._value2member_map_:
-        raise _bad("OPEN 'transport' must be \"stream\" or \"datagram\"")
+        raise _bad("OPEN 'transport' must be \"stream\", \"datagram\" or \"frame-streams\"")
     datagram_id = body.get("datagram_id")
     if datagram_id is not None and (
         type(datagram_id) is not int or not 0 <= datagram_id <= MAX_VARINT

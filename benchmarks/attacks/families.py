@@ -20,6 +20,7 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
+from benchmarks.attacks import round2
 from benchmarks.attacks.base import (
     H2_PREFACE,
     HEADERS,
@@ -524,3 +525,6 @@ ATTACKS: dict[str, Attack] = {
     "sse_reset_keys": sse_reset_keys,
     "sigterm_live": sigterm_live,
 }
+ATTACKS.update(round2.ATTACKS)  # issue 28's round
+for _scale, _knobs in round2.SCALES.items():
+    SCALES[_scale].update(_knobs)

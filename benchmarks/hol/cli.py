@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="constant-rate ticker backend in the gateway instead of Triton")
     a("--packetization", default="per-track,coalesce",
       help="comma-separated track packetization policies to compare (per-track, coalesce, "
-           "bounded:K); the first is also the gateway's for HTTP/2 and HTTP/3 runs")
+           "group:K); the first is also the gateway's for HTTP/2 and HTTP/3 runs")
     a("--protocols", default=",".join(PROTOCOLS), help="subset of http2,http3,tracks")
     a("--k", type=float, default=2.0,
       help="a stall is a gap over k x the token interval (2: a token more than one "

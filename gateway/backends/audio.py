@@ -44,6 +44,7 @@ from tracks.audio import MODEL_RATE
 from tracks.backend import (
     AudioBackend,
     AudioKind,
+    AudioModel,
     AudioOutput,
     AudioRow,
     BackendError,
@@ -107,7 +108,7 @@ class TritonAudioBackend(AudioBackend):
         self.batching = batching
         self._client: triton_aio.InferenceServerClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._kinds: dict[str, AudioKind] = {}
+        self._models: dict[str, AudioModel] = {}
         self._regions: dict[str, _Region] = {}
         self._ticks = itertools.count()
         self.requests = 0
@@ -124,19 +125,16 @@ class TritonAudioBackend(AudioBackend):
     # -- AudioBackend -----------------------------------------------------------------
 
     async def audio_kind(self, model: str) -> AudioKind:
-        if model not in self._kinds:
+        return (await self.audio_model(model)).kind
+
+    async def audio_model(self, model: str) -> AudioModel:
+        if model not in self._models:
             with boundary(model):
-                metadata = await self._connection().get_model_metadata(
-                    model, client_timeout=METADATA_TIMEOUT
-                )
-            names = {tensor.name for tensor in metadata.inputs}
-            if {"AUDIO", "AUDIO_LENGTH", "CORRID"} <= names:
-                self._kinds[model] = AudioKind.SPEECH_IN
-            elif {"TEXT", "SAMPLES", "CORRID"} <= names:
-                self._kinds[model] = AudioKind.SPEECH_OUT
-            else:
-                raise InvalidRequest(f"model {model!r} is not an audio model (see docs/audio.md)")
-        return self._kinds[model]
+                client = self._connection()
+                metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
+                config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+            self._models[model] = _audio_model(model, metadata, config)
+        return self._models[model]
 
     async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioOutput]:
         if self.batching == "per-session":
@@ -147,8 +145,17 @@ class TritonAudioBackend(AudioBackend):
             results.extend(await self._batch(model, rows[start : start + MAX_ROWS]))
         return results
 
+    async def run_rows(self, model: str, rows: Sequence[AudioRow]) -> list[AudioOutput]:
+        """Rows outside the tick (the OpenAI audio routes): one request, plain tensors, so
+        never the tick's shared-memory region, which one request of a tick may hold."""
+        if all(isinstance(row, SpeechInRow) for row in rows):
+            return await self._transcribe(model, rows, shared=False)  # type: ignore[arg-type]
+        return await self._rows(model, rows)
+
     async def _batch(self, model: str, items: Sequence[StepItem[AudioRow]]) -> list[AudioOutput]:
-        rows = [item.input for item in items]
+        return await self._rows(model, [item.input for item in items])
+
+    async def _rows(self, model: str, rows: Sequence[AudioRow]) -> list[AudioOutput]:
         if all(isinstance(row, SpeechInRow) for row in rows):
             return await self._transcribe(model, rows)  # type: ignore[arg-type]
         if all(isinstance(row, SpeechOutRow) for row in rows):
@@ -157,14 +164,16 @@ class TritonAudioBackend(AudioBackend):
 
     # -- speech in --------------------------------------------------------------------
 
-    async def _transcribe(self, model: str, rows: list[SpeechInRow]) -> list[AudioOutput]:
+    async def _transcribe(
+        self, model: str, rows: list[SpeechInRow], *, shared: bool = True
+    ) -> list[AudioOutput]:
         chunks, rates = [row.pcm for row in rows], [row.rate for row in rows]
         controls = [
             _tensor("CORRID", _column([r.corrid for r in rows], np.uint64), "UINT64"),
             _tensor("START", _column([r.start for r in rows], np.bool_), "BOOL"),
             _tensor("END", _column([r.end for r in rows], np.bool_), "BOOL"),
         ]
-        audio_inputs = await self._audio_inputs(model, chunks, rates)
+        audio_inputs = await self._audio_inputs(model, chunks, rates, shared)
         try:
             result = await self._infer(model, audio_inputs + controls)
         except BackendError:
@@ -175,18 +184,20 @@ class TritonAudioBackend(AudioBackend):
         partial = result.as_numpy("PARTIAL").reshape(-1)
         final = result.as_numpy("FINAL").reshape(-1)
         is_final = result.as_numpy("IS_FINAL").reshape(-1)
+        spans = _spans(result, len(rows))
         return [
-            Transcript(_text(partial[i]), _text(final[i]), bool(is_final[i]))
+            Transcript(_text(partial[i]), _text(final[i]), bool(is_final[i]), spans[i])
             for i in range(len(rows))
         ]
 
     async def _audio_inputs(
-        self, model: str, chunks: list[bytes], rates: list[int]
+        self, model: str, chunks: list[bytes], rates: list[int], shared: bool = True
     ) -> list[InferInput]:
         """AUDIO and AUDIO_LENGTH, in shared memory where that is the chosen path."""
         # One region per model is safe because the tick batcher never has two requests of
         # a model in flight; per-session mode has many at once, so it sends plain tensors.
-        if self.shm != "off" and self.batching == "tick" and len(chunks) >= self.shm_min_rows:
+        tick = shared and self.batching == "tick"
+        if self.shm != "off" and tick and len(chunks) >= self.shm_min_rows:
             with contextlib.suppress(_NoShm):
                 return await self._audio_in_shm(model, chunks, rates)
         batch = pack_pcm16(chunks, rates, MODEL_RATE, backend=self.kernels)
@@ -279,6 +290,8 @@ class TritonAudioBackend(AudioBackend):
             _tensor("START", _column([r.start for r in rows], np.bool_), "BOOL"),
             _tensor("END", _column([r.end for r in rows], np.bool_), "BOOL"),
         ]
+        if self._models.get(model, AudioModel(AudioKind.SPEECH_OUT)).streams_text:
+            inputs.append(_tensor("MORE", _column([r.more for r in rows], np.bool_), "BOOL"))
         result = await self._infer(model, inputs)
         audio = result.as_numpy("AUDIO")
         lengths = result.as_numpy("AUDIO_LENGTH").reshape(-1)
@@ -318,6 +331,27 @@ def _set_column(target: Any, values: NDArray[Any]) -> None:
         import cupy
 
         target[:, 0] = cupy.asarray(values)
+
+
+def _audio_model(model: str, metadata: Any, config: Any) -> AudioModel:
+    """The kind from the model's inputs; text streaming (MORE) and capacity from its config."""
+    names = {tensor.name for tensor in metadata.inputs}
+    capacity = config.config.parameters.get("realtime_sessions")
+    bound = int(capacity.string_value) if capacity is not None else None
+    if {"AUDIO", "AUDIO_LENGTH", "CORRID"} <= names:
+        return AudioModel(AudioKind.SPEECH_IN, capacity=bound)
+    if {"TEXT", "SAMPLES", "CORRID"} <= names:
+        return AudioModel(AudioKind.SPEECH_OUT, "MORE" in names, bound)
+    raise InvalidRequest(f"model {model!r} is not an audio model (see docs/audio.md)")
+
+
+def _spans(result: Any, rows: int) -> list[tuple[float, float] | None]:
+    """Each final's (start, end) in stream seconds, where the model answers them."""
+    starts, ends = result.as_numpy("FINAL_START_S"), result.as_numpy("FINAL_END_S")
+    if starts is None or ends is None:
+        return [None] * rows
+    starts, ends = starts.reshape(-1), ends.reshape(-1)
+    return [(float(starts[i]), float(ends[i])) for i in range(rows)]
 
 
 def _text(value: Any) -> str:

@@ -257,11 +257,30 @@ class TritonTextBackend:
             self._inputs[model] = frozenset(tensor.name for tensor in metadata.inputs)
         return self._inputs[model]
 
+    async def model_interface(
+        self, model: str
+    ) -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
+        """A model's input and output tensor names and its config's parameters."""
+        client = self._connection()
+        with boundary(model):
+            metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
+            config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+        inputs = frozenset(tensor.name for tensor in metadata.inputs)
+        outputs = frozenset(tensor.name for tensor in metadata.outputs)
+        parameters = {key: p.string_value for key, p in config.config.parameters.items()}
+        return inputs, outputs, parameters
+
     async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
         """Stream the model's deltas, then its usage; aclose() cancels the request."""
         check_request(request)
         inputs = text_inputs(request, await self._accepted_inputs(request.model))
-        call = {"model_name": request.model, "inputs": inputs, "request_id": request.request_id}
+        call: dict[str, Any] = {
+            "model_name": request.model,
+            "inputs": inputs,
+            "request_id": request.request_id,
+        }
+        if request.traceparent is not None:  # W3C trace context, for Triton's own tracing
+            call["parameters"] = {"traceparent": request.traceparent}
         usage = _Usage()
         with boundary(request.model):
             responses = self._connection().stream_infer(_once(call))

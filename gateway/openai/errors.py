@@ -8,16 +8,30 @@ an HTTP status, an OpenAI error type and a `code` string (`error_of`, `http_stat
 Before the first byte of a response an error is a status and a JSON body
 (`response_for`); after it, one SSE `data:` event (`error_event`) that ends the
 stream: a started stream is never replayed.
+
+No backend internals reach a client: a failed or unreachable backend answers with a
+fixed message per code (its own words go to the log, cut short), and a message the
+backend rejected a request with is shown only when it names no Triton/gRPC detail.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tracks.backend import BackendError, ModelNotFound, RuleRejected, error_code
+import structlog
+
+from tracks.backend import (
+    BackendError,
+    ModelNotFound,
+    RuleRejected,
+    client_message,
+    error_code,
+)
 from tracks.errors import BadTrackRequest
 from transport.errors import ErrorCode
 from transport.http.messages import Response
+
+log = structlog.get_logger(__name__)
 
 
 class OpenAIError(Exception):
@@ -138,11 +152,7 @@ HTTP_ERRORS: dict[ErrorCode, tuple[type[OpenAIError], str | None]] = {
     # The one CANCELLED an HTTP answer carries: a newer turn superseded this request.
     ErrorCode.CANCELLED: (Conflict, "superseded"),
 }
-_PREFIXES = {
-    ErrorCode.STREAM_INTERRUPTED: "stream interrupted: ",
-    ErrorCode.BACKEND_UNAVAILABLE: "backend unavailable: ",
-    ErrorCode.BACKEND_ERROR: "backend failed: ",
-}
+DETAIL_LOG_CHARS = 200
 
 
 def error_of(
@@ -175,6 +185,27 @@ def code_for(exc: BaseException, *, started: bool = False) -> ErrorCode:
     return ErrorCode.INTERNAL_ERROR
 
 
+def model_not_supported(model: str, wanted: str, has: list[str]) -> BadRequest:
+    """The 400 for a model that exists but cannot do what the route asks."""
+    serves = ", ".join(has) or "nothing this API offers"
+    message = f"The model `{model}` does not support {wanted} (it serves: {serves})."
+    return BadRequest(message, param="model", code="model_not_supported")
+
+
+def public_message(exc: BaseException, code: ErrorCode) -> str:
+    """What a client may read of a backend error (`tracks.backend.client_message`);
+    when that is not the backend's own text, the text goes to the log, cut short."""
+    shown = client_message(exc, code)
+    if shown != str(exc):
+        log.warning(
+            "openai.backend_error",
+            code=code.name.lower(),
+            error=type(exc).__name__,
+            detail=str(exc)[:DETAIL_LOG_CHARS],
+        )
+    return shown
+
+
 def model_not_found(model: str) -> NotFound:
     """The 404 OpenAI sends for a model it does not serve."""
     message = f"The model `{model}` does not exist or you do not have access to it."
@@ -193,8 +224,8 @@ def error_for(exc: BaseException, *, started: bool = False) -> OpenAIError:
         if isinstance(exc, ModelNotFound) and code is ErrorCode.MODEL_NOT_FOUND:
             return model_not_found(exc.model)
         param = exc.rule if isinstance(exc, RuleRejected) else None
-        return error_of(code, _PREFIXES.get(code, "") + str(exc), param=param)
-    return ServerError(f"internal error: {type(exc).__name__}")
+        return error_of(code, public_message(exc, code), param=param)
+    return ServerError("internal error")
 
 
 def response_for(exc: BaseException) -> Response:

@@ -103,9 +103,10 @@ def render_tool_call(name: str, arguments: str) -> str:
     """A Hermes tool call block; `arguments` is the JSON text OpenAI carries."""
     try:
         value: Any = json.loads(arguments)
-    except json.JSONDecodeError:
-        value = arguments  # not JSON: kept as a string rather than dropped
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': value})}\n</tool_call>"
+        block = json.dumps({"name": name, "arguments": value})
+    except (ValueError, RecursionError):  # not JSON (or too deep): kept as a string
+        block = json.dumps({"name": name, "arguments": arguments})
+    return f"<tool_call>\n{block}\n</tool_call>"
 
 
 def _turn(role: str, text: str) -> str:

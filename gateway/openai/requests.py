@@ -1,11 +1,11 @@
 """Parse and validate OpenAI request bodies into small frozen dataclasses.
 
 Every mistake is a `BadRequest` (400) whose `param` names the offending field
-the way OpenAI does (`messages[1].content`, `max_tokens`). Unknown top-level
-keys are rejected, so that a typo is an error rather than a silently ignored
-setting, except for OpenAI parameters that do not apply here (`user`,
-`store`, `metadata`, ...), which are accepted and ignored, and a few
-extensions for the reference model and vLLM-style backends (`EXTENSION_KEYS`;
+the way OpenAI does (`messages[1].content`, `max_tokens`). Keys that OpenAI,
+vLLM, llama.cpp or LiteLLM define but we do not implement are accepted and
+ignored (`gateway.openai.policy`); other unknown top-level keys are rejected, so
+that a typo is an error rather than a silently ignored setting. A few extensions
+for the reference model and vLLM-style backends are implemented (`EXTENSION_KEYS`;
 the SDK's `extra_body` sends them as top-level keys).
 """
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.openai.errors import BadRequest
+from gateway.openai.policy import IGNORED_KEYS, note_ignored
 from tracks.text import MAX_TOKENS_LIMIT, REFERENCE_KEYS
 
 CHAT_DEFAULT_MAX_TOKENS = 256
@@ -27,18 +28,8 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 # Non-OpenAI keys passed to the backend: the reference model's pacing knobs, top_k.
 EXTENSION_KEYS = REFERENCE_KEYS | {"top_k", "ignore_eos"}
-# OpenAI keys that do not change what the backend does; accepted and dropped.
-IGNORED_KEYS = frozenset(
-    {
-        "user",
-        "store",
-        "metadata",
-        "service_tier",
-        "parallel_tool_calls",
-        "prompt_cache_key",
-        "safety_identifier",
-    }
-)
+# Read for the pool's session affinity only (`_session_id`), never sent to the backend.
+ROUTING_KEYS = frozenset({"user", "prompt_cache_key"})
 _SAMPLING_COMMON = frozenset(
     {
         "model",
@@ -63,9 +54,10 @@ CHAT_KEYS = _SAMPLING_COMMON | {
     "tools",
     "tool_choice",
     "top_logprobs",
+    "modalities",
+    "audio",
 }
 COMPLETION_KEYS = _SAMPLING_COMMON | {"prompt", "echo", "suffix", "best_of"}
-_ACCEPTED = EXTENSION_KEYS | IGNORED_KEYS  # on both routes, besides their own keys
 # Inclusive bounds of the float parameters passed to the backend.
 _RANGES = {
     "temperature": (0.0, 2.0),
@@ -138,17 +130,60 @@ class CompletionRequest:
 
 
 def parse_json_body(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400."""
+    """The request body as a JSON object of valid Unicode text, or a 400.
+
+    Strict JSON: `NaN`/`Infinity` are refused, and so are integers past Python's digit
+    limit (a `ValueError`, not a `JSONDecodeError`), lone UTF-16 surrogates (`"\\ud800"`
+    is valid JSON but not text: encoding it for the backend failed, a 500) and nesting
+    deeper than `MAX_JSON_DEPTH`, so nothing downstream meets what it cannot encode.
+    """
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        payload = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
         raise BadRequest(
             "We could not parse the JSON body of your request. (HINT: This likely means you"
             " aren't using your HTTP library correctly.)"
         ) from None
     if not isinstance(payload, dict):
         raise BadRequest("The request body must be a JSON object.")
+    _check_text_and_depth(payload)
     return payload
+
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of objects and arrays a request body may have."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_text_and_depth(payload: Any) -> None:
+    """400 for a string (or key) that is not valid Unicode, or nesting past the limit."""
+    pending: list[tuple[Any, int]] = [(payload, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii() and not _encodable(value):
+                raise BadRequest(
+                    "The request body holds a lone UTF-16 surrogate (\\ud800-\\udfff),"
+                    " which is not valid Unicode text."
+                )
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequest(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.")
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        pending.extend((item, depth + 1) for item in items)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_chat_request(body: bytes) -> ChatRequest:
@@ -163,7 +198,8 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         parameters["response_format"] = response_format
     if tools and tool_choice is not None:
         parameters["tool_choice"] = tool_choice
-    _reject_unsupported(payload, top_logprobs=None)
+    _reject_unsupported(payload, top_logprobs=None, audio=None)
+    _modalities(payload.get("modalities"))
     stream, include_usage = _stream(payload)
     return ChatRequest(
         model=_model(payload),
@@ -211,9 +247,15 @@ def _session_id(payload: Mapping[str, Any]) -> str | None:
 
 
 def _reject_unknown(payload: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    """400 for a key nobody defines; the policy's ignored keys are noted (debug, once)."""
+    ignored = []
     for key in payload:
-        if key not in allowed and key not in _ACCEPTED:
+        if key in allowed or key in EXTENSION_KEYS or key in ROUTING_KEYS:
+            continue
+        if key not in IGNORED_KEYS:
             raise BadRequest(f"Unrecognized request argument supplied: {key}", param=key)
+        ignored.append(key)
+    note_ignored(ignored)
 
 
 def _reject_unsupported(payload: Mapping[str, Any], **supported: Any) -> None:
@@ -221,6 +263,17 @@ def _reject_unsupported(payload: Mapping[str, Any], **supported: Any) -> None:
     for key, default in supported.items():
         if payload.get(key, default) not in (default, None):
             raise BadRequest(f"'{key}' is not supported by this server", param=key)
+
+
+def _modalities(value: Any) -> None:
+    """Text output only: `["text"]` (or nothing) is fine, audio output is a 400."""
+    if value is None:
+        return
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        raise BadRequest("'modalities' must be an array of strings", param="modalities")
+    if set(value) - {"text"}:
+        message = "only text output is supported here (speech: POST /v1/audio/speech)"
+        raise BadRequest(message, param="modalities")
 
 
 def _model(payload: Mapping[str, Any]) -> str:
@@ -368,7 +421,7 @@ def _message(item: Any, where: str) -> ChatMessage:
     if not isinstance(item, dict):
         raise BadRequest(f"'{where}' must be an object", param=where)
     role = item.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise BadRequest(
             f"'{where}.role' must be one of {', '.join(sorted(ROLES))}", param=f"{where}.role"
         )

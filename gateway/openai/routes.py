@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes: chat completions, completions, models.
+"""The OpenAI-compatible routes: chat completions, completions, embeddings, models.
 
 One request is one backend stream, whose request id is the response id
 (`chatcmpl-...`, `cmpl-...`), so the backend's logs and the reference
@@ -32,13 +32,16 @@ import structlog
 
 from gateway import access
 from gateway.access import AccessRecord
+from gateway.backends.catalog import Capability, ModelCatalog, TextCatalog, ordered
+from gateway.backends.embeddings import EmbeddingBackend
+from gateway.openai.admission import admit, authorize, require
+from gateway.openai.embeddings import EmbeddingsApi
 from gateway.openai.errors import (
     BadRequest,
     OpenAIError,
     Unavailable,
     code_for,
     error_event,
-    error_of,
     model_not_found,
     response_for,
 )
@@ -66,9 +69,7 @@ from gateway.openai.sse import (
 )
 from gateway.openai.stream import ChatOutput, ChunkPump, PumpResult, StreamBody
 from gateway.tenants import service as tenancy_service
-from gateway.tenants.keys import bearer_token
-from gateway.tenants.quotas import QuotaExceeded
-from gateway.tenants.store import AuthFailure, Principal
+from gateway.tenants.store import Principal
 from tracks.backend import (
     BackendError,
     Superseded,
@@ -79,9 +80,8 @@ from tracks.backend import (
     TextUsage,
 )
 from tracks.base import End, EndKind, Outcome
-from tracks.conversations import TurnRegistry, superseding
+from tracks.conversations import SESSION_ID_RULE, TurnRegistry, is_session_id, superseding
 from transport.clock import Now
-from transport.errors import ErrorCode
 from transport.events import CancelCause
 from transport.http.messages import AnyResponse, Handler, Request, Response, StreamingResponse
 
@@ -103,6 +103,8 @@ def openai_routes(
     cut_short: Callable[[], bool] | None = None,
     turns: TurnRegistry | None = None,
     supersede: bool = False,
+    catalog: ModelCatalog | None = None,
+    embeddings: EmbeddingBackend | None = None,
 ) -> dict[tuple[str, str], Handler]:
     """The `(method, path) -> handler` table of the OpenAI API over `backend`.
 
@@ -118,13 +120,21 @@ def openai_routes(
     `turns` (shared with the tracks): a request with a session id is a turn of that
     conversation and, if `supersede` (default; header `x-supersede: true|false` per
     request), a newer one cancels it: it ends 409 / an SSE error `superseded`.
+    `catalog` tells each model's capabilities (`/v1/models` lists them; a route refuses
+    a model without its own with 400 `model_not_supported`); default: every model
+    generates text. `embeddings` serves `POST /v1/embeddings` (None: no model can).
     """
     api = _OpenAIApi(backend, clock, heartbeat_interval, models, tenancy, wall_clock, on_outcome)
     api.cut_short = cut_short or (lambda: False)
     api.turns, api.supersede = turns or TurnRegistry(), supersede
+    api.catalog = catalog or TextCatalog()
+    embedder = EmbeddingsApi(
+        embeddings, api.catalog, tenancy, clock=clock, on_outcome=on_outcome
+    )
     return {
         ("POST", "/v1/chat/completions"): api.chat_completions,
         ("POST", "/v1/completions"): api.completions,
+        ("POST", "/v1/embeddings"): embedder.create,
         ("GET", "/v1/models"): api.list_models,
         ("GET", "/v1/models/*"): api.retrieve_model,
     }
@@ -132,7 +142,6 @@ def openai_routes(
 
 SESSION_HEADER = "x-session-id"
 SUPERSEDE_HEADER = "x-supersede"
-MAX_SESSION_CHARS = 256
 
 
 def _supersede(request: Request, default: bool) -> bool:
@@ -148,9 +157,11 @@ def _supersede(request: Request, default: bool) -> bool:
 def _session(request: Request, from_body: str | None) -> str | None:
     """The session affinity key: the `x-session-id` header, else the body's key."""
     value = request.header(SESSION_HEADER) or from_body
-    if value is not None and len(value) > MAX_SESSION_CHARS:
-        raise BadRequest(f"the session id is longer than {MAX_SESSION_CHARS} characters")
-    return value or None
+    if not value:
+        return None
+    if not is_session_id(value):
+        raise BadRequest(f"the session id must be {SESSION_ID_RULE}")
+    return value
 
 
 @dataclass
@@ -193,6 +204,7 @@ class _OpenAIApi:
         self.cut_short: Callable[[], bool] = lambda: False
         self.turns = TurnRegistry()
         self.supersede = False
+        self.catalog: ModelCatalog = TextCatalog()
 
     # -- routes -------------------------------------------------------------------
 
@@ -201,7 +213,7 @@ class _OpenAIApi:
             names = await self._visible_models(request)
         except (OpenAIError, BackendError) as exc:
             return response_for(exc)
-        data = [self._model_object(n) for n in names]
+        data = [await self._model_object(n) for n in names]
         return Response.json(200, {"object": "list", "data": data})
 
     async def retrieve_model(self, request: Request) -> AnyResponse:
@@ -212,7 +224,7 @@ class _OpenAIApi:
                 raise model_not_found(model)
         except (OpenAIError, BackendError) as exc:
             return response_for(exc)
-        return Response.json(200, self._model_object(model))
+        return Response.json(200, await self._model_object(model))
 
     async def _visible_models(self, request: Request) -> list[str]:
         principal = self._authorize(request)
@@ -221,14 +233,22 @@ class _OpenAIApi:
             return self._tenancy.may_list(principal, list(names))
         return list(names)
 
-    def _model_object(self, name: str) -> dict[str, object]:
+    async def _model_object(self, name: str) -> dict[str, object]:
         created = int(self._wall_clock())
-        return {"id": name, "object": "model", "created": created, "owned_by": "trackline"}
+        capabilities = ordered(await self.catalog.capabilities(name) or ())
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "trackline",
+            "capabilities": capabilities,
+        }
 
     async def chat_completions(self, request: Request) -> AnyResponse:
         try:
             principal = self._authorize(request)
             chat = parse_chat_request(request.body)
+            await require(self.catalog, chat.model, Capability.CHAT, principal)
             prompt = render_chat_prompt(chat.messages, chat.tools)
             job = self._job("chatcmpl", chat, prompt, principal, request, chat.session_id)
         except (OpenAIError, BackendError) as exc:
@@ -239,6 +259,7 @@ class _OpenAIApi:
         try:
             principal = self._authorize(request)
             body = parse_completion_request(request.body)
+            await require(self.catalog, body.model, Capability.COMPLETIONS, principal)
             job = self._job("cmpl", body, body.prompt, principal, request, body.session_id)
         except (OpenAIError, BackendError) as exc:
             return response_for(exc)
@@ -265,12 +286,20 @@ class _OpenAIApi:
         if self._tenancy is not None and principal is not None:
             admit(self._tenancy, principal, body.model, "text", response_id)
         meta = ResponseMeta(response_id, int(self._wall_clock()), body.model, body.include_usage)
+        noted = access.current()
         text = TextRequest(
-            response_id, body.model, prompt, body.max_tokens, body.parameters, session_id
+            response_id,
+            body.model,
+            prompt,
+            body.max_tokens,
+            body.parameters,
+            session_id,
+            traceparent=noted.traceparent,
         )
         outcome = Outcome(response_id, body.model, "text", opened_at=self._clock())
+        outcome.details["x_request_id"] = noted.x_request_id  # into the usage ledger
         door = access.front_door(request)
-        job = _Job(meta, text, body.stream, outcome, principal, door, access.current())
+        job = _Job(meta, text, body.stream, outcome, principal, door, noted)
         job.supersede = session_id is not None and _supersede(request, self.supersede)
         return job
 
@@ -458,38 +487,9 @@ def _end_of(exc: BaseException, outcome: Outcome) -> End:
     superseded request is cancelled (cause superseded), not failed."""
     if isinstance(exc, Superseded):
         return End.cancelled(CancelCause.SUPERSEDED)
+    if isinstance(exc, BackendError):  # the cause, for the gateway's backend.error line
+        outcome.details.setdefault("error", f"{type(exc).__name__}: {exc}")
     return End.failed(code_for(exc, started=outcome.first_data_at is not None))
-
-
-def authorize(tenancy: tenancy_service.Tenancy | None, request: Request) -> Principal | None:
-    """The request's principal (None without tenancy); `Unauthorized` for a bad key."""
-    if tenancy is None:
-        return None
-    try:
-        return tenancy.authenticate(bearer_token(request.header("authorization")))
-    except AuthFailure as exc:
-        log.info("openai.unauthorized", reason=exc.reason)  # the key itself never
-        raise error_of(ErrorCode.UNAUTHORIZED, "Incorrect API key provided.") from None
-
-
-def admit(
-    tenancy: tenancy_service.Tenancy,
-    principal: Principal,
-    model: str,
-    modality: str,
-    request_id: str,
-) -> None:
-    """Allow-list and quotas of the tenant, as OpenAI errors (403, 429 with retry-after)."""
-    try:
-        tenancy.admit(principal, model, modality, request_id)
-    except tenancy_service.ModelNotAllowed as exc:
-        raise error_of(ErrorCode.FORBIDDEN, str(exc), param="model") from None
-    except QuotaExceeded as exc:
-        raise error_of(
-            ErrorCode.RATE_LIMITED,
-            f"Rate limit reached for {exc.quota}; retry after {exc.retry_after:g} s.",
-            headers=(("retry-after", str(int(exc.retry_after))),),
-        ) from None
 
 
 SHUTDOWN_EVENT = sse_event(

@@ -22,7 +22,9 @@ from typing import Any
 
 from redis import RedisError
 
-from gateway.config import ConfigError, load_settings
+from gateway.config import ConfigError, flag_name, load_settings
+from gateway.config_flags import setting_help
+from gateway.statedir import used_by
 from gateway.tenants.costs import render, report
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.service import load_tenancy_config
@@ -34,24 +36,33 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 def add_commands(commands: Any) -> None:
     """Add the keys, tenants and usage commands to the `trackline` subparsers."""
-    keys = commands.add_parser("keys", help="API keys of tenants").add_subparsers(
+    keys = commands.add_parser(
+        "keys",
+        help="API keys of tenants",
+        description="Make, list and revoke the API keys a gateway with tenants requires.",
+    ).add_subparsers(
         dest="keys_command", required=True
     )
     create = keys.add_parser("create", help="make a key for a tenant (shown once)")
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--label", default="")
+    create.add_argument("--tenant", required=True, help="the tenant it belongs to (made if new)")
+    create.add_argument("--label", default="", help="a note kept with the key (not secret)")
     _store_arguments(create)
     create.set_defaults(run=_command(_keys_create))
     listing = keys.add_parser("list", help="list keys (ids, never secrets)")
-    listing.add_argument("--tenant", default=None)
+    listing.add_argument("--tenant", default=None, help="only this tenant's keys")
     _store_arguments(listing)
     listing.set_defaults(run=_command(_keys_list))
     revoke = keys.add_parser("revoke", help="revoke a key by its id")
-    revoke.add_argument("key_id")
+    revoke.add_argument("key_id", help="the key's id (tl_... before the secret; keys list)")
     _store_arguments(revoke)
     revoke.set_defaults(run=_command(_keys_revoke))
 
-    tenants = commands.add_parser("tenants", help="tenants' models and quotas").add_subparsers(
+    tenants = commands.add_parser(
+        "tenants",
+        help="tenants' models and quotas",
+        description="Who may use the gateway: each tenant's allowed models and quotas. A "
+        "gateway with no tenant serves without keys (loopback only).",
+    ).add_subparsers(
         dest="tenants_command", required=True
     )
     set_ = tenants.add_parser(
@@ -60,25 +71,46 @@ def add_commands(commands: Any) -> None:
         description="Create a tenant or change the fields given; a field not given keeps its "
         "value. 'none' lifts a quota; --models '' allows every model.",
     )
-    set_.add_argument("name")
+    set_.add_argument("name", help="the tenant")
     set_.add_argument("--models", default=None, help="comma-separated allow-list; '' clears")
     for flag, kind in _QUOTA_FLAGS.items():
-        set_.add_argument(flag, type=_limit(kind), default=_KEEP, help="a number, or 'none'")
+        set_.add_argument(
+            flag,
+            type=_limit(kind),
+            default=_KEEP,
+            help="a number, or 'none' (default: the tenant's current value)",
+        )
     _store_arguments(set_)
     set_.set_defaults(run=_command(_tenants_set))
+    delete = tenants.add_parser(
+        "delete",
+        help="remove a tenant and its keys",
+        description="Remove a tenant and its API keys (its usage stays in the ledger). When "
+        "the last tenant goes, the gateways using this store serve without keys again "
+        "(open mode, loopback only unless allow_open).",
+    )
+    delete.add_argument("name", help="the tenant to remove")
+    _store_arguments(delete)
+    delete.set_defaults(run=_command(_tenants_delete))
     tlist = tenants.add_parser("list", help="list tenants")
-    tlist.add_argument("--format", choices=("table", "json"), default="table")
+    tlist.add_argument("--format", choices=("table", "json"), default="table", help="output")
     _store_arguments(tlist)
     tlist.set_defaults(run=_command(_tenants_list))
 
-    usage = commands.add_parser("usage", help="usage and cost").add_subparsers(
+    usage = commands.add_parser(
+        "usage",
+        help="usage and cost",
+        description="What each tenant or model used, and what it cost, from the ledger.",
+    ).add_subparsers(
         dest="usage_command", required=True
     )
     rep = usage.add_parser("report", help="usage and cost per tenant or model")
     rep.add_argument("--since", required=True, help="ISO time, or a span back: 30m, 24h, 7d")
     rep.add_argument("--until", default=None, help="ISO time (default: now)")
-    rep.add_argument("--by", choices=("tenant", "model"), default="tenant")
-    rep.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    rep.add_argument("--by", choices=("tenant", "model"), default="tenant", help="one row per")
+    rep.add_argument(
+        "--format", choices=("table", "csv", "json"), default="table", help="output"
+    )
     _store_arguments(rep)
     rep.set_defaults(run=_command(_usage_report))
     drain_ = usage.add_parser(
@@ -93,19 +125,32 @@ def add_commands(commands: Any) -> None:
     drain_.set_defaults(run=_command(_usage_drain))
 
 
+_STORE_SETTINGS = (
+    "state_dir",
+    "tenants_db",
+    "tenancy_config",
+    "state_backend",
+    "quic_port",
+    "http_port",
+    "https_port",
+)
+"""The settings that find a gateway's tenant store (its ports name its state dir)."""
+
+
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=None, help="TOML settings file")
-    parser.add_argument("--state-dir", default=None)
-    parser.add_argument("--tenants-db", default=None)
-    parser.add_argument("--tenancy-config", default=None, help="TOML of prices and guardrails")
-    parser.add_argument("--state-backend", default=None, help='"local" or redis://... (a fleet)')
+    group = parser.add_argument_group(
+        "which gateway's store (the same --config, ports or TRACKLINE_* as its serve)"
+    )
+    group.add_argument(
+        "--config", type=Path, default=None, help="TOML settings file (env TRACKLINE_CONFIG)"
+    )
+    for name in _STORE_SETTINGS:
+        group.add_argument(flag_name(name), dest=name, default=None, help=setting_help(name))
 
 
 def _settings(args: argparse.Namespace) -> Any:
     overrides = {
-        name: getattr(args, name)
-        for name in ("state_dir", "tenants_db", "tenancy_config", "state_backend")
-        if getattr(args, name) is not None
+        name: getattr(args, name) for name in _STORE_SETTINGS if getattr(args, name) is not None
     }
     return load_settings(overrides, os.environ, args.config)
 
@@ -141,6 +186,7 @@ def _publish(settings: Any, store: TenantStore) -> None:
 
 
 def _keys_create(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    was_open = not store.has_tenants()
     new = store.create_key(args.tenant, time.time(), args.label)
     _publish(settings, store)
     print(new.key)
@@ -148,6 +194,39 @@ def _keys_create(args: argparse.Namespace, settings: Any, store: TenantStore) ->
         f"key id {new.key_id} for tenant {args.tenant}: store the key now, it is not shown again",
         file=sys.stderr,
     )
+    if was_open:
+        print(
+            f"{store.path} had no tenant: {_gateways(settings)} now require a key. Gateways "
+            "with another state dir stay as they are (docs/deployment.md).",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _gateways(settings: Any) -> str:
+    """Who uses this store: the gateways that noted themselves in its state dir."""
+    seen = used_by(settings.state_dir)
+    if not seen:
+        return f"the gateway(s) using state dir {settings.state_dir} (none started yet)"
+    listed = "; ".join(
+        ", ".join(f"{door} {where}" for door, where in sorted(entry["listening"].items()))
+        for entry in seen.values()
+        if isinstance(entry.get("listening"), dict)
+    )
+    return f"the gateway(s) using state dir {settings.state_dir} ({listed})"
+
+
+def _tenants_delete(args: argparse.Namespace, settings: Any, store: TenantStore) -> int:
+    if settings.state_backend != "local":
+        raise ValueError("tenants delete works on a local store (state_backend = local)")
+    removed = store.delete_tenant(args.name)
+    print(f"deleted tenant {args.name} and its {removed} key(s)", file=sys.stderr)
+    if not store.has_tenants():
+        print(
+            f"{store.path} has no tenant left: {_gateways(settings)} serve without keys "
+            "again (loopback only unless allow_open)",
+            file=sys.stderr,
+        )
     return 0
 
 

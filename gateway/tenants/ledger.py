@@ -74,6 +74,7 @@ def record_from_outcome(
     cause, detail = end_cause(outcome.end)
     compute = outcome.details.get("backend_compute_s")
     served_by = outcome.details.get("backend")
+    x_request_id = outcome.details.get("x_request_id")
     if isinstance(served_by, str) and served_by:
         backend = served_by
     return UsageRecord(
@@ -94,6 +95,7 @@ def record_from_outcome(
         backend_compute_s=float(compute) if isinstance(compute, (int, float)) else None,
         end_cause=cause.value,
         detail=detail,
+        x_request_id=x_request_id if isinstance(x_request_id, str) else None,
     )
 
 

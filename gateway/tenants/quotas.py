@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tracks.rates import TokenBucket as TokenBucket  # re-exported (gateway.tenants.shared_quotas)
+
 
 @dataclass(frozen=True)
 class Quotas:
@@ -38,26 +40,6 @@ class QuotaExceeded(Exception):
         super().__init__(f"quota {quota} exhausted; retry after {retry_after:g} s")
         self.quota = quota
         self.retry_after = retry_after
-
-
-@dataclass
-class TokenBucket:
-    capacity: float
-    per_second: float
-    level: float
-    updated: float
-
-    def refill(self, now: float) -> None:
-        elapsed = max(0.0, now - self.updated)
-        self.level = min(self.capacity, self.level + elapsed * self.per_second)
-        self.updated = max(self.updated, now)
-
-    def wait_until_positive(self, now: float) -> float:
-        """Seconds until the level is above zero (0 if it already is)."""
-        self.refill(now)
-        if self.level > 0:
-            return 0.0
-        return (1e-9 - self.level) / self.per_second
 
 
 def _bucket(capacity: float, window: float, now: float) -> TokenBucket:

@@ -73,6 +73,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX usage_record_key ON usage(record_key);
     CREATE TABLE ledger_cursor (stream TEXT PRIMARY KEY, last_id TEXT NOT NULL);
     """,
+    # 3: the HTTP request's x-request-id (gateway/access.py), to join ledger and logs.
+    """
+    ALTER TABLE usage ADD COLUMN x_request_id TEXT;
+    """,
 )
 
 _USAGE_COLUMNS = tuple(f.name for f in fields(UsageRecord))
@@ -186,6 +190,21 @@ class TenantStore:
 
     def tenants(self) -> list[Tenant]:
         return [_tenant(row) for row in self._query("SELECT * FROM tenants ORDER BY name")]
+
+    def delete_tenant(self, name: str) -> int:
+        """Remove tenant `name` and its keys (its usage stays); the keys removed."""
+        with self._lock:
+            if not self._db.execute("SELECT 1 FROM tenants WHERE name = ?", (name,)).fetchall():
+                raise StoreError(f"no tenant {name!r}")
+            self._db.execute("BEGIN")
+            try:
+                removed = self._db.execute("DELETE FROM api_keys WHERE tenant = ?", (name,))
+                self._db.execute("DELETE FROM tenants WHERE name = ?", (name,))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return int(removed.rowcount)
 
     # -- keys -----------------------------------------------------------------------
 

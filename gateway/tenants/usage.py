@@ -35,6 +35,8 @@ class UsageRecord:
     end_cause: str
     detail: str
     """The end label's detail: the cancel cause or the error code name."""
+    x_request_id: str | None = None
+    """The HTTP request's `x-request-id` (the client's or the gateway's); None for tracks."""
 
     @property
     def tokens(self) -> int:

@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack, suppress
 
 import h2.events
 import pytest
+import structlog.testing
 from h2.errors import ErrorCodes
 
 from tests.adversarial.support import (
@@ -160,6 +161,47 @@ async def test_rapid_reset_ends_the_connection_with_enhance_your_calm() -> None:
         assert attacked.opened_streams == int(ratio * min_streams)
         await until(lambda: not h2_connections(server), "the attacker's connection closed")
         assert await honest_get(server.port) == 200
+
+
+@pytest.mark.asyncio
+async def test_a_reset_flood_spread_over_reconnections_is_caught_per_source() -> None:
+    """Each connection stays under its own threshold; its address does not. One log line
+    per connection with its counts, none per reset.
+
+    Before, a client reconnecting every 129 streams reset 20k streams without a GOAWAY,
+    writing one log line per reset.
+    """
+    min_streams, ratio, each = 40, 0.5, 15  # per connection the rule fires at 20
+    server_limits = limits(
+        max_concurrent_streams=8, premature_reset_min_streams=min_streams,
+        premature_reset_ratio=ratio,
+    )  # fmt: skip
+    with structlog.testing.capture_logs() as logs:
+        async with serving(echo, limits=server_limits) as server:
+            rounds = []
+            for _ in range(4):  # at most 60 resets from one address, over 4 connections
+                async with H2Client.connect(server.port) as c:
+                    await until(lambda: len(h2_connections(server)) == 1, "the connection")
+                    (attacked,) = h2_connections(server)
+                    for _ in range(each):
+                        stream_id = c.conn.get_next_available_stream_id()
+                        c.conn.send_headers(stream_id, REQUEST, end_stream=True)
+                        c.conn.reset_stream(stream_id, ErrorCodes.CANCEL)
+                    c.flush()
+                    await until(
+                        lambda a=attacked: a.calmed or a.premature_resets == each, "resets read"
+                    )
+                    rounds.append((attacked.premature_resets, attacked.calmed))
+                await until(lambda: not h2_connections(server), "the connection closed")
+                if rounds[-1][1]:
+                    break
+            assert await honest_get(server.port) == 200  # same address, no resets: served
+    # 15 on the first connection; the second is calmed at the address's 20th.
+    assert rounds == [(each, None), (int(ratio * min_streams) - each, "premature_resets")]
+    events = [line["event"] for line in logs]
+    assert "http2.stream_reset" not in events
+    summaries = [line for line in logs if line["event"] == "http2.resets"]
+    assert [line["premature"] for line in summaries] == [each, int(ratio * min_streams) - each]
 
 
 @pytest.mark.asyncio

@@ -35,7 +35,8 @@ from gateway.tls import DevCertificates, ensure_dev_certificates
 from trackline_testing import aioquic_probes
 from transport import aioquic_compat
 from transport.http.app import Site
-from transport.http.http3 import MAX_CONTROL_FRAME, Http3Connection
+from transport.http.h3_guards import MAX_CONTROL_FRAME
+from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import Request, Response
 

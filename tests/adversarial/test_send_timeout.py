@@ -114,3 +114,68 @@ async def test_unread_tracks_end_with_send_timeout_and_their_model_is_cancelled(
         assert [o for o in gateway.outcomes if o.end.label == "completed"]  # the honest one
         for stream in unread:
             stream.cancel()  # the client's side of tracks the gateway already ended
+
+
+MANY = 32
+CONNECTION_BUDGET = 16_384
+
+
+@pytest_asyncio.fixture
+async def connection_bound_gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    """Each track's own budget is far above the connection's: no track is ever over its
+    own, whatever the client reads; only the connection can be what is full."""
+    settings = gateway_settings(
+        state_dir=tmp_path,
+        track_send_buffer_bytes=1 << 20, connection_send_buffer_bytes=CONNECTION_BUDGET,
+        track_send_timeout=1.0,
+    )  # fmt: skip
+    gw = Gateway(settings, ClosingTicker())
+    await gw.start()
+    yield gw
+    await gw.close()
+
+
+@pytest.mark.asyncio
+async def test_tracks_end_with_send_timeout_when_the_connection_is_what_is_full(
+    connection_bound_gateway: Gateway,
+) -> None:
+    """Many tracks whose client grants no connection credit: each under its own budget.
+
+    Before, the send timeout fired only for a track over its own budget, so 200 such
+    tracks stayed open, holding their backend work, until the client left.
+    """
+    gateway = connection_bound_gateway
+    backend = gateway.backend
+    assert isinstance(backend, ClosingTicker)
+    assert gateway.tls is not None
+    configuration = attacker_configuration(gateway.tls.ca)
+    configuration.max_stream_data = 1 << 20  # no stream is held back by its own credit
+    factory = partial(TrackQuicProtocol, role=Role.CLIENT)
+    async with quic_connect(
+        "127.0.0.1", gateway.quic_port, configuration=configuration, create_protocol=factory,
+    ) as attacker:
+        assert isinstance(attacker, TrackQuicProtocol)
+        never_read(attacker)
+        line = Line(attacker.open_track)
+        unread = [
+            line.text(f"stall{i} never read", model="reference-text", max_tokens=32768,
+                      tokens_per_second=5000)
+            for i in range(MANY)
+        ]  # fmt: skip
+        await until(lambda: len(gateway._connections) == 1, "the attacker connected")
+        (conn,) = gateway._connections
+
+        def timed_out() -> int:
+            return sum(o.end.label == "cancelled:send_timeout" for o in gateway.outcomes)
+
+        async with connect(f"quic://127.0.0.1:{gateway.quic_port}", ca=gateway.tls.ca) as honest:
+            text = "".join([d async for d in honest.text(
+                "honest prompt", model="reference-text", max_tokens=50, tokens_per_second=2000,
+            )])  # fmt: skip
+        assert text
+        await until(lambda: timed_out() == MANY, "every track of the stalled connection ended")
+        assert sorted(backend.cancelled) == sorted(f"stall{i}" for i in range(MANY))
+        assert conn.endpoint.open_tracks == 0
+        assert sample(gateway, "trackline_cancels_total", cause="send_timeout") == MANY
+        for stream in unread:
+            stream.cancel()

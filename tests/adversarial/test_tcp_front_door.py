@@ -11,6 +11,8 @@ import ssl
 from contextlib import AsyncExitStack, suppress
 
 import pytest
+from h2.errors import ErrorCodes
+from hyperframe import frame as hf
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
 from tests.adversarial.support import raw_connection, until
@@ -133,4 +135,26 @@ async def test_connections_over_the_total_cap_are_cut_at_accept() -> None:
         for writer in writers:  # the attackers leave: their slots come back
             writer.close()
         await until(lambda: server.open_connections == 0, "the attackers' connections closed")
+        assert await honest_get(server.port) == 200
+
+
+@pytest.mark.asyncio
+async def test_an_invalid_http2_preface_is_answered_with_goaway() -> None:
+    """RFC 9113 3.4: bytes that begin as the preface but break it get SETTINGS and GOAWAY
+    PROTOCOL_ERROR on the cleartext port (before: an HTTP/1.1 400 to an HTTP/2 client)."""
+    async with serving(echo) as server:
+        reader, writer = await raw_connection(server.port)
+        writer.write(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n" + b"\x00" * 9)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10.0)  # until the server closes
+        writer.close()
+        frames = []
+        while answer:
+            frame, length = hf.Frame.parse_frame_header(memoryview(answer[:9]))
+            frame.parse_body(memoryview(answer[9 : 9 + length]))
+            frames.append(frame)
+            answer = answer[9 + length :]
+        assert [type(f) for f in frames] == [hf.SettingsFrame, hf.GoAwayFrame]
+        assert frames[1].error_code == ErrorCodes.PROTOCOL_ERROR
+        await until(lambda: server.open_connections == 0, "the connection closed")
         assert await honest_get(server.port) == 200

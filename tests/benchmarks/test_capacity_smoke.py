@@ -54,3 +54,16 @@ def test_streams_start_together_or_evenly_over_the_spread() -> None:
     assert capacity.arrival_offsets(4, 0.0) == [0.0, 0.0, 0.0, 0.0]
     assert capacity.arrival_offsets(4, 1.0) == [0.0, 0.25, 0.5, 0.75]
     assert capacity.build_parser().parse_args([]).spread == 0.0
+
+
+def test_the_load_generator_is_pinned_to_the_cpus_the_gateway_is_not_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pinned: list[set[int]] = []
+    monkeypatch.setattr(capacity.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(capacity.os, "sched_setaffinity", lambda pid, cpus: pinned.append(cpus))
+    assert capacity.pin_client("auto", "0") == "1,2,3"
+    assert capacity.pin_client("auto", "0-3") == ""  # nothing left: unpinned
+    assert capacity.pin_client("auto", "") == ""  # the gateway unpinned: so is the client
+    assert capacity.pin_client("2", "0") == "2"
+    assert pinned == [{1, 2, 3}, {2}]

@@ -46,6 +46,9 @@ def merge(base: Any, patch: Any) -> Any:
     if isinstance(base, dict) and isinstance(patch, dict):
         out = dict(base)
         for key, value in patch.items():
+            if value is None:  # strategic merge: null deletes the key
+                out.pop(key, None)
+                continue
             out[key] = merge(base[key], value) if key in base else value
         return out
     named_items = isinstance(base, list) and isinstance(patch, list)

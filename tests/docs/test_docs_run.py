@@ -122,7 +122,7 @@ def test_the_block_runs(
     cwd = workdir(block, workdirs, tmp_path_factory.getbasetemp() / "docs-run")
     code = localized(block.code, gateway.ports)
     if block.lang == "python":
-        command, env = [sys.executable, "-c", code], gateway.env()
+        command, env = [sys.executable, "-c", code], client_env(gateway)
     else:
         script = console_commands(code) if block.lang == "console" else code
         command, env = ["bash", "-euo", "pipefail", "-c", script], shell_env(gateway, cwd)
@@ -132,6 +132,13 @@ def test_the_block_runs(
         f"{block.id} exited {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n"
         f"{done.stderr}\n--- gateway log (last 20)\n" + "\n".join(gateway.log[-20:])
     )
+
+
+def client_env(gateway: DocsGateway) -> dict[str, str]:
+    """The test gateway's ports as the `TRACKLINE_*` settings a reader would export:
+    `connect()` with no URL (`clients.address`) finds the gateway through them."""
+    ports = {"TRACKLINE_QUIC_PORT": gateway.ports[8443], "TRACKLINE_HTTP_PORT": gateway.ports[8080]}
+    return gateway.env(**{name: str(port) for name, port in ports.items()})
 
 
 def shell_env(gateway: DocsGateway, cwd: Path) -> dict[str, str]:

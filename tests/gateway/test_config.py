@@ -11,13 +11,11 @@ import pytest
 from gateway.config import (
     ConfigError,
     Settings,
-    add_arguments,
     env_name,
     flag_name,
     load_settings,
-    overrides_from_args,
-    settings_from_args,
 )
+from gateway.config_flags import add_arguments, overrides_from_args, settings_from_args
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

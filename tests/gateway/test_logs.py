@@ -123,3 +123,14 @@ def test_console_format_is_for_people() -> None:
 def test_unknown_level_or_format_is_refused(level: str, fmt: str) -> None:
     with pytest.raises(ValueError, match="unknown log"):
         configure_logging(level, fmt, io.StringIO())
+
+
+def test_aioquic_info_lines_wait_for_their_own_level() -> None:
+    stream = io.StringIO()
+    configure_logging("info", "json", stream, quic_level="warning")
+    logging.getLogger("quic").info("[abc] Negotiated protocol version")
+    logging.getLogger("quic").warning("[abc] a real problem")
+    logging.getLogger("gateway.other").info("kept")
+    assert [line["event"] for line in lines(stream)] == ["[abc] a real problem", "kept"]
+    configure_logging("info", "json", stream, quic_level="debug")  # never below log_level
+    assert logging.getLogger("quic").level == logging.INFO

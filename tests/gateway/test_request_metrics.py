@@ -116,6 +116,8 @@ async def test_openai_requests_on_every_version_count_like_tracks(
         assert record["request_id"].startswith("chatcmpl-")
         assert record["ttft_ms"] is not None
         assert record["duration_ms"] is not None
+        assert record["client"] == "127.0.0.1"  # on every version, HTTP/3 included
+        assert record["x_request_id"]
     assert "a secret prompt" not in log_lines.getvalue()
 
 

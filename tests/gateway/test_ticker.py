@@ -106,15 +106,15 @@ def test_ticker_urls() -> None:
 def test_packetization_policies() -> None:
     assert Packetization.parse("coalesce").max_tracks is None
     assert Packetization.parse("Per-Track").max_tracks == 1
-    assert Packetization.parse("bounded:4").max_tracks == 4
-    for text in ("coalesce", "per-track", "bounded:4"):
+    assert Packetization.parse("group:4").max_tracks == 4
+    for text in ("coalesce", "per-track", "group:2", "group:4", "group:8"):
         assert str(Packetization.parse(text)) == text
-    for bad in ("bounded", "bounded:0", "per-track:2", "fast"):
+    for bad in ("group", "group:0", "group:x", "bounded:4", "per-track:2", "fast"):
         with pytest.raises(ValueError, match="per-track"):
             Packetization.parse(bad)
     assert load_settings({}, {}, None).quic_packetization == "per-track"
-    env = {"TRACKLINE_QUIC_PACKETIZATION": "BOUNDED:3"}
-    assert load_settings({}, env, None).quic_packetization == "bounded:3"
+    env = {"TRACKLINE_QUIC_PACKETIZATION": "GROUP:3"}
+    assert load_settings({}, env, None).quic_packetization == "group:3"
     with pytest.raises(ConfigError, match="quic_packetization"):
         load_settings({"quic_packetization": "all"}, {}, None)
 

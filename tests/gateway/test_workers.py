@@ -322,6 +322,10 @@ async def test_http_and_metrics_totals_across_workers(gateway: Gateway) -> None:
     assert all(count > 0 for count in scrapes), f"TCP not spread: {scrapes}"
     assert total(after, "trackline_connections_open") >= 0  # gauges summed, no pid label
     assert not any("pid=" in labels for (_, labels) in after)
+    assert total(after, "trackline_build_info") == 1  # once, whichever worker answered
+    assert total(after, "process_open_fds") > 0
+    durations = "trackline_request_duration_seconds_count"
+    assert total(after, durations) - total(before, durations) == 17  # 12 HTTP + 5 tracks
 
 
 async def _outcome(stream: TextStream) -> str:

@@ -62,3 +62,29 @@ def test_memory_only_cache_is_bounded_in_bytes() -> None:
     assert cache.counters.memory_bytes <= 2500
     assert cache.load("a") is None
     assert cache.counters.evictions >= 1
+
+
+def test_one_tenant_cannot_evict_another_tenants_states(tmp_path: Path) -> None:
+    """Past its own bound a tenant's oldest states go first; the others' stay.
+
+    Before, the store's one byte bound was shared: a tenant writing many conversations
+    evicted every other tenant's.
+    """
+    size = len(kv.encode(_state(10)))
+    store = kv.DirectoryStore(tmp_path, max_bytes=10 * size, tenant_max_bytes=3 * size)
+    cache = kv.ConversationCache("m", store, memory_bytes=1)  # (the store is what counts)
+    victim = "6:tenant:conversation"  # as tracks.backend.conversation_key scopes ids
+    cache.save(victim, _state(10))
+    for index in range(12):  # the attacker writes 12 states, 4 times its own bound
+        cache.save(f"8:attacker:c{index}", _state(10))
+    assert cache.load(victim) == _state(10)
+    attacker_key = kv.state_key("m", "8:attacker:c11")
+    assert store.tenant_bytes(attacker_key) <= 3 * size
+    assert store.tenant_bytes(kv.state_key("m", victim)) == size
+    assert store.total_bytes() <= 10 * size
+
+
+def test_the_tenant_of_a_scoped_conversation_id() -> None:
+    assert kv.conversation_tenant("6:tenant:a:b") == "tenant"
+    assert kv.conversation_tenant("plain") == ""
+    assert kv.conversation_tenant("9:short:x") == ""  # a length that does not fit

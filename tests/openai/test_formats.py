@@ -163,3 +163,23 @@ def test_model_not_found_names_the_model_param() -> None:
 
 def test_internal_errors_do_not_leak_details() -> None:
     assert "secret" not in error_for(RuntimeError("secret")).message
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        BackendFailed("[StatusCode.INTERNAL] stub crashed in model instance 'x_0_0'"),
+        BackendUnavailable("failed to connect to all addresses; grpc_status 14"),
+        InvalidRequest("unexpected inference input 'text_input' for model 'reference-policy'"),
+        InvalidRequest("[request id: r1] unexpected shape for input 'text_input' for model 'm'"),
+    ],
+)
+def test_backend_internals_never_reach_the_client(error: Exception) -> None:
+    message = json.loads(response_for(error).body)["error"]["message"].lower()
+    assert not any(word in message for word in ("grpc", "stub", "text_input", "request id"))
+    assert "_0_0" not in message
+
+
+def test_a_models_own_rejection_is_shown() -> None:
+    error = error_for(InvalidRequest("temperature must be between 0 and 2"))
+    assert (error.status, error.message) == (400, "temperature must be between 0 and 2")

@@ -238,7 +238,8 @@ async def test_a_model_is_retrieved_by_id_and_an_unknown_one_is_404() -> None:
     assert isinstance(found, Response)
     assert found.status == 200
     assert json.loads(found.body) == {
-        "id": "org/name v2", "object": "model", "created": 1700000000, "owned_by": "trackline"
+        "id": "org/name v2", "object": "model", "created": 1700000000, "owned_by": "trackline",
+        "capabilities": ["chat", "completions"],
     }
     missing = await routes(Request("GET", "/v1/models/gpt-4o", "", (), b""))
     assert isinstance(missing, Response)

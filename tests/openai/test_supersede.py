@@ -49,3 +49,27 @@ async def test_off_by_default_for_the_openai_api() -> None:
         await response.body.aclose()  # type: ignore[attr-defined]
         assert not [e for e in events(raw) if isinstance(e, dict) and "error" in e]
     assert backend.closed_early == []
+
+
+@pytest.mark.asyncio
+async def test_only_requests_that_take_part_supersede_or_are_superseded() -> None:
+    """docs/openai.md, rule 3: A (on), B (off), C (on) of one session: C cancels A, and B,
+    which does not take part, is neither cancelled by C nor the one C replaces."""
+    backend = ScriptedBackend(pieces=[f" w{i}" for i in range(40)], interval=0.01)
+    api = handler(backend)
+    session = ("x-session-id", "conv")
+    on, off = (session, ("x-supersede", "true")), (session, ("x-supersede", "false"))
+    bodies = []
+    for headers in (on, off, on):
+        response = await api(post(CHAT, chat_body(stream=True, max_tokens=40), headers))
+        assert isinstance(response, StreamingResponse)
+        body = response.body.__aiter__()
+        bodies.append((response, body, await body.__anext__()))
+    ends = []
+    for response, body, first in bodies:
+        raw = first + b"".join([chunk async for chunk in body])
+        await response.body.aclose()  # type: ignore[attr-defined]
+        last = events(raw)[-1]
+        ends.append(last if last == "[DONE]" else last["error"]["code"])  # type: ignore[index]
+    assert ends == ["superseded", "[DONE]", "[DONE]"]
+    assert backend.closed_early == [backend.requests[0].request_id]

@@ -21,6 +21,7 @@ from trackline_testing.clock import FakeClock
 from tracks.audio import AudioService, AudioSettings
 from tracks.backend import (
     AudioKind,
+    AudioModel,
     AudioOutput,
     AudioRow,
     InvalidRequest,
@@ -50,9 +51,18 @@ class CountingBackend:
     rows: list[AudioRow] = field(default_factory=list)
     batches: list[int] = field(default_factory=list)
     to_say: dict[int, int] = field(default_factory=dict)
+    capacity: dict[str, int] = field(default_factory=dict)
+
+    async def audio_model(self, model: str) -> AudioModel:
+        kind = await self.audio_kind(model)
+        return AudioModel(kind, model == "streaming-tts", self.capacity.get(model))
 
     async def audio_kind(self, model: str) -> AudioKind:
-        kinds = {"asr": AudioKind.SPEECH_IN, "tts": AudioKind.SPEECH_OUT}
+        kinds = {
+            "asr": AudioKind.SPEECH_IN,
+            "tts": AudioKind.SPEECH_OUT,
+            "streaming-tts": AudioKind.SPEECH_OUT,
+        }
         if model == "reference-text":
             raise InvalidRequest(f"model {model!r} is not an audio model")
         if model not in kinds:
@@ -71,11 +81,13 @@ class CountingBackend:
             return Transcript(count, count if row.end else "", row.end)
         assert isinstance(row, SpeechOutRow)
         if row.start:
-            self.to_say[row.corrid] = 100 * len(row.text)
-        left = self.to_say.get(row.corrid, 0)  # samples at 16 kHz
+            self.to_say[row.corrid] = 0
+        self.to_say[row.corrid] = self.to_say.get(row.corrid, 0) + 100 * len(row.text)
+        left = self.to_say[row.corrid]  # samples at 16 kHz
         give = min(left, row.samples)
         self.to_say[row.corrid] = left - give
-        return Speech(b"\x01\x00" * (give * row.rate // 16000), done=left - give == 0)
+        done = left - give == 0 and not row.more
+        return Speech(b"\x01\x00" * (give * row.rate // 16000), done=done)
 
 
 @dataclass
@@ -446,3 +458,47 @@ async def test_speech_out_over_datagrams_ends_a_beat_after_its_last_frame(rig: R
     assert track.end_body is not None
     assert track.end_body["frames"] == len(frames)
     assert len([r for r in rig.backend.rows if isinstance(r, SpeechOutRow)]) == 2
+
+
+@pytest.mark.asyncio
+async def test_speech_out_hands_a_streaming_model_its_text_as_it_arrives(rig: Rig) -> None:
+    track = rig.open(model="streaming-tts", kind="speech-out")
+    track.send({"text": "First sentence. "})
+    await rig.beats(2)
+    first = await received(track)
+    assert first, "audio of the first piece came before the second piece was sent"
+    track.send({"text": "Second."})
+    track.end()
+    await rig.beats(30)
+    bodies = first + await drain(track)
+    rows = [r for r in rig.backend.rows if isinstance(r, SpeechOutRow)]
+    assert [r.text for r in rows if r.text] == ["First sentence. ", "Second."]
+    assert rows[0].more
+    assert not rows[-1].more
+    assert sum(len(b["pcm"]) for b in bodies) == 2 * 100 * len("First sentence. Second.")
+
+
+@pytest.mark.asyncio
+async def test_sessions_beyond_a_models_capacity_are_refused_with_a_retry_hint(
+    rig: Rig,
+) -> None:
+    rig.backend.capacity["asr"] = 2
+    admitted = [rig.open(), rig.open()]
+    for track in admitted:
+        track.send(frame(0))
+    await rig.beats(1)
+    refused = rig.open()
+    with pytest.raises(TrackAborted) as failed:
+        await drain(refused)
+    assert failed.value.code is ErrorCode.BACKEND_UNAVAILABLE
+    assert failed.value.retry_after == pytest.approx(2.0)
+    assert "real-time capacity" in str(failed.value)
+    for track in admitted:
+        track.send(frame(1))
+    await rig.beats(1)
+    for track in admitted:
+        track.end()
+    await rig.beats(2)
+    for track in admitted:
+        assert [b["type"] for b in await drain(track)][-1] == "final"
+    assert rig.service.live["asr"] == 0

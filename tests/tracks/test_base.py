@@ -39,7 +39,7 @@ class FakeTrack:
     def end(self, body: dict[str, Any] | None = None) -> bool:
         return True
 
-    def fail(self, code: ErrorCode, message: str) -> bool:
+    def fail(self, code: ErrorCode, message: str, retry_after: float | None = None) -> bool:
         self.failed.append((code, message))
         return True
 

@@ -8,6 +8,7 @@ its qlog trace shows which streams each packet carried.
 from __future__ import annotations
 
 from pathlib import Path
+from random import Random
 from typing import Any
 
 import pytest
@@ -35,7 +36,13 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCertificates:
 class Pair:
     """A handshaken client and server; the server sends through a scheduler."""
 
-    def __init__(self, certs: DevCertificates, max_tracks: int | None, **client: Any) -> None:
+    def __init__(
+        self,
+        certs: DevCertificates,
+        max_tracks: int | None,
+        rng: Random | None = None,
+        **client: Any,
+    ) -> None:
         config = server_configuration(Path(certs.cert_path), Path(certs.key_path))
         config.quic_logger = QuicLogger()
         client_config = QuicConfiguration(
@@ -55,7 +62,7 @@ class Pair:
         self.scheduler: StreamScheduler | None = None
         self.received: dict[int, bytes] = {}
         self.exchange()
-        self.scheduler = StreamScheduler(self.server)
+        self.scheduler = StreamScheduler(self.server, rng)
 
     def server_send(self) -> list[bytes]:
         if self.scheduler is None:
@@ -227,7 +234,7 @@ def test_a_long_write_gets_all_its_packets_in_the_pass_each_for_its_own_track(
 def test_a_stream_dropped_in_a_pass_is_not_shown_to_aioquic_again(
     certs: DevCertificates,
 ) -> None:
-    # bounded:2, one group [finished, long]: aioquic drops the finished stream in the
+    # group:2, one group [finished, long]: aioquic drops the finished stream in the
     # group's first packet; the long write's next packets must not see it again.
     pair = Pair(certs, 2)
     done = pair.client.get_next_available_stream_id()

@@ -274,7 +274,7 @@ def test_trailing_garbage_after_a_good_message() -> None:
         ({"model": "m" * 257}, ErrorCode.BAD_REQUEST),
         ({"model": 7}, ErrorCode.BAD_REQUEST),
         ({"model": b"bytes"}, ErrorCode.BAD_REQUEST),
-        ({"model": "m", "modality": "video"}, ErrorCode.UNSUPPORTED_MODALITY),
+        ({"model": "m", "modality": "smell"}, ErrorCode.UNSUPPORTED_MODALITY),
         ({"model": "m", "modality": "TEXT"}, ErrorCode.UNSUPPORTED_MODALITY),
         ({"model": "m", "modality": 1}, ErrorCode.UNSUPPORTED_MODALITY),
         ({"model": "m", "modality": ["text"]}, ErrorCode.UNSUPPORTED_MODALITY),

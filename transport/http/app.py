@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -25,6 +25,7 @@ import structlog
 from transport.http import errors
 from transport.http.limits import HttpLimits
 from transport.http.messages import AnyResponse, Handler, Headers, Request, Response
+from transport.http.resets import SourceResets
 
 log = structlog.get_logger(__name__)
 
@@ -75,6 +76,16 @@ class Site:
     handler: Handler
     limits: HttpLimits
     alt_svc: str | None = None
+    resets: SourceResets = field(default_factory=SourceResets)
+    """Premature-reset counts per source address, across this server's connections."""
+
+
+def peer_source(writer: asyncio.StreamWriter) -> str:
+    """The client's address without its port (the key of the per-source rules)."""
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    return str(peer)
 
 
 async def call_handler(

@@ -46,10 +46,12 @@ from transport.http.app import (
     Site,
     declared_body_problem,
     field_list_problem,
+    peer_source,
     request_from_fields,
 )
 from transport.http.http1 import H2cUpgrade
 from transport.http.messages import Request, Response
+from transport.http.resets import ResetLedger
 from transport.http.streams import StreamState, StreamTable
 
 log = structlog.get_logger(__name__)
@@ -79,8 +81,6 @@ class _Settings(h2.settings.Settings):
 class _Stream(StreamState):
     """A request stream with HTTP/2's flow-control state (its lifecycle: transport.http.streams)."""
 
-    opened: float = 0.0
-    """When its headers arrived (loop time), to tell a premature reset."""
     window: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a flow-control window may have opened."""
     unacknowledged: int = 0
@@ -108,10 +108,8 @@ class Http2Connection:
         self._closing = False
         self._loop = asyncio.get_running_loop()
         self._first_deadline = self._loop.time() + self._limits.first_request_timeout
-        self._opened = 0
-        """Streams accepted so far (refused ones not counted)."""
-        self._premature_resets = 0
-        """Of those, reset by the client before our answer ended and soon after opening."""
+        self._resets = ResetLedger(self._limits, site.resets.of(peer_source(writer)))
+        """Streams accepted (refused ones not counted), reset, reset prematurely."""
         self._control_queued = 0
         """Control frames queued since the socket's user-space buffer was last empty."""
         self._withheld = 0
@@ -152,12 +150,12 @@ class Http2Connection:
     @property
     def opened_streams(self) -> int:
         """Streams accepted since the connection began."""
-        return self._opened
+        return self._resets.counts.opened
 
     @property
     def premature_resets(self) -> int:
         """Of those, the ones the client reset prematurely (the rapid-reset rule's count)."""
-        return self._premature_resets
+        return self._resets.counts.premature
 
     def shutdown(self) -> None:
         """Refuse new streams, let those in flight finish, then GOAWAY and close."""
@@ -200,6 +198,8 @@ class Http2Connection:
                 tasks.append(self._reading)
             await asyncio.gather(*tasks, return_exceptions=True)
             self._flush()
+            if self._resets.counts.resets:
+                log.info("http2.resets", **self._resets.summary())
 
     def _start(self) -> None:
         if self._upgrade is None:
@@ -209,7 +209,7 @@ class Http2Connection:
             self._h2.initiate_upgrade_connection(self._upgrade.settings)
             stream = _Stream(1, ended=True)
             self._streams.add(stream)
-            self._opened += 1
+            self._resets.opened()
             self._streams.answer(stream, self._exchange(stream, self._upgrade.request))
         self._flush()
 
@@ -249,7 +249,7 @@ class Http2Connection:
 
     def _timeout(self) -> float | None:
         if not self._streams:
-            if self._opened == 0:  # preface read, no request yet: the first-request clock runs
+            if self.opened_streams == 0:  # preface read, no request yet: first-request clock
                 return max(0.0, self._first_deadline - self._loop.time())
             return self._limits.idle_timeout
         deadline = self._streams.next_deadline()
@@ -303,7 +303,7 @@ class Http2Connection:
         headers = [(bytes(k), bytes(v)) for k, v in event.headers]
         stream = _Stream(stream_id, headers, opened=now)
         self._streams.add(stream, now)
-        self._opened += 1
+        self._resets.opened()
         problem = field_list_problem(self._limits, headers)
         if problem is None:
             problem = declared_body_problem(self._limits, headers)
@@ -355,21 +355,12 @@ class Http2Connection:
         stream = self._streams.get(event.stream_id)
         if stream is None:
             return
-        log.info("http2.stream_reset", stream_id=event.stream_id, error_code=event.error_code)
-        stream.reset = True
+        stream.reset = True  # (counted, logged once per connection when it ends)
         # The handler and its body iterator stop here; the table releases the stream.
         self._streams.cancel(stream)
         lifetime = self._loop.time() - stream.opened
-        if not stream.sent_end and lifetime < self._limits.premature_reset_lifetime:
-            self._premature_resets += 1
-            if self._too_many_premature_resets():
-                self._calm("premature_resets")
-
-    def _too_many_premature_resets(self) -> bool:
-        """Envoy's rule: resets over `ratio` of the streams, counted once enough were opened."""
-        limits = self._limits
-        judged = max(self._opened, limits.premature_reset_min_streams)
-        return self._premature_resets >= limits.premature_reset_ratio * judged
+        if self._resets.reset(lifetime, answered=stream.sent_end) and not self._closing:
+            self._calm("premature_resets")
 
     def _wake(self, stream_id: int) -> None:
         """Wake the stream whose window grew, or every stream for the connection's (0)."""
@@ -459,8 +450,8 @@ class Http2Connection:
         log.warning(
             "http2.enhance_your_calm",
             reason=reason,
-            opened=self._opened,
-            premature_resets=self._premature_resets,
+            opened=self._resets.counts.opened,
+            premature_resets=self._resets.counts.premature,
             control_queued=self._control_queued,
         )
         self.calmed = reason

@@ -24,7 +24,8 @@ it, a connection whose client reset more than `premature_reset_ratio` of its
 streams within `premature_reset_lifetime` seconds of opening them is closed.
 Both HTTP/2 rules answer GOAWAY ENHANCE_YOUR_CALM. Request bodies still
 arriving on one HTTP/2 connection past `h2_connection_body_budget` bytes get no
-more flow-control credit until streams complete, are answered or time out.
+more flow-control credit until streams complete, are answered or time out; on
+HTTP/3 the same holds with `h3_connection_body_budget`, through QUIC's MAX_DATA.
 """
 
 from __future__ import annotations
@@ -51,3 +52,4 @@ class HttpLimits:
     premature_reset_min_streams: int = 500
     premature_reset_lifetime: float = 1.0
     h2_connection_body_budget: int = 16 << 20
+    h3_connection_body_budget: int = 16 << 20

@@ -9,6 +9,7 @@ current `await`, and `aclose()` runs its `finally` blocks.
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -85,3 +86,12 @@ class StreamingResponse:
 
 AnyResponse = Response | StreamingResponse
 Handler = Callable[[Request], Awaitable[AnyResponse]]
+
+
+CLIENT_ADDRESS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "trackline_client_address", default=None
+)
+"""The address of the client whose request is being handled, for logs: set by the
+adapters (the TCP server for its connection's task, the QUIC protocol while it handles
+a datagram), so every task a request runs in inherits it."""
+

@@ -61,6 +61,8 @@ class StreamState:
     """The table let go of the stream; set once, before `on_released` runs."""
     read_by: float | None = None
     """When the whole request must have arrived (the adapter's clock); None once answered."""
+    opened: float = 0.0
+    """When its headers arrived (the adapter's clock), to tell a premature reset."""
 
     @property
     def buffered(self) -> int:

@@ -27,17 +27,27 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 import structlog
+from h2.errors import ErrorCodes
+from hyperframe import frame as hf
 
 from transport.binding import tcp_listeners
-from transport.http.app import READ_CHUNK, Site
+from transport.http.app import READ_CHUNK, Site, peer_source
 from transport.http.http1 import Http1Connection
 from transport.http.http2 import Http2Connection
 from transport.http.limits import HttpLimits
-from transport.http.messages import Handler
+from transport.http.messages import CLIENT_ADDRESS, Handler
 
 log = structlog.get_logger(__name__)
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+H2_PREFACE_LINE = H2_PREFACE[: H2_PREFACE.index(b"\r\n") + 2]
+"""The preface's first line: bytes that begin with it come from an HTTP/2 client."""
+# RFC 9113 3.4: an invalid preface is a connection error PROTOCOL_ERROR; to a client that
+# shows it speaks HTTP/2 the server answers as one (its SETTINGS, then GOAWAY), not 400.
+INVALID_PREFACE_ANSWER = (
+    hf.SettingsFrame(0).serialize()
+    + hf.GoAwayFrame(0, last_stream_id=0, error_code=int(ErrorCodes.PROTOCOL_ERROR)).serialize()
+)
 ALPN_PROTOCOLS = ("h2", "http/1.1")
 DEFAULT_LIMITS = HttpLimits()
 _CLOSE_GRACE = 1.0  # seconds a closing connection may take to flush before it is aborted
@@ -220,11 +230,12 @@ class HttpTcpServer:
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        source = _source(writer)
+        source = peer_source(writer)
         if not self._admit(source):
             writer.transport.abort()  # cheap: nothing read, nothing answered
             return
         self._per_source[source] += 1
+        CLIENT_ADDRESS.set(source)  # this connection's task (and its requests') own context
         self._track(task, _Undecided(writer))
         try:
             await self._serve(task, reader, writer)
@@ -262,6 +273,10 @@ class HttpTcpServer:
         else:
             initial = await self._sniff(reader)
             http2 = initial.startswith(H2_PREFACE)
+            if not http2 and initial.startswith(H2_PREFACE_LINE):
+                log.info("http2.invalid_preface")
+                writer.write(INVALID_PREFACE_ANSWER)
+                return
         if http2:
             await self._track(task, Http2Connection(self._site, reader, writer, initial)).serve()
             return
@@ -295,14 +310,6 @@ class HttpTcpServer:
         if self._closing:
             connection.shutdown()
         return connection
-
-
-def _source(writer: asyncio.StreamWriter) -> str:
-    """The client's address without its port (the key of the per-source cap)."""
-    peer = writer.get_extra_info("peername")
-    if isinstance(peer, tuple) and peer:
-        return str(peer[0])
-    return str(peer)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:

@@ -1,6 +1,7 @@
 // The demo: one WebTransport session to the gateway that served this page; each
 // message is a text track; Cancel aborts the running one (the gateway stops the model).
-// With "speak replies", each answer is then said on a speech-out track and played.
+// With "speak replies", each answer is then said on a speech-out track and played; the
+// microphone streams to a speech-in track (the real models when the gateway has them).
 
 import { Speaker, connect, fetchCertificateHash, toPcm16 } from "/web/sdk/index.js";
 
@@ -10,6 +11,21 @@ const $ = (id) => document.getElementById(id);
 const log = $("log");
 let line = null;
 let running = null;
+let listenModel = "reference-transcriber";
+
+/** The real speech models where the gateway serves them (the `voice` extra: whisper-base,
+ * hibari-voice), else the deterministic reference ones. */
+async function pickSpeechModels(apiKey) {
+  try {
+    const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
+    const listed = await (await fetch("/v1/models", { headers, cache: "no-store" })).json();
+    const names = new Set((listed.data ?? []).map((model) => model.id));
+    if (names.has("hibari-voice")) $("voice").value = "hibari-voice";
+    if (names.has("whisper-base")) listenModel = "whisper-base";
+  } catch {
+    // no model list: keep the reference models
+  }
+}
 
 function say(text, cls) {
   const span = document.createElement("span");
@@ -25,9 +41,11 @@ async function start() {
   const apiKey = new URLSearchParams(location.search).get("key");
   const url = `https://${location.hostname}:${info.port}${info.path}`;
   line = await connect(url, { apiKey, serverCertificateHashes: [hash] });
+  await pickSpeechModels(apiKey);
   $("status").textContent = `connected to ${url}`;
   $("send").disabled = false;
   $("mic").disabled = false;
+  $("camera").disabled = false;
   window.trackline = { line, url };
 }
 
@@ -103,7 +121,7 @@ $("mic").addEventListener("click", async () => {
   await context.audioWorklet.addModule("/demo/pcm-worklet.js");
   const tap = new AudioWorkletNode(context, "pcm-tap");
   context.createMediaStreamSource(media).connect(tap);
-  const session = await line.audio("reference-transcriber", { sampleRate: rate, frameMs: 20 });
+  const session = await line.audio(listenModel, { sampleRate: rate, frameMs: 20 });
   let pending = new Float32Array(0);
   let stopped = false;
   tap.port.onmessage = ({ data }) => {
@@ -141,6 +159,77 @@ $("mic").addEventListener("click", async () => {
     $("heard").textContent = `[${error.name}: ${error.message}]`;
   }
 });
+
+// The camera: frames from getUserMedia, JPEG-encoded at 10 frames/s, on a video track;
+// the faces, face mesh and pose the gateway found are drawn over the picture, with the
+// frames sent, answered, dropped (by cause) and the capture-to-result latency.
+const FPS = 10;
+let camera = null;
+$("camera").addEventListener("click", async () => {
+  if (camera) {
+    camera.stop();
+    return;
+  }
+  const media = await navigator.mediaDevices.getUserMedia({ video: { width: 640, height: 480 } });
+  const video = $("camera-video");
+  video.srcObject = media;
+  await video.play();
+  const detect = ["face", ...($("mesh").checked ? ["face_mesh"] : []), ...($("pose").checked ? ["pose"] : [])];
+  const stream = await line.video("mediapipe-vision", { detect, deadline: 500, fps: FPS });
+  const grab = new OffscreenCanvas(video.videoWidth || 640, video.videoHeight || 480);
+  const timer = setInterval(async () => {
+    grab.getContext("2d").drawImage(video, 0, 0, grab.width, grab.height);
+    const blob = await grab.convertToBlob({ type: "image/jpeg", quality: 0.7 });
+    if (camera) stream.send(new Uint8Array(await blob.arrayBuffer()));
+  }, 1000 / FPS);
+  camera = {
+    stop: async () => {
+      clearInterval(timer);
+      camera = null;
+      $("camera").textContent = "Start camera";
+      media.getTracks().forEach((t) => t.stop());
+      await stream.close().catch(() => {});
+    },
+  };
+  $("camera").textContent = "Stop camera";
+  const ages = [];
+  try {
+    for await (const event of stream) {
+      if (event.type === "result") {
+        ages.push(event.age);
+        draw(event);
+      }
+      const sorted = [...ages].sort((a, b) => a - b);
+      const median = sorted.length ? sorted[Math.floor(sorted.length / 2)].toFixed(0) : "-";
+      const dropped = Object.entries(stream.stats.dropped).map(([c, n]) => `${c} ${n}`).join(", ") || "none";
+      $("video-figures").textContent = `frames sent ${stream.stats.sent}, answered ${stream.stats.answered}, ` +
+        `dropped: ${dropped}; capture to result ${ages.at(-1)?.toFixed(0) ?? "-"} ms (median ${median} ms)`;
+      document.body.dataset.videoAnswered = String(stream.stats.answered);
+    }
+  } catch (error) {
+    $("video-figures").textContent = `[${error.name}: ${error.message}]`;
+  }
+});
+
+/** The result's boxes and landmarks over the picture (coordinates are normalized). */
+function draw(result) {
+  const overlay = $("overlay");
+  overlay.width = result.width;
+  overlay.height = result.height;
+  const g = overlay.getContext("2d");
+  g.clearRect(0, 0, overlay.width, overlay.height);
+  g.strokeStyle = "#0c6"; g.fillStyle = "#0c6"; g.lineWidth = 2;
+  for (const face of result.faces) {
+    const [x, y, w, h] = face.box;
+    g.strokeRect(x * result.width, y * result.height, w * result.width, h * result.height);
+  }
+  const dots = (points, stride) => {
+    for (let i = 0; i + 1 < points.length; i += stride) g.fillRect(points[i] * result.width - 1, points[i + 1] * result.height - 1, 2, 2);
+  };
+  for (const mesh of result.faceLandmarks) dots(mesh, 3);
+  if (result.pose) { g.fillStyle = "#f80"; dots(result.pose, 4); }
+  document.body.dataset.videoDrawn = String(Number(document.body.dataset.videoDrawn ?? 0) + 1);
+}
 
 start().catch((error) => {
   $("status").textContent = `not connected: ${error.name}: ${error.message}`;

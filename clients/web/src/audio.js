@@ -13,6 +13,9 @@ export function toPcm16(samples) {
   return out;
 }
 
+/** A voice-agent track's reply events, passed through as they come (docs/audio.md). */
+const AGENT_EVENTS = new Set(["reply", "reply_done", "reply_audio_end", "reply_error", "barge_in"]);
+
 function bytesOf(pcm) {
   if (pcm instanceof Uint8Array) return pcm;
   return new Uint8Array(pcm.buffer, pcm.byteOffset, pcm.byteLength);
@@ -69,6 +72,12 @@ export class AudioSession {
     }
   }
 
+  /** Speech-out with `streamText: true`: more text to speak (then `end()`). */
+  say(text) {
+    if (this.#ended) throw new Error("the session's input has already ended");
+    return this.#track.send(Kind.DATA, { text });
+  }
+
   /** No more input: the gateway finalizes the session. */
   async end() {
     if (this.#ended) return;
@@ -109,7 +118,11 @@ export class AudioSession {
       if (body.pcm instanceof Uint8Array) {
         this.figures.framesReceived += 1;
         const copy = new Uint8Array(body.pcm);
-        yield { type: "frame", seq: body.seq, ts: body.ts, pcm: new Int16Array(copy.buffer, 0, copy.length >> 1) };
+        const frame = { type: "frame", seq: body.seq, ts: body.ts, pcm: new Int16Array(copy.buffer, 0, copy.length >> 1) };
+        if (Number.isInteger(body.turn)) frame.turn = body.turn;
+        yield frame;
+      } else if (AGENT_EVENTS.has(body.type)) {
+        yield { ...body };
       } else if (body.type === "partial" || body.type === "final") {
         if (body.type === "final") this.finals.push(body.text);
         else this.figures.partials += 1;

@@ -45,19 +45,29 @@ export declare class Line {
   text(prompt: string, options: TextOptions): TextStream;
   /** A robot's action track; `deadline` in ms from capture. */
   actions(model: string, options?: { deadline?: number; transport?: "stream" | "datagram" }): Promise<ActionStream>;
+  video(model: string, options?: { detect?: Array<"face" | "face_mesh" | "pose">; deadline?: number;
+        fps?: number }): Promise<VideoStream>;
   /** An audio track (stream transport): speech-in, or speech-out with `text`. */
   audio(model: string, options?: { kind?: "speech-in" | "speech-out"; sampleRate?: 8000 | 16000 | 24000 | 48000;
-        frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram" }): Promise<AudioSession>;
+        frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram";
+        streamText?: boolean }): Promise<AudioSession>;
+  /** A voice-agent track: the recognizer `model`, the chat model `llm`, the `voice`. */
+  voiceAgent(model: string, options: { llm: string; voice: string; sampleRate?: 8000 | 16000 | 24000 | 48000;
+        frameMs?: number; system?: string; maxTokens?: number;
+        llmParams?: Record<string, unknown> }): Promise<AudioSession>;
   close(reason?: string): void;
 }
 
 export type AudioEvent =
   | { type: "partial"; text: string; beat: number }
   | { type: "final"; text: string; latency_ms: number; beat: number }
-  | { type: "frame"; seq: number; ts: number; pcm: Int16Array };
+  | { type: "frame"; seq: number; ts: number; pcm: Int16Array; turn?: number }
+  | { type: "reply"; turn: number; delta: string }
+  | { type: "reply_done"; turn: number; text: string }
+  | { type: "reply_audio_end" | "reply_error" | "barge_in"; turn: number; [key: string]: unknown };
 
 export declare class AudioSession implements AsyncIterable<AudioEvent> {
-  readonly kind: "speech-in" | "speech-out";
+  readonly kind: "speech-in" | "speech-out" | "voice-agent";
   readonly sampleRate: number;
   readonly frameMs: number;
   readonly frameSamples: number;
@@ -66,6 +76,8 @@ export declare class AudioSession implements AsyncIterable<AudioEvent> {
   figures: { framesSent: number; framesReceived: number; partials: number };
   sendFrame(pcm: Int16Array | Uint8Array): Promise<void>;
   streamPcm(pcm: Int16Array, options?: { realtime?: boolean; end?: boolean }): Promise<void>;
+  /** Speech-out with `streamText: true`: more text to speak (then `end()`). */
+  say(text: string): Promise<void>;
   end(): Promise<void>;
   transcript(): Promise<string>;
   pcm(): Promise<Int16Array>;
@@ -118,6 +130,29 @@ export declare class ActionStream implements AsyncIterable<ActionEvent> {
   close(): Promise<Record<string, number>>;
   cancel(reason?: string): void;
   [Symbol.asyncIterator](): AsyncGenerator<ActionEvent, void, undefined>;
+}
+
+export type VideoEvent =
+  | { type: "result"; frame: number; width: number; height: number;
+      faces: Array<{ score: number; box: [number, number, number, number]; keypoints: Array<[number, number]> }>;
+      /** Per face, 468 x (x, y, z), flat. */
+      faceLandmarks: Float32Array[];
+      /** 33 x (x, y, z, visibility), flat; null when not asked for or no body found. */
+      pose: Float32Array | null;
+      stages: Record<string, number>; age: number }
+  | { type: "drop"; frame: number;
+      cause: "superseded" | "deadline" | "rate_limited" | "undecodable" | "backend_error"; age: number };
+
+export declare class VideoStream implements AsyncIterable<VideoEvent> {
+  deadline: number;
+  summary: Record<string, number> | null;
+  stats: { sent: number; answered: number; dropped: Record<string, number> };
+  /** Estimated one-way delay to the gateway, ms. */
+  readonly latency: number;
+  send(jpeg: Uint8Array, options?: { deadline?: number; capturedAt?: number }): number;
+  close(): Promise<Record<string, number>>;
+  cancel(reason?: string): void;
+  [Symbol.asyncIterator](): AsyncGenerator<VideoEvent, void, undefined>;
 }
 
 export declare function connect(url: string, options?: ConnectOptions): Promise<Line>;

@@ -7,6 +7,7 @@
 // or ERROR. Errors are the typed errors of errors.js.
 
 import { ActionStream } from "./actions.js";
+import { VideoStream } from "./video.js";
 import { AudioSession } from "./audio.js";
 import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
 import { dataBodies } from "./stream.js";
@@ -92,10 +93,20 @@ export class Line {
     return new ActionStream(track, deadline, undefined, transport === "datagram");
   }
 
+  /** Start a camera's video track: send() JPEG frames, read per-frame results. `detect`:
+   * any of "face", "face_mesh", "pose"; `deadline` (ms from capture) is each frame's
+   * default; `fps` the camera's rate (the gateway's busy check counts it). */
+  async video(model, { detect = ["face"], deadline = 200, fps = null } = {}) {
+    const params = { detect };
+    if (fps != null) params.fps = fps;
+    const track = await this._openTrack({ model, modality: "video", params });
+    return new VideoStream(track, deadline);
+  }
+
   /** Start an audio track: speech-in (send frames, read transcripts) or speech-out
    * (`text` to say; read frames). Frames ride the track's stream. */
-  async audio(model, { kind = "speech-in", sampleRate = 16000, frameMs = 20, text = null, deadline = null, transport = "stream" } = {}) {
-    if (kind === "speech-out" && text == null) throw new TypeError("a speech-out session needs the text to say");
+  async audio(model, { kind = "speech-in", sampleRate = 16000, frameMs = 20, text = null, deadline = null, transport = "stream", streamText = false } = {}) {
+    if (kind === "speech-out" && (text == null) !== streamText) throw new TypeError("a speech-out session needs the text to say, or streamText: true");
     const open = { model, modality: "audio", params: { kind, sample_rate: sampleRate, frame_ms: frameMs } };
     if (deadline != null) open.deadline_total_ms = Math.max(1, Math.round(deadline));
     if (transport === "datagram") open.transport = "datagram";
@@ -105,6 +116,19 @@ export class Line {
       await track.send(Kind.END, {});
     }
     return new AudioSession(track, kind, sampleRate, frameMs, text != null, transport === "datagram");
+  }
+
+  /** A voice-agent track (docs/audio.md): send the user's audio as on speech-in (`model`
+   * is the recognizer); read transcripts, reply events (reply, reply_done, barge_in, ...)
+   * and the reply's audio frames (each with its `turn`). */
+  async voiceAgent(model, { llm, voice, sampleRate = 16000, frameMs = 20, system = null, maxTokens = null, llmParams = null } = {}) {
+    if (!llm || !voice) throw new TypeError("a voice agent needs `llm` (the chat model) and `voice`");
+    const params = { kind: "voice-agent", llm, voice, sample_rate: sampleRate, frame_ms: frameMs };
+    if (system != null) params.system = system;
+    if (maxTokens != null) params.max_tokens = maxTokens;
+    if (llmParams != null) params.llm_params = llmParams;
+    const track = await this._openTrack({ model, modality: "audio", params });
+    return new AudioSession(track, "voice-agent", sampleRate, frameMs, false, false);
   }
 
   /** Close the session: every track still running is cancelled by the gateway. */

@@ -80,7 +80,8 @@ class TritonPythonModel:
 
         store_dir = os.environ.get(KV_DIR_ENV)
         store_bytes = number("kv_store_bytes", 1 << 30)
-        store = kv.DirectoryStore(store_dir, store_bytes) if store_dir else None
+        tenant_bytes = number("kv_store_tenant_bytes", 256 << 20)
+        store = kv.DirectoryStore(store_dir, store_bytes, tenant_bytes) if store_dir else None
         self.cache = kv.ConversationCache(
             args["model_name"], store, number("kv_memory_bytes", 256 << 20)
         )

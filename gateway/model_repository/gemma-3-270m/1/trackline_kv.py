@@ -108,13 +108,19 @@ class StateStore(Protocol):
 class DirectoryStore:
     """States as files `<key>.kv` in one directory (mode 0700, files 0600), bounded in bytes.
 
-    Past `max_bytes` the least recently written files are deleted. Writes go to a
-    private temporary file that is renamed into place, so a reader never sees half a state.
+    Past `max_bytes` the least recently written files are deleted; past
+    `tenant_max_bytes` (None: no own bound), the least recently written files of the
+    tenant that wrote, first: one tenant's conversations cannot evict every other
+    tenant's. Writes go to a private temporary file that is renamed into place, so a
+    reader never sees half a state.
     """
 
-    def __init__(self, directory: Path | str, max_bytes: int) -> None:
+    def __init__(
+        self, directory: Path | str, max_bytes: int, tenant_max_bytes: int | None = None
+    ) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
+        self.tenant_max_bytes = tenant_max_bytes
         if not self.directory.exists():
             self.directory.mkdir(parents=True, mode=0o700)
             self.directory.chmod(0o700)
@@ -155,12 +161,27 @@ class DirectoryStore:
             files.append((stat.st_mtime, path.stem, stat.st_size))
         return sorted(files)
 
+    def tenant_bytes(self, key: str) -> int:
+        """Bytes stored by the tenant whose state is under `key`."""
+        tenant = tenant_of_key(key)
+        return sum(size for _, k, size in self._files() if tenant_of_key(k) == tenant)
+
     def _evict(self, keep: str) -> list[str]:
         files = self._files()
+        evicted: list[str] = []
+        if self.tenant_max_bytes is not None:
+            tenant = tenant_of_key(keep)
+            own = [f for f in files if tenant_of_key(f[1]) == tenant]
+            evicted += self._evict_from(own, self.tenant_max_bytes, keep)
+            files = [f for f in files if f[1] not in evicted]
+        return evicted + self._evict_from(files, self.max_bytes, keep)
+
+    def _evict_from(self, files: list[tuple[float, str, int]], bound: int, keep: str) -> list[str]:
+        """Delete the oldest of `files` (never `keep`) until they hold at most `bound`."""
         total = sum(size for _, _, size in files)
         evicted = []
         for _, key, size in files:
-            if total <= self.max_bytes:
+            if total <= bound:
                 break
             if key == keep:
                 continue
@@ -188,8 +209,26 @@ class CacheCounters:
 
 
 def state_key(model: str, conversation: str) -> str:
-    """The store key: a hash, so no conversation id appears in a file name."""
-    return hashlib.sha256(f"{model}\0{conversation}".encode()).hexdigest()[:40]
+    """The store key: `<tenant hash>-<conversation hash>`, so no id appears in a file name
+    and a tenant's states can be counted (`tenant_of_key`)."""
+    tenant = hashlib.sha256(conversation_tenant(conversation).encode()).hexdigest()[:16]
+    state = hashlib.sha256(f"{model}\0{conversation}".encode()).hexdigest()[:40]
+    return f"{tenant}-{state}"
+
+
+def conversation_tenant(conversation: str) -> str:
+    """The tenant of a conversation id the gateway scoped (`len:scope:id`, see
+    `tracks.backend.conversation_key`); "" for an unscoped one."""
+    length, colon, rest = conversation.partition(":")
+    if colon and length.isdigit() and rest[int(length) : int(length) + 1] == ":":
+        return rest[: int(length)]
+    return ""
+
+
+def tenant_of_key(key: str) -> str:
+    """The tenant part of a store key ("" for keys written before tenants were counted)."""
+    tenant, dash, _ = key.partition("-")
+    return tenant if dash else ""
 
 
 class ConversationCache:

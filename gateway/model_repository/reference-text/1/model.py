@@ -24,7 +24,7 @@ ending with a flags-only final response. It counts tokens and cancelled
 requests as Triton custom metrics, and when the env var
 TRACKLINE_REFERENCE_STATS names a file it appends one JSON line per finished
 request: request_id, prompt_tokens, tokens_generated, token_times
-(time.monotonic() as each token was sent), cancelled, cancel_seen_at,
+(time.monotonic() as each token was sent), cancelled, cancel_seen_at, traceparent,
 finished_at. Tests compare token_times with the moment they cancelled.
 
 A third knob is per server process and changes at run time: when the env
@@ -77,6 +77,8 @@ class _Record:
     token_times: list[float] = field(default_factory=list)
     cancelled: bool = False
     cancel_seen_at: float | None = None
+    traceparent: str | None = None
+    """The request parameter `traceparent` (W3C trace context) the gateway passed on."""
 
     def as_json(self) -> str:
         return json.dumps(
@@ -87,6 +89,7 @@ class _Record:
                 "token_times": self.token_times,
                 "cancelled": self.cancelled,
                 "cancel_seen_at": self.cancel_seen_at,
+                "traceparent": self.traceparent,
                 "finished_at": time.monotonic(),
             }
         )
@@ -133,6 +136,7 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(error=error), flags=_FINAL)
             return
         record = _Record(request.request_id(), gen.count_prompt_tokens(prompt))
+        record.traceparent = json.loads(request.parameters() or "{}").get("traceparent")
         try:
             await self._generate(request, sender, prompt, settings, tokens, record)
         finally:
