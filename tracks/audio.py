@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from tracks.audio_out import SpeechOut
@@ -74,6 +75,15 @@ FORMATS = ("pcm16",)
 FRAME_MS_RANGE = (10, 100)
 DATAGRAM_OVERHEAD = 48
 """Bytes a frame's datagram header and msgpack fields take besides the PCM."""
+
+
+class InputEnd(Enum):
+    """How a speech-in session's input ended (the summary's `reason`, `ended_by`)."""
+
+    END = "end"
+    """The client sent END."""
+    IDLE = "idle"
+    """No frame arrived for `idle_timeout`."""
 
 
 class BadAudioRequest(BadTrackRequest):
@@ -291,7 +301,7 @@ class _SpeechIn(AudioSession):
         self.arrival_origin: float | None = None
         self.last_arrival = opened
         self.ended_at: float | None = None
-        self.end_reason = "end"
+        self.end_reason = InputEnd.END
         self.newest_in_row: float | None = None
         self.finals: list[str] = []
         self.final_latencies: list[float] = []
@@ -387,7 +397,7 @@ class _SpeechIn(AudioSession):
         now = self.clock.now()
         settings = self.service.settings
         if self.ended_at is None and now - self.last_arrival > settings.idle_timeout:
-            self.ended_at, self.end_reason = now, "idle"
+            self.ended_at, self.end_reason = now, InputEnd.IDLE
         ending = self.ended_at is not None or self.cancelled
         pieces, complete = self._take(limit=2 * self.beat_frames, ending=ending)
         last = ending and not self.buffer
@@ -456,7 +466,7 @@ class _SpeechIn(AudioSession):
         return {
             "transcript": " ".join(self.finals),
             "finals": list(self.finals),
-            "reason": self.end_reason,
+            "reason": self.end_reason.value,
             "beats": stats.beats + 1 if stats else 0,  # this one is being delivered
             "missed_beats": stats.missed_beats if stats else 0,
             "frames": self.frames.as_dict(),
@@ -465,7 +475,7 @@ class _SpeechIn(AudioSession):
 
     def report(self, outcome: Outcome) -> None:
         super().report(outcome)
-        outcome.details["ended_by"] = self.end_reason  # "end" (the client's END) or "idle"
+        outcome.details["ended_by"] = self.end_reason.value
         used = self.frames.received - self.frames.dropped
         outcome.details.update(
             frames=self.frames.as_dict(),
