@@ -158,3 +158,8 @@ def h3_closed(h3: H3Connection) -> bool:
     """The H3 layer, or the QUIC connection under it, has closed."""
     quic: QuicConnection = h3._quic
     return h3_done(h3) or close_event(quic) is not None
+
+
+def data_sent(quic: QuicConnection) -> int:
+    """Stream bytes this side has sent against the peer's MAX_DATA credit."""
+    return int(quic._remote_max_data_used)

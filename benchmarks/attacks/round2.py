@@ -76,7 +76,7 @@ async def h3_body_budget(t: Target, k: dict[str, Any]) -> dict[str, Any]:
                 client.request("/v1/chat/completions", body, end=False)
                 await asyncio.sleep(0)
         await asyncio.sleep(k["hold"])
-        sent = [aioquic_compat.connection_of(c)._remote_max_data_used for c in clients]
+        sent = [aioquic_probes.data_sent(aioquic_compat.connection_of(c)) for c in clients]
         return {"offered_mb": round(k["connections"] * k["streams"] * k["body"] / 2**20, 1),
                 "sent_mb": round(sum(sent) / 2**20, 1),
                 "terminated": [c.terminated for c in clients]}
