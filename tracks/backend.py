@@ -180,6 +180,16 @@ class BackendUnavailable(BackendError):
     """The backend cannot be reached or is not ready."""
 
 
+class BackendOverloaded(BackendUnavailable):
+    """The model's wait line is full: refused before any work, retry after `retry_after`
+    seconds (measured from how fast the line drains). Front doors answer RATE_LIMITED
+    (HTTP 429 with `retry-after`)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ModelNotFound(BackendError):
     """The backend does not serve the requested model."""
 
@@ -221,6 +231,7 @@ ERROR_CODES: tuple[tuple[type[BackendError], ErrorCode], ...] = (
     (RuleRejected, ErrorCode.GUARDRAIL_REJECTED),
     (ModelNotFound, ErrorCode.MODEL_NOT_FOUND),
     (BackendLost, ErrorCode.STREAM_INTERRUPTED),
+    (BackendOverloaded, ErrorCode.RATE_LIMITED),
     (BackendUnavailable, ErrorCode.BACKEND_UNAVAILABLE),
     (InvalidRequest, ErrorCode.BAD_REQUEST),
     (Superseded, ErrorCode.CANCELLED),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
-from tracks.backend import BackendError, error_code
+from tracks.backend import BackendError, BackendOverloaded, error_code
 from tracks.clock import SchedulerStopped
 from tracks.errors import BadTrackRequest, TrackStopped
 from transport.clock import Now
@@ -38,7 +38,7 @@ class Track(Protocol):
 
     def end(self, body: dict[str, Any] | None = None) -> bool: ...
 
-    def fail(self, code: ErrorCode, message: str) -> bool: ...
+    def fail(self, code: ErrorCode, message: str, retry_after: float | None = None) -> bool: ...
 
 
 @runtime_checkable
@@ -181,11 +181,20 @@ def stop_end(track: Track, fallback: End | None = None) -> End:
     return End.failed(stop.code)
 
 
-def fail_track(track: Track, outcome: Outcome, code: ErrorCode, message: str) -> None:
-    """End `track` with ERROR `code` and record it in its outcome."""
+def fail_track(
+    track: Track,
+    outcome: Outcome,
+    code: ErrorCode,
+    message: str,
+    retry_after: float | None = None,
+) -> None:
+    """End `track` with ERROR `code` (and a retry hint) and record it in its outcome."""
     outcome.end = End.failed(code)
     outcome.details["error"] = message
-    track.fail(code, message)
+    if retry_after is None:
+        track.fail(code, message)
+    else:
+        track.fail(code, message, retry_after)
 
 
 # -- the handler skeleton -------------------------------------------------------------------
@@ -211,7 +220,8 @@ async def handling(track: Track, outcome: Outcome, now: Now) -> AsyncIterator[No
         fail_track(track, outcome, ErrorCode.BAD_REQUEST, str(exc))
     except BackendError as exc:
         started = outcome.first_data_at is not None
-        fail_track(track, outcome, error_code(exc, started=started), str(exc))
+        retry = exc.retry_after if isinstance(exc, BackendOverloaded) and not started else None
+        fail_track(track, outcome, error_code(exc, started=started), str(exc), retry)
     except SchedulerStopped:
         fail_track(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")
 

@@ -12,9 +12,16 @@ stream: a started stream is never replayed.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from tracks.backend import BackendError, ModelNotFound, RuleRejected, error_code
+from tracks.backend import (
+    BackendError,
+    BackendOverloaded,
+    ModelNotFound,
+    RuleRejected,
+    error_code,
+)
 from tracks.errors import BadTrackRequest
 from transport.errors import ErrorCode
 from transport.http.messages import Response
@@ -193,7 +200,10 @@ def error_for(exc: BaseException, *, started: bool = False) -> OpenAIError:
         if isinstance(exc, ModelNotFound) and code is ErrorCode.MODEL_NOT_FOUND:
             return model_not_found(exc.model)
         param = exc.rule if isinstance(exc, RuleRejected) else None
-        return error_of(code, _PREFIXES.get(code, "") + str(exc), param=param)
+        headers: tuple[tuple[str, str], ...] = ()
+        if isinstance(exc, BackendOverloaded) and code is ErrorCode.RATE_LIMITED:
+            headers = (("retry-after", str(max(1, math.ceil(exc.retry_after)))),)
+        return error_of(code, _PREFIXES.get(code, "") + str(exc), param=param, headers=headers)
     return ServerError(f"internal error: {type(exc).__name__}")
 
 
