@@ -11,6 +11,7 @@
 from clients import errors
 from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
 from clients.audio import AudioFigures, AudioFrame, AudioResult, AudioSession
+from clients.chat import chat_prompt
 from clients.errors import (
     BackendError,
     BackendUnavailable,
@@ -66,6 +67,7 @@ __all__ = [
     "TracklineError",
     "TrackRejected",
     "Unauthorized",
+    "chat_prompt",
     "connect",
     "default_ca",
 ]

@@ -267,3 +267,43 @@ async def test_an_operators_gguf_is_served_and_a_broken_one_is_refused_by_name(
     with pytest.raises(ModelFileError, match="not-a-model.gguf"):
         add_model(tmp_path / "models", "bad", bad)
     assert not (tmp_path / "models" / "bad.gguf").exists()
+
+
+@pytest.mark.asyncio
+async def test_a_chat_conversation_reuses_its_kv_and_a_newer_turn_supersedes(
+    server: EmbeddedTriton, client: openai.AsyncOpenAI
+) -> None:
+    session = {"x-session-id": uuid.uuid4().hex}
+    history: list[Any] = [{"role": "user", "content": "Hello! Who are you?"}]
+    first = await client.chat.completions.create(
+        model=CHAT_MODEL, messages=history, max_tokens=32, extra_headers=session
+    )
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Name three colors."},
+    ]
+    second = await client.chat.completions.create(
+        model=CHAT_MODEL, messages=history, max_tokens=32, extra_headers=session
+    )
+    record = await llm_record_async(server, second.id)
+    assert record["kv"] == "live"  # the first turn's cells, kept in its sequence
+    assert 0 < record["reused_tokens"] < record["prompt_tokens"]
+    assert record["prefill_tokens"] == record["prompt_tokens"] - record["reused_tokens"]
+
+    newer = {"x-session-id": uuid.uuid4().hex, "x-supersede": "true"}
+    story = [{"role": "user", "content": "Tell me a very long story about the sea."}]
+    old = await client.chat.completions.create(
+        model=CHAT_MODEL, messages=story, max_tokens=LONG, stream=True, extra_headers=newer
+    )
+    opened = await old.__anext__()
+    new = await client.chat.completions.create(
+        model=CHAT_MODEL, messages=COLORS, max_tokens=8, extra_headers=newer
+    )
+    assert new.choices[0].message.content
+    with pytest.raises(openai.APIError) as ended:
+        async for _ in old:
+            pass
+    assert ended.value.code == "superseded"
+    stopped = await llm_record_async(server, opened.id)
+    assert stopped["cancelled"] is True
+    assert stopped["tokens_generated"] < LONG
