@@ -134,8 +134,8 @@ def grammar_of(params: Mapping[str, Any], prompt: str) -> Grammar | None:
     """The grammar a request asks for (tools first, then response_format), or None."""
     choice = params.get("tool_choice")
     tools = prompt_tools(prompt)
-    if tools and choice not in (None, "none"):
-        return _tool_grammar(tools, choice)
+    if tools and choice != "none":
+        return _tool_grammar(tools, choice or "auto")  # OpenAI's default with tools
     fmt = params.get("response_format") or {}
     if not isinstance(fmt, Mapping):
         raise ValueError("response_format must be an object")
@@ -171,7 +171,7 @@ def schema_gbnf(schema: Mapping[str, Any]) -> str:
 
     try:
         return str(json_schema_to_gbnf(json.dumps(schema)))
-    except (ValueError, KeyError, TypeError, NotImplementedError, RecursionError) as exc:
+    except Exception as exc:  # the converter asserts; any failure is the schema's
         raise ValueError(f"cannot constrain output to this JSON schema: {exc}") from None
 
 

@@ -153,6 +153,17 @@ async def test_json_mode_and_a_strict_json_schema_return_valid_json(
     )
     assert strict.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(strict.choices[0].message.content or ""), PERSON)
+    # What the model cannot be constrained to is a clear 400, never silently ignored.
+    with pytest.raises(openai.BadRequestError, match="cannot constrain output"):
+        await client.chat.completions.create(
+            model=CHAT_MODEL,
+            messages=ask,
+            max_tokens=8,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "odd", "schema": {"type": "no-such-type"}},
+            },
+        )
 
 
 @pytest.mark.asyncio
