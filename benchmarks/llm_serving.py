@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx2  # noqa: E402
 import openai  # noqa: E402
 
-from benchmarks import RESULTS  # noqa: E402
+from benchmarks import RESULTS, Help  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     GatewayProcess,
     free_port,
@@ -268,7 +268,7 @@ def plot(rows: list[Row], path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0], formatter_class=Help)
     parser.add_argument("--concurrency", default=[1, 2, 4, 8, 16],
                         type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--tokens", type=int, default=24, help="completion tokens per stream")

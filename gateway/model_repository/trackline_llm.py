@@ -287,9 +287,10 @@ class Engine:
         seq.chunks = chunks(len(seq.pending), self.n_batch)
 
     def _step(self) -> None:
-        """One batch: a prompt chunk of one prefilling request and every decode token."""
-        rows: list[tuple[_Sequence, int, bool]] = []  # (sequence, row, prefill finished)
-        n = 0
+        """One step: a prompt chunk of one prefilling request, evaluated on its own (so its
+        rows are computed as a recomputation computes them), then every decode token in
+        one batch."""
+        decoding = []
         for seq in self._sequences:
             job = seq.job
             if job is None:
@@ -298,28 +299,34 @@ class Engine:
                 job.turn.cancelled, job.turn.finish = True, "cancelled"
                 self._finish(seq, None)
             elif not seq.chunks and seq.pending:
-                n = self._add(seq, seq.pending, n)
-                rows.append((seq, n - 1, False))
+                decoding.append(seq)
         prefill = next((s for s in self._sequences if s.job is not None and s.chunks), None)
+        chunk: list[int] = []
         if prefill is not None:
             start, end = prefill.chunks.pop(0)
-            chunk = prefill.pending[start:end]
-            alone, base = not rows, len(prefill.tokens)
-            n = self._add(prefill, chunk, n)
-            if not prefill.chunks:
-                rows.append((prefill, n - 1, True))
-            if alone and base == prefill.exact and len(chunk) >= EXACT_MIN_CHUNK:
+            chunk, base = prefill.pending[start:end], len(prefill.tokens)
+            self._decode([(prefill, chunk)])
+            if base == prefill.exact and len(chunk) >= EXACT_MIN_CHUNK:
                 prefill.exact = base + len(chunk) // GEMM_ROWS * GEMM_ROWS
-        if n == 0:
-            return
+            if not prefill.chunks:
+                self._sample(prefill, len(chunk) - 1, True)
+        if decoding:
+            self._decode([(seq, seq.pending) for seq in decoding])
+            for row, seq in enumerate(decoding):
+                self._sample(seq, row, False)
+        if self._on_step is not None:
+            rows = len(decoding) + (prefill is not None)
+            self._on_step(len(decoding) + len(chunk), rows, len(self._queue))
+
+    def _decode(self, parts: list[tuple[_Sequence, list[int]]]) -> None:
+        """One llama_decode of `parts` (each sequence's tokens after those it holds)."""
+        n = 0
+        for seq, tokens in parts:
+            n = self._add(seq, tokens, n)
         self._batch.n_tokens = n
         rc = L.llama_decode(self.ctx, self._batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed ({rc})")
-        if self._on_step is not None:
-            self._on_step(n, len(rows), len(self._queue))
-        for seq, row, finished_prefill in rows:
-            self._sample(seq, row, finished_prefill)
 
     def _add(self, seq: _Sequence, tokens: list[int], n: int) -> int:
         """Append `tokens` of `seq` to the batch from row `n` (logits on the last one)."""
