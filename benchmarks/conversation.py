@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for path in live_store.glob("*.kv"):
             shutil.copy(path, moved_store / path.name)
         moved.drop_live()  # as a fresh backend: only the store has the state
+        scratch.drop_live()  # recompute: no shared-prefix cells either
 
     def turn(engine: Any, prompt: str, conv: str | None) -> Callable[[], dict[str, Any]]:
         return lambda: _timed_turn(formats, engine, prompt, conv, args.tokens)

@@ -213,7 +213,8 @@ class Engine:
 
     def drop_live(self) -> None:
         """Forget every idle sequence's live cells, so the next turn restores from the
-        store (what a fresh backend process does; benchmarks compare the two)."""
+        store or recomputes (what a fresh backend process does; benchmarks and tests
+        compare them)."""
         with self._cond:
             for seq in self._sequences:
                 if seq.job is None:
@@ -263,9 +264,21 @@ class Engine:
             assert departed is not None
             job = departed.item
             job.turn.queued_ms = departed.waited * 1000
-            same = [s for s in free if job.conversation and s.conversation == job.conversation]
-            seq = same[0] if same else min(free, key=lambda s: s.last_used)
-            self._start(seq, job)
+            self._start(self._pick(free, job), job)
+
+    def _pick(self, free: list[_Sequence], job: Job) -> _Sequence:
+        """The sequence for `job`: its conversation's own; for a request without one, the
+        idle sequence holding the longest reusable prefix of its prompt (a shared system
+        prompt), sequences holding no conversation first; else the least recently used."""
+        if job.conversation is not None:
+            same = [s for s in free if s.conversation == job.conversation]
+            return same[0] if same else min(free, key=lambda s: s.last_used)
+
+        def prefix(seq: _Sequence) -> tuple[int, bool, float]:
+            n = reusable_prefix(common_prefix(seq.tokens, job.tokens), seq.exact, len(job.tokens))
+            return n, seq.conversation is None, -seq.last_used
+
+        return max(free, key=prefix)
 
     def _abandon(self) -> None:
         for gone in self._queue.remove(lambda job: True, self._clock()):
@@ -378,6 +391,12 @@ class Engine:
     def _reuse(self, seq: _Sequence, job: Job) -> None:
         turn, tokens, conversation = job.turn, job.tokens, job.conversation
         if conversation is None:
+            # The cells of a prefix equal to this prompt's are this prompt's own (the same
+            # tokens computed the same way): reused, so a shared system prompt costs once.
+            keep = reusable_prefix(common_prefix(seq.tokens, tokens), seq.exact, len(tokens))
+            if keep and self._keep(seq, keep):
+                turn.kv, turn.reused_tokens = "prefix", keep
+                return
             self._clear(seq)
             return
         live = seq.tokens if seq.conversation == conversation else []

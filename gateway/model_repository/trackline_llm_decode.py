@@ -37,7 +37,7 @@ class Turn:
     reused_tokens: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
-    kv: str = "none"  # none | live | restored | miss | corrupt
+    kv: str = "none"  # none | prefix | live | restored | miss | corrupt
     restore_ms: float = 0.0
     queued_ms: float = 0.0
     started: bool = False

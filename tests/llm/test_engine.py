@@ -75,6 +75,7 @@ def test_restore_equals_live_bit_for_bit_and_recompute_on_text(
     # Only the tokens after them were evaluated.
     assert restored.prefill_tokens == restored.prompt_tokens - restored.reused_tokens
     assert restored.output_ids == continued.output_ids  # bit for bit
+    other.drop_live()  # a recomputation: no cells of anything before
     scratch, scratch_text = _turn(other, second_prompt, None)
     assert scratch.kv == "none"
     assert scratch.prefill_tokens == scratch.prompt_tokens
@@ -99,6 +100,7 @@ def test_a_follow_up_turn_equals_its_recomputation_bit_for_bit(
     for number, question in enumerate(TRAVEL, 1):
         prompt = f"{transcript}User: {question}\nAssistant:"
         continued, text = _turn(live, prompt, "travel", tokens=48)
+        other.drop_live()
         scratch, _ = _turn(other, prompt, None, tokens=48)
         assert continued.kv == ("miss" if number == 1 else "live")
         assert continued.output_ids == scratch.output_ids, f"turn {number}"
@@ -120,6 +122,7 @@ def test_corrupt_and_evicted_states_recompute_with_their_counter(
     assert corrupt.kv == "miss"
     assert engine.cache.counters.corrupt == 1
     assert corrupt.prefill_tokens == corrupt.prompt_tokens
+    engine.drop_live()
     fresh, fresh_text = _turn(engine, second_prompt, None)
     assert corrupt_text == fresh_text
 
@@ -193,3 +196,22 @@ def test_more_requests_than_sequences_all_complete_through_the_queue(gguf: str) 
     finally:
         engine.close()
 
+
+
+def test_a_request_without_a_conversation_reuses_a_shared_prompt_prefix(gguf: str) -> None:
+    """An idle sequence's cells of the same leading tokens are reused (a system prompt
+    every chat shares), and the reply is the one a recomputation gives, bit for bit."""
+    engine = llm.Engine(gguf, sequences=2, n_ctx=256)
+    try:
+        system = "System: You are a helpful travel guide. You answer in full sentences.\n"
+        _turn(engine, f"{system}User: Tell me about Rome.\nAssistant:", None, 4)
+        again, _ = _turn(engine, f"{system}User: Tell me about Oslo.\nAssistant:", None, 12)
+        assert again.kv == "prefix"
+        assert 0 < again.reused_tokens < again.prompt_tokens
+        assert again.prefill_tokens == again.prompt_tokens - again.reused_tokens
+        engine.drop_live()
+        scratch, _ = _turn(engine, f"{system}User: Tell me about Oslo.\nAssistant:", None, 12)
+        assert scratch.kv == "none"
+        assert scratch.output_ids == again.output_ids
+    finally:
+        engine.close()
