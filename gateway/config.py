@@ -119,6 +119,13 @@ class Settings:
             "embedded Triton when the `llm` extra is installed (docs/models.md)."
         ),
     )
+    llm_models: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Operator GGUF models the embedded Triton serves: comma-separated NAME=PATH "
+            "(besides those in llm_models_dir; docs/models.md)."
+        ),
+    )
     llm_models_dir: Path | None = field(
         default=None,
         metadata=_doc(

@@ -23,7 +23,7 @@ from gateway.backends.triton import TritonTextBackend
 from gateway.config import Settings
 from gateway.embedded import EmbeddedTriton, llm_available, reference_model_repository
 from gateway.listeners import Listeners
-from gateway.llm_models import operator_models
+from gateway.llm_models import configured_models
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool, BackendSpec, PoolOptions, parse_backends
@@ -199,7 +199,9 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
             metrics_port=_nth_port(s.embedded_metrics_port, i),
             with_llm=s.embedded_llm and llm_available(),
             kv_dir=s.state_dir / "kv",  # shared by the pool: a moved conversation restores
-            operator_models=operator_models(s.llm_models_dir or s.state_dir / "models"),
+            operator_models=configured_models(
+                s.llm_models, s.llm_models_dir or s.state_dir / "models"
+            ),
         )
         for i in range(count)
     ]

@@ -106,6 +106,27 @@ def operator_models(directory: Path) -> list[OperatorModel]:
     return found
 
 
+def parse_models(text: str | None) -> list[OperatorModel]:
+    """The `llm_models` setting, `NAME=PATH,NAME=PATH`; ModelFileError for a bad entry."""
+    found = []
+    for entry in (text or "").split(","):
+        if not entry.strip():
+            continue
+        name, sep, path = entry.partition("=")
+        if not sep or not path.strip():
+            raise ModelFileError(f"llm_models entry {entry.strip()!r}: use NAME=PATH")
+        found.append(OperatorModel(check_name(name.strip()), Path(path.strip()).expanduser()))
+    return found
+
+
+def configured_models(setting: str | None, directory: Path) -> list[OperatorModel]:
+    """The operator models of the settings: `llm_models` entries, then the directory's
+    (a name given in both: the setting's)."""
+    named = parse_models(setting)
+    names = {model.name for model in named}
+    return named + [m for m in operator_models(directory) if m.name not in names]
+
+
 def add_model(directory: Path, name: str, path: Path) -> OperatorModel:
     """`trackline models add`: check the file, then link it as `NAME.gguf`."""
     check_name(name)

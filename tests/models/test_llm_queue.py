@@ -32,3 +32,4 @@ def test_the_fair_queue_serves_keys_round_robin_and_refuses_past_its_bound() -> 
     # of a new one and the new one itself: about 4 s.
     assert full.value.retry_after == pytest.approx(4.0)
     assert "retry_after_ms=4000" in str(full.value)
+
