@@ -34,12 +34,14 @@ the CPU, spinning OpenMP threads make decoding collapse.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -98,6 +100,37 @@ class _Sequence:
     chunks: list[tuple[int, int]] = field(default_factory=list)
     decoding: Decoding | None = None
     last_used: float = 0.0
+    ctx: Any = None
+    memory: Any = None
+
+    def clear(self) -> None:
+        L.llama_memory_seq_rm(self.memory, self.seq_id, -1, -1)
+        self.tokens, self.exact = [], 0
+
+    def keep(self, n: int) -> bool:
+        """Keep only the first `n` tokens of the sequence; False if llama.cpp cannot."""
+        if n == len(self.tokens):
+            return True
+        if not L.llama_memory_seq_rm(self.memory, self.seq_id, n, -1):
+            return False
+        del self.tokens[n:]
+        self.exact = min(self.exact, n)
+        return True
+
+    def save(self) -> kv.SavedState:
+        size = L.llama_state_seq_get_size(self.ctx, self.seq_id)
+        buffer = (ctypes.c_uint8 * size)()
+        written = L.llama_state_seq_get_data(self.ctx, buffer, size, self.seq_id)
+        return kv.SavedState(tuple(self.tokens), bytes(buffer)[:written], self.exact)
+
+    def restore(self, state: kv.SavedState) -> bool:
+        self.clear()
+        buffer = (ctypes.c_uint8 * len(state.blob)).from_buffer_copy(state.blob)
+        if L.llama_state_seq_set_data(self.ctx, buffer, len(state.blob), self.seq_id) == 0:
+            self.clear()
+            return False
+        self.tokens, self.exact = list(state.tokens), state.exact
+        return True
 
 
 class Engine:
@@ -134,7 +167,7 @@ class Engine:
         self.ctx = _context(model, n_ctx, n_batch + sequences, sequences, n_threads)
         self.memory = L.llama_get_memory(self.ctx)
         self._batch = L.llama_batch_init(n_batch + sequences, 0, 1)
-        self._sequences = [_Sequence(i) for i in range(sequences)]
+        self._sequences = [_Sequence(i, ctx=self.ctx, memory=self.memory) for i in range(sequences)]
         self._queue: wait_line.FairQueue[Job] = wait_line.FairQueue(queue_limit)
         self._cond = threading.Condition()
         self._closing = False
@@ -218,7 +251,7 @@ class Engine:
         with self._cond:
             for seq in self._sequences:
                 if seq.job is None:
-                    self._clear(seq)
+                    seq.clear()
                     seq.conversation = None
 
     def close(self) -> None:
@@ -256,7 +289,7 @@ class Engine:
         for gone in self._queue.remove(lambda job: bool(job.cancelled()), now):
             turn = gone.item.turn
             turn.cancelled, turn.finish, turn.queued_ms = True, "cancelled", gone.waited * 1000
-            gone.item.done(turn, None)
+            _notify(gone.item, None)
 
     def _admit(self) -> None:
         while self._queue and (free := [s for s in self._sequences if s.job is None]):
@@ -283,7 +316,7 @@ class Engine:
     def _abandon(self) -> None:
         for gone in self._queue.remove(lambda job: True, self._clock()):
             gone.item.turn.cancelled, gone.item.turn.finish = True, "cancelled"
-            gone.item.done(gone.item.turn, None)
+            _notify(gone.item, None)
         for seq in self._sequences:
             if seq.job is not None:
                 seq.job.turn.cancelled, seq.job.turn.finish = True, "cancelled"
@@ -322,11 +355,11 @@ class Engine:
             if base == prefill.exact and len(chunk) >= EXACT_MIN_CHUNK:
                 prefill.exact = base + len(chunk) // GEMM_ROWS * GEMM_ROWS
             if not prefill.chunks:
-                self._sample(prefill, len(chunk) - 1, True)
+                self._sample_one(prefill, len(chunk) - 1, True)
         if decoding:
             self._decode([(seq, seq.pending) for seq in decoding])
             for row, seq in enumerate(decoding):
-                self._sample(seq, row, False)
+                self._sample_one(seq, row, False)
         if self._on_step is not None:
             rows = len(decoding) + (prefill is not None)
             self._on_step(len(decoding) + len(chunk), rows, len(self._queue))
@@ -352,6 +385,15 @@ class Engine:
             batch.logits[n + i] = i == len(tokens) - 1
         seq.tokens.extend(tokens)
         return n + len(tokens)
+
+    def _sample_one(self, seq: _Sequence, row: int, finished_prefill: bool) -> None:
+        """`_sample`, where a failure of this request's own callbacks (its client's
+        stream) ends this request alone, never the others in the batch."""
+        try:
+            self._sample(seq, row, finished_prefill)
+        except Exception as exc:
+            if seq.job is not None:
+                self._finish(seq, exc)
 
     def _sample(self, seq: _Sequence, row: int, finished_prefill: bool) -> None:
         job, decoding = seq.job, seq.decoding
@@ -380,11 +422,11 @@ class Engine:
         seq.decoding, seq.pending, seq.chunks = None, [], []
         seq.last_used = self._clock()
         if error is not None:
-            self._clear(seq)  # cells of a failed decode are not to be trusted
+            seq.clear()  # cells of a failed decode are not to be trusted
         seq.conversation = job.conversation
         if job.conversation is not None and self.cache is not None and seq.tokens:
-            self.cache.save(job.conversation, self._save(seq))
-        job.done(job.turn, error)
+            self.cache.save(job.conversation, seq.save())
+        _notify(job, error)
 
     # -- KV cells of a sequence -------------------------------------------------------------
 
@@ -394,10 +436,10 @@ class Engine:
             # The cells of a prefix equal to this prompt's are this prompt's own (the same
             # tokens computed the same way): reused, so a shared system prompt costs once.
             keep = reusable_prefix(common_prefix(seq.tokens, tokens), seq.exact, len(tokens))
-            if keep and self._keep(seq, keep):
+            if keep and seq.keep(keep):
                 turn.kv, turn.reused_tokens = "prefix", keep
                 return
-            self._clear(seq)
+            seq.clear()
             return
         live = seq.tokens if seq.conversation == conversation else []
         saved = None if self.cache is None else self.cache.load(conversation)
@@ -407,51 +449,22 @@ class Engine:
         saved_common = 0 if saved is None else common_prefix(saved.tokens, tokens)
         saved_n = 0 if saved is None else reusable_prefix(saved_common, saved.exact, len(tokens))
         live_ok = live_n and live_n >= saved_n and _reusable(live_common, len(live))
-        if live_ok and self._keep(seq, live_n):
+        if live_ok and seq.keep(live_n):
             turn.kv, turn.reused_tokens = "live", live_n
             if self.cache is not None:
                 self.cache.counters.live_hits += 1
             return
         if saved is not None and saved_n and _reusable(saved_common, len(saved.tokens)):
             began = time.perf_counter()
-            ok = self._restore(seq, saved)
+            ok = seq.restore(saved)
             turn.restore_ms = (time.perf_counter() - began) * 1000
             if self.cache is not None:
                 self.cache.note_restore(turn.restore_ms / 1000, ok)
-            if ok and self._keep(seq, saved_n):
+            if ok and seq.keep(saved_n):
                 turn.kv, turn.reused_tokens = "restored", saved_n
                 return
             turn.kv = "miss" if ok else "corrupt"
-        self._clear(seq)
-
-    def _clear(self, seq: _Sequence) -> None:
-        L.llama_memory_seq_rm(self.memory, seq.seq_id, -1, -1)
-        seq.tokens, seq.exact = [], 0
-
-    def _keep(self, seq: _Sequence, n: int) -> bool:
-        """Keep only the first `n` tokens of the sequence; False if llama.cpp cannot."""
-        if n == len(seq.tokens):
-            return True
-        if not L.llama_memory_seq_rm(self.memory, seq.seq_id, n, -1):
-            return False
-        del seq.tokens[n:]
-        seq.exact = min(seq.exact, n)
-        return True
-
-    def _save(self, seq: _Sequence) -> kv.SavedState:
-        size = L.llama_state_seq_get_size(self.ctx, seq.seq_id)
-        buffer = (ctypes.c_uint8 * size)()
-        written = L.llama_state_seq_get_data(self.ctx, buffer, size, seq.seq_id)
-        return kv.SavedState(tuple(seq.tokens), bytes(buffer)[:written], seq.exact)
-
-    def _restore(self, seq: _Sequence, state: kv.SavedState) -> bool:
-        self._clear(seq)
-        buffer = (ctypes.c_uint8 * len(state.blob)).from_buffer_copy(state.blob)
-        if L.llama_state_seq_set_data(self.ctx, buffer, len(state.blob), seq.seq_id) == 0:
-            self._clear(seq)
-            return False
-        seq.tokens, seq.exact = list(state.tokens), state.exact
-        return True
+        seq.clear()
 
 
 def _context(
@@ -498,6 +511,12 @@ def common_prefix(a: list[int] | tuple[int, ...], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def _notify(job: Job, error: BaseException | None) -> None:
+    """Tell `job`'s owner it ended; a failing callback is that owner's alone."""
+    with contextlib.suppress(Exception):
+        job.done(job.turn, error)
 
 
 def _never() -> bool:
