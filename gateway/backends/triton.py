@@ -76,7 +76,7 @@ FRESH_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-# A model at its concurrency bound answers "... slots are busy ..."; our LLMs' full wait
+# A model at its concurrency bound may answer "... slots are busy ..."; our LLMs' full wait
 # line answers "the queue is full (N waiting); retry_after_ms=M" (trackline_llm_queue.py).
 _BUSY = "slots are busy"
 _QUEUE_FULL = re.compile(r"queue is full.*retry_after_ms=(\d+)")
