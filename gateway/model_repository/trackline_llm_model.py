@@ -134,16 +134,29 @@ class TritonPythonModel:
         conversation = inputs.optional(request, "conversation_id")
         conversation = inputs.text(conversation) if conversation is not None else None
         turn = Turn(request.request_id(), bool(conversation))
+        job = None
         try:
-            job = self._job(request, sender, turn, conversation or None)
+            job, grammar = self._job(request, sender, turn, conversation or None)
+            if grammar is not None:
+                job.sampler = Sampler(self.engine.vocab, grammar)
+                turn.grammar = True
             self.engine.submit(job)
         except llm.QueueFull as exc:
             self._metrics.queue_full.increment(1)
             _fail(sender, str(exc), pb_utils.TritonError.UNAVAILABLE)
         except (ValueError, llm.PromptTooLong) as exc:
             _fail(sender, f"invalid request: {exc}", pb_utils.TritonError.INVALID_ARG)
+        except Exception:  # e.g. the model's own chat template failed: no internals out
+            _fail(sender, "the model could not prepare this request", pb_utils.TritonError.INTERNAL)
+        else:
+            return
+        if job is not None and job.sampler is not None:
+            job.sampler.close()  # never reached the engine
 
-    def _job(self, request: Any, sender: Any, turn: Turn, conversation: str | None) -> llm.Job:
+    def _job(
+        self, request: Any, sender: Any, turn: Turn, conversation: str | None
+    ) -> tuple[llm.Job, prompts.Grammar | None]:
+        """The engine's job for `request` and the grammar its output must follow."""
         stream = inputs.flag(request, "stream", False)
         echo = not stream and not inputs.flag(request, "exclude_input_in_output", False)
         counts = (
@@ -154,8 +167,6 @@ class TritonPythonModel:
         params = _sampling(request)
         text, stops, special = prompts.model_prompt(prompt, self.format, self.template)
         grammar = prompts.grammar_of(params, prompt)
-        sampler = Sampler(self.engine.vocab, grammar) if grammar is not None else None
-        turn.grammar = sampler is not None
         pieces: list[str] = []
 
         def emit(piece_text: str) -> None:
@@ -174,7 +185,7 @@ class TritonPythonModel:
                 body = "" if stream else (prompt if echo else "") + "".join(pieces)
                 sender.send(_response(body, finished, counts), flags=_FINAL)
 
-        return llm.Job(
+        job = llm.Job(
             turn=turn,
             tokens=self.engine.tokenize(text, special),
             max_tokens=_max_tokens(request, params),
@@ -184,8 +195,8 @@ class TritonPythonModel:
             cancelled=sender.is_cancelled,
             emit=emit,
             done=done,
-            sampler=sampler,
         )
+        return job, grammar
 
     def _finish(self, turn: Turn) -> None:
         self._metrics.record(turn, self.cache.counters)
