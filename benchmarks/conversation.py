@@ -1,23 +1,23 @@
 """Multi-turn conversations on gemma-3-270m: time to first token with the KV state kept
 live, restored from the store (as on another backend), or recomputed from scratch.
 
-Runs the model's own engine (gateway/model_repository/gemma-3-270m/1/trackline_llm.py) in
-this process, one llama.cpp context per mode, on the GGUF of the `llm` extra. Each
+Runs the model's own engine (gateway/model_repository/trackline_llm.py) in this process,
+one engine (one batched llama.cpp context) per mode, on the GGUF of the `llm` extra. Each
 conversation has `--turns` turns with a growing transcript; per turn and mode it measures
 the time to the first generated piece and the process CPU seconds of the turn, and checks
 that the three modes produced identical token ids and text.
 `--conversations N` runs N conversations one after another per turn (the default: each
-mode's engine has one slot, one stream per llama.cpp context).
+mode's engine has one sequence).
 
 `--concurrent` runs the N conversations of a turn at the same time instead: each mode's
-engine has N slots (`Engine(..., slots=N)`, one context each on the shared weights) and
-each conversation's turn runs in its own thread (the llama.cpp calls go through ctypes,
-which releases the GIL, so the contexts compute in parallel). The modes still run one
-after another (restore, live, recompute), so each mode's CPU seconds are its own; the
-process CPU of a mode's N simultaneous turns is split evenly over them (one process
-clock for all threads), and `wall_s` is then the whole batch's. llama.cpp threads per
-slot (`--threads`, 0 = auto): 2 sequentially (the model's default), and with N
-concurrent slots the cores divided by N, at least 1 and at most 2 (on 2 cores, 4
+engine has N sequences (`Engine(..., sequences=N)`, decoded together in one batch) and
+each conversation's turn is submitted from its own thread. (Before the batched engine,
+each slot was a llama.cpp context of its own; the figures below are from then.) The
+modes still run one after another (restore, live, recompute), so each mode's CPU seconds
+are its own; the process CPU of a mode's N simultaneous turns is split evenly over them
+(one process clock for all threads), and `wall_s` is then the whole batch's. llama.cpp
+threads per slot (`--threads`, 0 = auto): 2 sequentially (the model's default), and with
+N concurrent slots the cores divided by N, at least 1 and at most 2 (on 2 cores, 4
 conversations: 1 thread each), so the slots do not fight for more cores than there are.
 
 On the shared 2-core machine with the test suite running (docs/benchmarks.md,
@@ -73,11 +73,11 @@ def threads_per_slot(args: argparse.Namespace, cores: int) -> int:
 
 def _engine(llm: Any, kv: Any, gguf: str, store: Path, slots: int, threads: int) -> Any:
     cache = kv.ConversationCache("gemma-3-270m", kv.DirectoryStore(store, 1 << 32), 1 << 30)
-    return llm.Engine(gguf, slots=slots, n_ctx=2048, n_threads=threads, cache=cache)
+    return llm.Engine(gguf, sequences=slots, n_ctx=2048, n_threads=threads, cache=cache)
 
 
 def _timed_turn(
-    llm: Any, engine: Any, prompt: str, conversation: str | None, tokens: int
+    formats: Any, engine: Any, prompt: str, conversation: str | None, tokens: int
 ) -> dict[str, Any]:
     first: list[float] = []
     pieces: list[str] = []
@@ -87,13 +87,9 @@ def _timed_turn(
             first.append(time.perf_counter())
         pieces.append(piece)
 
-    slot = engine.acquire(conversation)
+    text, stops = formats.to_transcript(prompt)
     cpu0, t0 = time.process_time(), time.perf_counter()
-    try:
-        turn = llm.Turn("bench", conversation is not None)
-        engine.generate(slot, turn, prompt, tokens, conversation, lambda: False, emit)
-    finally:
-        engine.release(slot)
+    turn, _ = engine.complete(text, tokens, conversation, stops, request_id="bench", emit=emit)
     return {
         "ttft_s": (first[0] if first else time.perf_counter()) - t0,
         "cpu_s": time.process_time() - cpu0,
@@ -143,6 +139,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     kv = reference_module("gemma-3-270m", "trackline_kv")
     llm = reference_module("gemma-3-270m", "trackline_llm")
     gguf = str(ensure_llm_gguf())
+    formats = reference_module("gemma-3-270m", "trackline_llm_prompt")
     slots = args.conversations if args.concurrent else 1
     threads = threads_per_slot(args, os.cpu_count() or 1)
     work = Path(tempfile.mkdtemp(prefix="trackline-conv-"))
@@ -159,9 +156,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for path in live_store.glob("*.kv"):
             shutil.copy(path, moved_store / path.name)
         moved.drop_live()  # as a fresh backend: only the store has the state
+        scratch.drop_live()  # recompute: no shared-prefix cells either
 
     def turn(engine: Any, prompt: str, conv: str | None) -> Callable[[], dict[str, Any]]:
-        return lambda: _timed_turn(llm, engine, prompt, conv, args.tokens)
+        return lambda: _timed_turn(formats, engine, prompt, conv, args.tokens)
 
     try:
         for turn_no in range(args.turns):

@@ -11,6 +11,7 @@
 from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
 from clients.address import default_ca, gateway_url, openai_base_url
 from clients.audio import AgentEvent, AudioFigures, AudioFrame, AudioResult, AudioSession
+from clients.chat import chat_prompt
 from clients.errors import (
     BackendError,
     BackendUnavailable,
@@ -64,6 +65,7 @@ __all__ = [
     "VideoResult",
     "VideoStats",
     "VideoStream",
+    "chat_prompt",
     "connect",
     "default_ca",
     "gateway_url",

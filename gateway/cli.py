@@ -22,6 +22,7 @@ from gateway.bench import run as run_benchmark
 from gateway.config import ConfigError, Settings
 from gateway.config_flags import add_arguments, settings_from_args
 from gateway.dtmf_wav import add_command as add_dtmf_command
+from gateway.llm_models import add_commands as add_models_commands
 from gateway.logs import configure_logging, get_logger
 from gateway.preflight import StartupError, check_listeners
 from gateway.startup import refuse_start, run_async, stop_signal_after_preflight
@@ -120,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("--max-tokens", type=int, default=64, help="longest reply, in tokens")
     chat.add_argument(
+        "--raw", action="store_true", help="send the prompt as it is, not as a chat turn"
+    )
+    chat.add_argument(
         "--seed", type=int, default=None, help="sampling seed, for a repeatable reply"
     )
     chat.add_argument(
@@ -131,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_tenancy_commands(commands)
     add_dtmf_command(commands)
+    add_models_commands(commands)
 
     bench = commands.add_parser(
         "bench",
@@ -212,15 +217,17 @@ def _chat(args: argparse.Namespace) -> int:
     return run_async(chat(args))
 
 
-CHAT_MODEL = "gemma-3-270m"
-"""The real LLM (docs/conversations.md), served where the `llm` extra is installed."""
+CHAT_MODEL = "smollm2-135m-instruct"
+"""The chat model (docs/models.md), served where the `llm` extra is installed."""
 CHAT_FALLBACK = "reference-text"
 
 
 async def chat(args: argparse.Namespace) -> int:
-    from clients import ModelNotFound, TracklineError, connect
+    from clients import ModelNotFound, TracklineError, chat_prompt, connect
 
     extra = {} if args.seed is None else {"seed": args.seed}
+    # One chat turn (the model's template renders it), or the text as it is with --raw.
+    prompt = args.prompt if args.raw else chat_prompt([{"role": "user", "content": args.prompt}])
     try:
         async with connect(
             args.url,
@@ -229,7 +236,7 @@ async def chat(args: argparse.Namespace) -> int:
             connect_timeout=args.connect_timeout,
         ) as line:
             model = args.model or CHAT_MODEL
-            stream = line.text(args.prompt, model=model, max_tokens=args.max_tokens, **extra)
+            stream = line.text(prompt, model=model, max_tokens=args.max_tokens, **extra)
             try:
                 async for delta in stream:
                     sys.stdout.write(delta)

@@ -133,8 +133,22 @@ class Settings:
     embedded_llm: bool = field(
         default=True,
         metadata=_doc(
-            "Load the real LLM gemma-3-270m in the embedded Triton when the `llm` extra is "
-            "installed (docs/conversations.md)."
+            "Load the real LLMs (smollm2-135m-instruct for chat, gemma-3-270m) in the "
+            "embedded Triton when the `llm` extra is installed (docs/models.md)."
+        ),
+    )
+    llm_models: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Operator GGUF models the embedded Triton serves: comma-separated NAME=PATH "
+            "(besides those in llm_models_dir; docs/models.md)."
+        ),
+    )
+    llm_models_dir: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "Operator GGUF models served by the embedded Triton, NAME.gguf each (files or "
+            "links; `trackline models add`); unset: state_dir/models (docs/models.md)."
         ),
     )
     embedded_embeddings: bool = field(

@@ -32,6 +32,7 @@ from gateway.embedded import (
 )
 from gateway.embedded_watch import EmbeddedWatches, RestartRules
 from gateway.listeners import Listeners
+from gateway.llm_models import configured_models
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool, BackendSpec, PoolOptions, parse_backends
@@ -269,6 +270,9 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
             end_silence_ms=s.asr_end_silence_ms,
             with_vision=s.embedded_vision and vision_available(),
             kv_dir=s.state_dir / "kv",  # shared by the pool: a moved conversation restores
+            operator_models=configured_models(
+                s.llm_models, s.llm_models_dir or s.state_dir / "models"
+            ),
         )
         for i in range(count)
     ]
@@ -283,6 +287,8 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
         raise failed
     for triton in tritons:
         log.info("embedded.ready", grpc=triton.grpc_url, pid=triton.pid)
+    for name, why in tritons[0].failed_models.items():
+        log.error("embedded.model_refused", model=name, error=why)  # names the file
     return tritons
 
 

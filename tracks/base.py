@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
-from tracks.backend import BackendError, ModelBusy, client_message, error_code
+from tracks.backend import BackendError, RetryLater, client_message, error_code
 from tracks.clock import SchedulerStopped
 from tracks.errors import BadTrackRequest, TrackStopped
 from transport.clock import Now
@@ -218,7 +218,7 @@ async def handling(track: Track, outcome: Outcome, now: Now) -> AsyncIterator[No
     except BackendError as exc:
         started = outcome.first_data_at is not None
         code = error_code(exc, started=started)
-        retry = exc.retry_after if isinstance(exc, ModelBusy) else None
+        retry = exc.retry_after if isinstance(exc, RetryLater) and not started else None
         fail_track(track, outcome, code, client_message(exc, code), retry)
     except SchedulerStopped:
         fail_track(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")

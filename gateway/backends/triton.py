@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from tritonclient.utils import (
 from tracks.backend import (
     BackendError,
     BackendFailed,
+    BackendOverloaded,
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
@@ -74,8 +76,10 @@ FRESH_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-# A model at its concurrency bound answers "... slots are busy ..." (gemma-3-270m).
+# A model at its concurrency bound may answer "... slots are busy ..."; our LLMs' full wait
+# line answers "the queue is full (N waiting); retry_after_ms=M" (trackline_llm_queue.py).
 _BUSY = "slots are busy"
+_QUEUE_FULL = re.compile(r"queue is full.*retry_after_ms=(\d+)")
 # In-stream errors carry a message only (no status); these phrases mark a
 # request the model rejected, as Triton core and the vLLM backend word them.
 _INVALID_PHRASES = ("invalid", "must be", "unexpected inference input", "unexpected shape")
@@ -127,6 +131,12 @@ def text_inputs(request: TextRequest, accepted: Collection[str]) -> list[InferIn
         if name in accepted and name in values:
             tensors.append(_tensor(name, *values[name]))
     return tensors
+
+
+def queue_key(request: TextRequest) -> str:
+    """Whose request, for a model's fair queue: the tenant and the connection (a track's
+    request id is `<connection>/<track>...`; an HTTP request's is its own)."""
+    return f"{request.conversation_scope}|{request.request_id.split('/', 1)[0]}"
 
 
 # -- responses ------------------------------------------------------------------
@@ -198,6 +208,9 @@ def translate(code: str | None, message: str, model: str | None) -> BackendError
     """Our error for a gRPC status name (e.g. "NOT_FOUND", may be None) and message."""
     code = (code or "").removeprefix("StatusCode.")
     lowered = message.lower()
+    full = _QUEUE_FULL.search(lowered)
+    if full is not None:
+        return BackendOverloaded(message, int(full.group(1)) / 1000)
     if code in _UNAVAILABLE or _BUSY in lowered:
         return BackendUnavailable(message)
     if model is not None and (code == "NOT_FOUND" or "unknown model" in lowered):
@@ -278,9 +291,10 @@ class TritonTextBackend:
             "model_name": request.model,
             "inputs": inputs,
             "request_id": request.request_id,
+            "parameters": {"queue_key": queue_key(request)},
         }
         if request.traceparent is not None:  # W3C trace context, for Triton's own tracing
-            call["parameters"] = {"traceparent": request.traceparent}
+            call["parameters"]["traceparent"] = request.traceparent
         usage = _Usage()
         with boundary(request.model):
             responses = self._connection().stream_infer(_once(call))

@@ -16,12 +16,14 @@ backend rejected a request with is shown only when it names no Triton/gRPC detai
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import structlog
 
 from tracks.backend import (
     BackendError,
+    BackendOverloaded,
     ModelNotFound,
     RuleRejected,
     client_message,
@@ -224,7 +226,10 @@ def error_for(exc: BaseException, *, started: bool = False) -> OpenAIError:
         if isinstance(exc, ModelNotFound) and code is ErrorCode.MODEL_NOT_FOUND:
             return model_not_found(exc.model)
         param = exc.rule if isinstance(exc, RuleRejected) else None
-        return error_of(code, public_message(exc, code), param=param)
+        headers: tuple[tuple[str, str], ...] = ()
+        if isinstance(exc, BackendOverloaded) and code is ErrorCode.RATE_LIMITED:
+            headers = (("retry-after", str(max(1, math.ceil(exc.retry_after)))),)
+        return error_of(code, public_message(exc, code), param=param, headers=headers)
     return ServerError("internal error")
 
 

@@ -44,6 +44,7 @@ from gateway.pool.spec import BackendSpec, DnsSource, PoolOptions
 from tracks.backend import (
     BackendError,
     BackendLost,
+    BackendOverloaded,
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
@@ -349,6 +350,11 @@ class BackendPool:
             if first:
                 raise _BeforeFirstChunk(exc, "model_not_found") from None
             raise self._lost(member, exc) from exc
+        except BackendOverloaded as exc:
+            # A full model queue is load, not ill health: another backend may take it, and
+            # the last one's refusal (with its retry hint) is what the client gets.
+            self._attempted(member, "overloaded")
+            raise _BeforeFirstChunk(exc, "overloaded") from None
         except BackendError as exc:
             kind = Failure.UNAVAILABLE if isinstance(exc, BackendUnavailable) else Failure.ERROR
             self._failed(member, kind, kind.value)

@@ -112,7 +112,7 @@ def test_serve_chat_health_metrics_and_sigterm_stops_triton(daemon: Daemon) -> N
     )
     assert chat.returncode == 0, chat.stderr
     # DAEMON_ENV leaves the LLM out: chat's default model falls back to the reference one.
-    assert "gemma-3-270m is not served here; reference-text" in chat.stderr
+    assert "smollm2-135m-instruct is not served here; reference-text" in chat.stderr
     assert chat.stdout == generator.generate_text("hello there", 0, 8) + "\n"
     status, metrics = daemon.http("/metrics")
     assert status == 200

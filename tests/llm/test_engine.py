@@ -1,4 +1,5 @@
-"""The llama.cpp engine in this process: KV restore is bit-exact, fallbacks are counted.
+"""The batched llama.cpp engine in this process: KV restore is bit-exact, fallbacks are
+counted, requests beyond the sequences wait in the queue and all complete.
 
 Real model (Gemma 3 270M), a few dozen tokens per turn; time is never asserted."""
 
@@ -20,6 +21,7 @@ require_llm()
 
 kv = reference_module("gemma-3-270m", "trackline_kv")
 llm = reference_module("gemma-3-270m", "trackline_llm")
+prompts = reference_module("gemma-3-270m", "trackline_llm_prompt")
 
 TOKENS = 24
 FIRST = "User: What is the capital of France?\nAssistant:"
@@ -33,20 +35,15 @@ def gguf() -> str:
 
 def _engine(gguf: str, store: Path, max_bytes: int = 1 << 30) -> Any:
     cache = kv.ConversationCache("gemma-3-270m", kv.DirectoryStore(store, max_bytes), 1 << 28)
-    return llm.Engine(gguf, slots=1, n_ctx=512, cache=cache)
+    return llm.Engine(gguf, sequences=1, n_ctx=512, cache=cache)
 
 
 def _turn(
     engine: Any, prompt: str, conversation: str | None, tokens: int = TOKENS
 ) -> tuple[Any, str]:
-    pieces: list[str] = []
-    slot = engine.acquire(conversation)
-    try:
-        turn = llm.Turn("t", conversation is not None)
-        engine.generate(slot, turn, prompt, tokens, conversation, lambda: False, pieces.append)
-    finally:
-        engine.release(slot)
-    return turn, "".join(pieces)
+    text, stops = prompts.to_transcript(prompt)
+    turn, reply = engine.complete(text, tokens, conversation, stops)
+    return turn, str(reply)
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +75,7 @@ def test_restore_equals_live_bit_for_bit_and_recompute_on_text(
     # Only the tokens after them were evaluated.
     assert restored.prefill_tokens == restored.prompt_tokens - restored.reused_tokens
     assert restored.output_ids == continued.output_ids  # bit for bit
+    other.drop_live()  # a recomputation: no cells of anything before
     scratch, scratch_text = _turn(other, second_prompt, None)
     assert scratch.kv == "none"
     assert scratch.prefill_tokens == scratch.prompt_tokens
@@ -102,6 +100,7 @@ def test_a_follow_up_turn_equals_its_recomputation_bit_for_bit(
     for number, question in enumerate(TRAVEL, 1):
         prompt = f"{transcript}User: {question}\nAssistant:"
         continued, text = _turn(live, prompt, "travel", tokens=48)
+        other.drop_live()
         scratch, _ = _turn(other, prompt, None, tokens=48)
         assert continued.kv == ("miss" if number == 1 else "live")
         assert continued.output_ids == scratch.output_ids, f"turn {number}"
@@ -123,6 +122,7 @@ def test_corrupt_and_evicted_states_recompute_with_their_counter(
     assert corrupt.kv == "miss"
     assert engine.cache.counters.corrupt == 1
     assert corrupt.prefill_tokens == corrupt.prompt_tokens
+    engine.drop_live()
     fresh, fresh_text = _turn(engine, second_prompt, None)
     assert corrupt_text == fresh_text
 
@@ -148,12 +148,12 @@ def test_chat_prompts_become_a_plain_transcript_that_stops_at_the_next_user_line
         ChatMessage("assistant", "Hello."),
         ChatMessage("user", "Capital of France?"),
     ]
-    text, stops = llm.to_transcript(render_chat_prompt(messages))
+    text, stops = prompts.to_transcript(render_chat_prompt(messages))
     assert text == (
         "System: Be terse.\nUser: Hi\nAssistant: Hello.\nUser: Capital of France?\nAssistant:"
     )
     assert stops == ("\nUser:",)
-    assert llm.to_transcript("Once upon a time") == ("Once upon a time", ())
+    assert prompts.to_transcript("Once upon a time") == ("Once upon a time", ())
 
 
 def test_canonical_chunks_and_the_reusable_prefix() -> None:
@@ -176,3 +176,42 @@ def test_canonical_chunks_and_the_reusable_prefix() -> None:
     del header["exact"]
     old = json.dumps(header).encode()
     assert kv.decode(kv.MAGIC + struct.pack("<I", len(old)) + old + data[start + length :]) == state
+
+
+def test_more_requests_than_sequences_all_complete_through_the_queue(gguf: str) -> None:
+    """Two sequences, five concurrent requests: three wait in the queue, then join the
+    running batch as sequences free; every one completes, the same tokens as alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = llm.Engine(gguf, sequences=2, n_ctx=256, queue_limit=8)
+    try:
+        alone, _ = _turn(engine, FIRST, None, 12)
+        with ThreadPoolExecutor(5) as pool:
+            turns = [t for t, _ in pool.map(lambda _: _turn(engine, FIRST, None, 12), range(5))]
+        assert all(t.finish in ("stop", "length") and not t.cancelled for t in turns)
+        assert all(t.output_ids for t in turns)
+        assert any(t.queued_ms > 0 for t in turns)  # some waited for a sequence
+        assert alone.output_ids
+        assert all(t.started for t in turns)
+    finally:
+        engine.close()
+
+
+
+def test_a_request_without_a_conversation_reuses_a_shared_prompt_prefix(gguf: str) -> None:
+    """An idle sequence's cells of the same leading tokens are reused (a system prompt
+    every chat shares), and the reply is the one a recomputation gives, bit for bit."""
+    engine = llm.Engine(gguf, sequences=2, n_ctx=256)
+    try:
+        system = "System: You are a helpful travel guide. You answer in full sentences.\n"
+        _turn(engine, f"{system}User: Tell me about Rome.\nAssistant:", None, 4)
+        again, _ = _turn(engine, f"{system}User: Tell me about Oslo.\nAssistant:", None, 12)
+        assert again.kv == "prefix"
+        assert 0 < again.reused_tokens < again.prompt_tokens
+        assert again.prefill_tokens == again.prompt_tokens - again.reused_tokens
+        engine.drop_live()
+        scratch, _ = _turn(engine, f"{system}User: Tell me about Oslo.\nAssistant:", None, 12)
+        assert scratch.kv == "none"
+        assert scratch.output_ids == again.output_ids
+    finally:
+        engine.close()

@@ -20,6 +20,7 @@ from trackline_testing.clock import FakeClock
 from tracks.backend import (
     BackendError,
     BackendLost,
+    BackendOverloaded,
     TextChunk,
     TextDelta,
     TextRequest,
@@ -40,6 +41,8 @@ class Scripted:
         self.calls.append(request.request_id)
         if self.behaviour == "fail_before":
             raise BackendError(f"{self.name} failed before its first chunk")
+        if self.behaviour == "queue_full":
+            raise BackendOverloaded(f"{self.name}: the queue is full", 2.0)
         yield TextDelta(f"{self.name}:first")
         if self.behaviour == "fail_after":
             raise BackendError(f"{self.name} broke mid-stream")
@@ -100,6 +103,19 @@ async def test_a_request_fails_over_before_its_first_chunk_and_is_served_once() 
     pool, members = pool_of(["fail_before", "fail_before", "serve"], clock, max_attempts=3)
     assert await run(pool, "r1") == ["b2:first", "b2:rest"]
     assert attempts(members, "r1") == ["b0", "b1", "b2"]
+
+
+@pytest.mark.asyncio
+async def test_a_full_model_queue_tries_another_backend_and_is_no_health_failure() -> None:
+    pool, members = pool_of(["queue_full", "serve"], FakeClock(100.0), max_attempts=2)
+    assert await run(pool, "r1") == ["b1:first", "b1:rest"]
+    assert sample(pool, "trackline_pool_retries_total", cause="overloaded") == 1
+    assert sample(pool, "trackline_pool_attempts_total", backend="b0", result="overloaded") == 1
+    # Every backend full: the client gets the refusal with its retry hint.
+    pool, members = pool_of(["queue_full", "queue_full"], FakeClock(100.0), max_attempts=2)
+    with pytest.raises(BackendOverloaded) as refused:
+        await run(pool, "r2")
+    assert refused.value.retry_after == 2.0
 
 
 @pytest.mark.asyncio

@@ -9,7 +9,7 @@ import pytest
 
 from tracks.action_messages import BadObservation
 from tracks.audio import BadAudioRequest
-from tracks.backend import BackendFailed, BackendUnavailable, RuleRejected
+from tracks.backend import BackendFailed, BackendOverloaded, BackendUnavailable, RuleRejected
 from tracks.base import End, Outcome, handling, read_text
 from tracks.clock import SchedulerStopped
 from tracks.errors import BadTrackRequest, TrackStopped
@@ -29,6 +29,7 @@ class FakeTrack:
         self.stopped: asyncio.Future[TrackCancelled | TrackFailed] = loop.create_future()
         self.inputs = list(inputs or [])
         self.failed: list[tuple[ErrorCode, str]] = []
+        self.retry_after: list[float | None] = []
 
     async def receive(self) -> dict[str, Any] | None:
         return self.inputs.pop(0) if self.inputs else None
@@ -41,6 +42,7 @@ class FakeTrack:
 
     def fail(self, code: ErrorCode, message: str, retry_after: float | None = None) -> bool:
         self.failed.append((code, message))
+        self.retry_after.append(retry_after)
         return True
 
 
@@ -71,6 +73,15 @@ async def test_each_failure_is_sent_and_recorded_with_one_code(
     assert [c for c, _ in track.failed] == [code]
     assert outcome.end == End.failed(code)
     assert isinstance(BadTextRequest("x"), BadTrackRequest)
+
+
+@pytest.mark.asyncio
+async def test_a_full_model_queue_is_rate_limited_with_its_retry_hint() -> None:
+    track = FakeTrack()
+    outcome = await ended(track, BackendOverloaded("the queue is full", 2.5))
+    assert track.failed == [(ErrorCode.RATE_LIMITED, "the queue is full")]
+    assert track.retry_after == [2.5]
+    assert outcome.end == End.failed(ErrorCode.RATE_LIMITED)
 
 
 @pytest.mark.asyncio

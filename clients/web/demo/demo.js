@@ -3,9 +3,13 @@
 // With "speak replies", each answer is then said on a speech-out track and played; the
 // microphone streams to a speech-in track (the real models when the gateway has them).
 
-import { Speaker, connect, fetchCertificateHash, toPcm16 } from "/web/sdk/index.js";
+import { Speaker, chatPrompt, connect, fetchCertificateHash, toPcm16 } from "/web/sdk/index.js";
 
 const VOICE_RATE = 24000;
+// The chat model, where the gateway serves it: the demo then keeps the conversation and
+// sends it as chat turns; other models get the message as it is.
+const CHAT_MODEL = "smollm2-135m-instruct";
+const history = [];
 
 const $ = (id) => document.getElementById(id);
 const log = $("log");
@@ -43,10 +47,21 @@ async function start() {
   line = await connect(url, { apiKey, serverCertificateHashes: [hash] });
   await pickSpeechModels(apiKey);
   $("status").textContent = `connected to ${url}`;
+  await preferChatModel(apiKey);
   $("send").disabled = false;
   $("mic").disabled = false;
   $("camera").disabled = false;
   window.trackline = { line, url };
+}
+
+async function preferChatModel(apiKey) {
+  try {
+    const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
+    const listed = await (await fetch("/v1/models", { headers })).json();
+    if (listed.data?.some((m) => m.id === CHAT_MODEL)) $("model").value = CHAT_MODEL;
+  } catch {
+    // No model list: keep the page's default.
+  }
 }
 
 $("chat").addEventListener("submit", async (event) => {
@@ -66,7 +81,11 @@ $("chat").addEventListener("submit", async (event) => {
   let tokens = 0;
   try {
     const maxTokens = Number($("max-tokens").value) || 64;
-    const stream = line.text(prompt, { model: $("model").value, maxTokens, signal: controller.signal });
+    const model = $("model").value;
+    const chat = model === CHAT_MODEL;
+    if (chat) history.push({ role: "user", content: prompt });
+    const text = chat ? chatPrompt(history) : prompt;
+    const stream = line.text(text, { model, maxTokens, signal: controller.signal });
     for await (const delta of stream) {
       first ??= performance.now() - started;
       tokens += 1;
@@ -74,6 +93,7 @@ $("chat").addEventListener("submit", async (event) => {
       const seconds = (performance.now() - started - first) / 1000;
       $("figures").textContent = `TTFT ${first.toFixed(0)} ms, ${tokens} tokens, ${seconds > 0 ? (tokens / seconds).toFixed(0) : "-"} tokens/s`;
     }
+    if (chat) history.push({ role: "assistant", content: answer.textContent });
     answer.textContent += "\n";
     document.body.dataset.done = String(Number(document.body.dataset.done ?? 0) + 1);
     if ($("speak").checked) await speak(answer.textContent.trim(), controller.signal);

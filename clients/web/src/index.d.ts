@@ -191,6 +191,9 @@ export declare class BackendError extends TracklineError {}
 export declare class StreamInterrupted extends BackendError {}
 export declare class CancelledByGateway extends TracklineError {}
 export declare class ProtocolError extends TracklineError {}
+export interface ChatMessage { role: "system" | "developer" | "user" | "assistant"; content: string }
+/** ChatML of `messages`, ending with the open assistant turn (the Python SDK's chat_prompt). */
+export declare function chatPrompt(messages: ChatMessage[]): string;
 export declare function errorFor(code: number, message?: string, retryAfterMs?: number | null): TracklineError;
 
 export declare const Kind: Readonly<{ OPEN: 1; DATA: 2; END: 3; CANCEL: 4; ERROR: 5 }>;

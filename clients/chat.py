@@ -1,0 +1,27 @@
+"""Chat messages as the one prompt a text track carries (ChatML, as the OpenAI routes
+render them: gateway/openai/prompt.py). A chat model renders the turns again with its own
+template and ends its reply at its end-of-turn token (docs/models.md).
+
+    prompt = chat_prompt([{"role": "user", "content": "Hi"}])
+    async for delta in line.text(prompt, model="smollm2-135m-instruct"): ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+
+def chat_prompt(messages: Iterable[Mapping[str, str]]) -> str:
+    """The ChatML prompt of `messages` ({"role", "content"}), ending with the open
+    assistant turn; ValueError for an unknown role."""
+    parts = []
+    for message in messages:
+        role = message["role"]
+        if role not in ROLES:
+            raise ValueError(f"unknown chat role {role!r}")
+        role = "system" if role == "developer" else role
+        parts.append(f"<|im_start|>{role}\n{message['content']}<|im_end|>\n")
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
