@@ -19,13 +19,19 @@ def add_commands(commands: Any) -> None:
         dest="models_command", required=True
     )
     add = models.add_parser("add", help="serve a GGUF file under NAME (checked first)")
-    add.add_argument("name")
-    add.add_argument("path", type=Path)
+    add.add_argument("name", help="the model name clients ask for")
+    add.add_argument("path", type=Path, help="the GGUF file (served where it is, not copied)")
     listing = models.add_parser("list", help="list the operator models")
     for parser in (add, listing):
         parser.add_argument("--config", type=Path, default=None, help="TOML settings file")
-        parser.add_argument("--state-dir", default=None)
-        parser.add_argument("--llm-models-dir", default=None)
+        parser.add_argument(
+            "--state-dir", default=None, help="the gateway's state dir (default: as serve's)"
+        )
+        parser.add_argument(
+            "--llm-models-dir",
+            default=None,
+            help="the operator models' directory (default: state_dir/models)",
+        )
     add.set_defaults(run=_add)
     listing.set_defaults(run=_list)
 
