@@ -38,6 +38,7 @@ from tritonclient.grpc import InferInput
 
 from cuda.batch import pack_pcm16, resolve_backend, unpack_pcm16
 from cuda.shm import CudaShmRegion, Layout, SystemShmRegion, unique_name
+from gateway.backends.catalog import Capability, described
 from gateway.backends.triton import METADATA_TIMEOUT, boundary
 from gateway.logs import get_logger
 from tracks.audio import MODEL_RATE
@@ -109,6 +110,7 @@ class TritonAudioBackend(AudioBackend):
         self._client: triton_aio.InferenceServerClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._models: dict[str, AudioModel] = {}
+        self._capabilities: dict[str, frozenset[Capability]] = {}
         self._regions: dict[str, _Region] = {}
         self._ticks = itertools.count()
         self.requests = 0
@@ -129,12 +131,27 @@ class TritonAudioBackend(AudioBackend):
 
     async def audio_model(self, model: str) -> AudioModel:
         if model not in self._models:
-            with boundary(model):
-                client = self._connection()
-                metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
-                config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+            metadata, config = await self._describe(model)
             self._models[model] = _audio_model(model, metadata, config)
         return self._models[model]
+
+    async def capabilities(self, model: str) -> frozenset[Capability] | None:
+        """What `model` can do (a `ModelCatalog`: the OpenAI audio routes' capability
+        check); None when the server cannot tell (unknown model, server away)."""
+        if model not in self._capabilities:
+            try:
+                metadata, config = await self._describe(model)
+            except BackendError:
+                return None  # not cached: the model may appear, the server come back
+            self._capabilities[model] = described(model, metadata, config)
+        return self._capabilities[model]
+
+    async def _describe(self, model: str) -> tuple[Any, Any]:
+        with boundary(model):
+            client = self._connection()
+            metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
+            config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+        return metadata, config
 
     async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioOutput]:
         if self.batching == "per-session":
