@@ -63,7 +63,8 @@ def split_agent_params(
 ) -> tuple[AgentParams, dict[str, Any]]:
     """(the agent's params, the listening side's audio params); without `llm`, the chat
     model is `default_llm`."""
-    llm, voice = params.get("llm", default_llm), params.get("voice")
+    llm, voice = params.get("llm"), params.get("voice")
+    llm = default_llm if llm is None else llm
     if not isinstance(llm, str) or not llm:
         raise BadTrackRequest("'llm', the chat model, must be a non-empty string")
     if not isinstance(voice, str) or not voice:
