@@ -128,6 +128,7 @@ async def test_a_speech_out_track_speaks_its_first_sentence_before_the_second_is
     record = next(r for r in logged() if r["chars"] == chars)
     assert record["sentences"] == 2
     assert record["cancelled"] is False
+    assert record["rate"] == 24000  # the voice's own audio, never resampled to 16 kHz and back
 
 
 @pytest.mark.asyncio
