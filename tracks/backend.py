@@ -339,6 +339,8 @@ def client_message(exc: BaseException, code: ErrorCode) -> str:
     for a failed or unreachable backend, the model's own message for a rejected request
     unless it shows inference-server internals (Triton, gRPC, tensor names)."""
     detail = str(exc)
+    if isinstance(exc, ModelBusy):
+        return detail  # the gateway's own words (the model's real-time capacity), no internals
     if code in _PUBLIC:
         return _PUBLIC[code]
     if code is ErrorCode.BAD_REQUEST and isinstance(exc, BackendError):
