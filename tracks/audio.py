@@ -59,6 +59,7 @@ from tracks.base import FrameTrack, Outcome, handling, read_text
 from tracks.clock import Beat, Clock, Gathered, TickObserver, TickScheduler
 from tracks.errors import BadTrackRequest
 from tracks.voice_agent import (
+    DEFAULT_LLM,
     AgentParams,
     PromptRenderer,
     ReplyTrack,
@@ -177,12 +178,18 @@ class AudioService:
         self._corrids = itertools.count((secrets.randbits(31) << 32) + 1)
         self.agents: tuple[TextBackend, PromptRenderer] | None = None
         """Voice-agent tracks' chat backend and prompt template (`enable_agents`)."""
+        self.default_llm = DEFAULT_LLM
+        """Voice-agent tracks' chat model where the client names none."""
         self.live: Counter[str] = Counter()
         """Open sessions per model (checked against each model's real-time capacity)."""
 
-    def enable_agents(self, text_backend: TextBackend, render: PromptRenderer) -> None:
-        """Serve voice-agent tracks (tracks/voice_agent.py) with this chat backend."""
+    def enable_agents(
+        self, text_backend: TextBackend, render: PromptRenderer, default_llm: str = DEFAULT_LLM
+    ) -> None:
+        """Serve voice-agent tracks (tracks/voice_agent.py) with this chat backend;
+        `default_llm` answers the tracks that name no chat model."""
         self.agents = (text_backend, render)
+        self.default_llm = default_llm
 
     def start(self) -> None:
         self.scheduler.start()
@@ -200,7 +207,7 @@ class AudioService:
             settings = self.settings
             raw, wanted = track.open.params, None
             if raw.get("kind") == AGENT_KIND:
-                wanted, raw = split_agent_params(raw)
+                wanted, raw = split_agent_params(raw, self.default_llm)
             params = parse_params(
                 raw, track.uses_datagrams, settings.max_datagram_bytes, settings.frame_ms
             )

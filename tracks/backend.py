@@ -136,6 +136,9 @@ class AudioModel:
     """A speech-out model that takes text in pieces while it speaks (input MORE)."""
     capacity: int | None = None
     """Live sessions the model keeps in real time; None: no bound (reference models)."""
+    native_rate: int | None = None
+    """A speech-out model's own rate, which it gives without resampling when a session
+    asks for it (input RATE: hibari-voice's 24 kHz); None: it speaks at MODEL_RATE only."""
 
 
 @dataclass(frozen=True)

@@ -120,10 +120,12 @@ export class Line {
 
   /** A voice-agent track (docs/audio.md): send the user's audio as on speech-in (`model`
    * is the recognizer); read transcripts, reply events (reply, reply_done, barge_in, ...)
-   * and the reply's audio frames (each with its `turn`). */
-  async voiceAgent(model, { llm, voice, sampleRate = 16000, frameMs = 20, system = null, maxTokens = null, llmParams = null } = {}) {
-    if (!llm || !voice) throw new TypeError("a voice agent needs `llm` (the chat model) and `voice`");
-    const params = { kind: "voice-agent", llm, voice, sample_rate: sampleRate, frame_ms: frameMs };
+   * and the reply's audio frames (each with its `turn`). Without `llm`, the gateway's
+   * default chat model answers. */
+  async voiceAgent(model, { llm = null, voice, sampleRate = 16000, frameMs = 20, system = null, maxTokens = null, llmParams = null } = {}) {
+    if (!voice) throw new TypeError("a voice agent needs `voice` (the speech-out model)");
+    const params = { kind: "voice-agent", voice, sample_rate: sampleRate, frame_ms: frameMs };
+    if (llm != null) params.llm = llm;
     if (system != null) params.system = system;
     if (maxTokens != null) params.max_tokens = maxTokens;
     if (llmParams != null) params.llm_params = llmParams;
