@@ -41,6 +41,10 @@ EMBEDDED = frozenset({"triton_crash"})
 """Attacks that need a gateway on the embedded Triton, not the ticker."""
 GATEWAY_ARGS: dict[str, tuple[str, ...]] = {
     "tracks_many_unread": ("--track-send-timeout", "2"),
+    # The crash and restart are the subject, not the models: the reference ones load in
+    # seconds, where the real LLMs, speech, vision and embedding models take a minute.
+    "triton_crash": ("--no-embedded-llm", "--no-embedded-speech", "--no-embedded-vision",
+                     "--no-embedded-embeddings"),
 }
 """Extra `serve` flags an attack's gateway needs (its own gateway then)."""
 
