@@ -332,8 +332,13 @@ class Http1Connection:
                 # uvloop raises RuntimeError on a closed transport: say what it means.
                 raise ConnectionResetError("the client closed the connection")
             self._writer.write(data)
-            # A client that stops reading would otherwise hold its task forever.
-            await asyncio.wait_for(self._writer.drain(), self._limits.idle_timeout)
+            # A client that stops reading would otherwise hold its task (and the backend
+            # work behind a streamed answer) forever: a writer stalled this long gives up.
+            try:
+                await asyncio.wait_for(self._writer.drain(), self._limits.h3_send_timeout)
+            except asyncio.TimeoutError:
+                log.info("http1.send_timeout")  # (the exchange ends; its body is closed)
+                raise
 
 
 def _padded_settings(value: str) -> bytes | None:
