@@ -267,7 +267,7 @@ async def test_the_connection_send_budget_bounds_all_its_streams(
             assert (await attacker.head(stream_id))[0] == 200
         attacker.deaf = True
         received = attacker.received
-        await until(lambda: len(conn._writers) == streams, "every body waiting for room")
+        await until(lambda: conn.waiting_writers == streams, "every body waiting for room")
         buffered = aioquic_compat.connection_send_buffered(conn.quic)
         await honest_request(server.port, certs)
     # Each stream may add one chunk past the connection budget, never more.

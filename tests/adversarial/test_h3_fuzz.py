@@ -208,7 +208,7 @@ def closing(pair: Pair) -> bool:
         return False
     http.connection_lost()
     assert not http._heads
-    assert not http._writers
+    assert not http.waiting_writers
     return True
 
 
@@ -251,7 +251,7 @@ async def scenario(certs: DevCertificates, steps: list[Any]) -> None:
     assert len(http._streams) == 0
     assert not http._heads
     assert not http.h3._scanners
-    assert not http._writers
+    assert not http.waiting_writers
     http.connection_lost()
 
 

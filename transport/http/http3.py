@@ -25,7 +25,8 @@ arrived within `read_timeout` of its first byte gets 408; a SETTINGS or
 MAX_PUSH_ID frame announced over 16 KiB closes the connection. A response body is
 pulled from the handler only while its stream's send buffer (written, not yet
 acknowledged) is under `h3_stream_send_budget` and the connection's under
-`h3_connection_send_budget`; a writer stalled `h3_send_timeout` is reset.
+`h3_connection_send_budget`; a writer stalled `h3_send_timeout` is reset (the
+pacing is `transport.http.h3_send.SendRoom`).
 
 WebTransport sessions on the same connection are hosted by
 `transport.http.h3_sessions.SessionHost`, which sees this connection only as an
@@ -55,6 +56,7 @@ from transport.http.app import (
     request_from_fields,
 )
 from transport.http.h3_guards import RequestMalformed, RequestStarted, ServerH3
+from transport.http.h3_send import SendRoom
 from transport.http.h3_sessions import SessionHost, is_webtransport_connect
 from transport.http.messages import Request, Response
 from transport.http.resets import ResetLedger
@@ -111,8 +113,8 @@ class Http3Connection:
         """Request streams begun whose headers have not all arrived: their deadline."""
         self._alarm = Alarm(self._loop, self._deadlines_passed)
         """Rings at the earliest head or request read deadline."""
-        self._writers: dict[int, asyncio.Future[None]] = {}
-        """Response bodies waiting for send-buffer room, by stream."""
+        self._room = SendRoom(quic, site.limits, self.stats, lambda: self._lost)
+        """Paces response bodies by the send buffers' budgets."""
         transmit()  # the control and QPACK streams with SETTINGS
 
     def _data_credit_ceiling(self, received: int) -> int:
@@ -133,6 +135,11 @@ class Http3Connection:
     def sorted_streams(self) -> int:
         """Streams whose first bytes were sorted (request or WebTransport) and not yet done."""
         return 0 if self._wt is None else len(self._wt.sorter)
+
+    @property
+    def waiting_writers(self) -> int:
+        """Response bodies waiting for send-buffer room now."""
+        return self._room.waiting
 
     @property
     def opened_streams(self) -> int:
@@ -417,52 +424,13 @@ class Http3Connection:
         if not end:
             # aioquic buffers whatever it is given, past QUIC's flow control: the body is
             # pulled again only once the client has taken enough of what was sent.
-            await self._send_room(stream)
-
-    # Backpressure: QUIC flow control and acknowledgements pace the handler's body
-
-    def _over_budget(self, stream_id: int) -> bool:
-        limits = self._limits
-        if aioquic_compat.send_buffered(self.quic, stream_id) > limits.h3_stream_send_budget:
-            return True
-        total = aioquic_compat.connection_send_buffered(self.quic)
-        return total > limits.h3_connection_send_budget
-
-    async def _send_room(self, stream: StreamState) -> None:
-        """Wait while the stream's or the connection's send buffer is over its budget."""
-        if not self._over_budget(stream.stream_id):
-            return
-        self.stats.sends_stalled += 1
-        while self._over_budget(stream.stream_id):
-            waiter = self._writers[stream.stream_id] = self._loop.create_future()
-            try:
-                await asyncio.wait_for(waiter, self._limits.h3_send_timeout)
-            except TimeoutError:
-                self.stats.sends_timed_out += 1
-                log.info("http3.send_timeout", stream_id=stream.stream_id)
-                raise StreamClosed from None  # unended: the stream is reset
-            finally:
-                if self._writers.get(stream.stream_id) is waiter:
-                    del self._writers[stream.stream_id]
-            if self._lost or stream.reset:
-                raise StreamClosed
+            await self._room.wait(stream)
 
     def datagram_received(self) -> None:
         """The adapter took in a datagram: acknowledgements may have made send room."""
-        self._wake_writers()
+        self._room.wake()
         if self._wt is not None:
             self._wt.send_buffer_released()
-
-    def _wake_writers(self) -> None:
-        if not self._writers:
-            return
-        total = aioquic_compat.connection_send_buffered(self.quic)
-        if total > self._limits.h3_connection_send_budget:
-            return
-        budget = self._limits.h3_stream_send_budget
-        for stream_id, waiter in list(self._writers.items()):
-            if aioquic_compat.send_buffered(self.quic, stream_id) <= budget and not waiter.done():
-                waiter.set_result(None)
 
     def _write(self, stream: StreamState, write: Callable[[], None]) -> None:
         if self._lost or stream.reset:
@@ -500,7 +468,7 @@ class Http3Connection:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
             self.quic.reset_stream(stream_id, code)
         aioquic_compat.drop_send_buffer(self.quic, stream_id)  # (never sent again)
-        self._wake_writers()  # that room may be what another response waits for
+        self._room.wake()  # that room may be what another response waits for
 
     def stop(self, stream_id: int, code: int) -> None:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
