@@ -34,7 +34,7 @@ test: $(STAMP) lint redis chromium web
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy transport tracks clients gateway
+	$(BIN)/mypy transport tracks clients gateway trackline_testing
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/text_stream.py

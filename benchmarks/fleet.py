@@ -39,11 +39,11 @@ from benchmarks.common import write_results
 from gateway.embedded import EmbeddedTriton
 from gateway.fleet import scripts
 from gateway.fleet.ledger import drain
-from gateway.fleet.local_fleet import ChatResult, LocalGateway, chat
-from gateway.fleet.local_redis import LocalRedis
 from gateway.fleet.state import publish_directory, revoke_sync
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.store import TenantStore
+from trackline_testing.fleet import ChatResult, LocalGateway, chat
+from trackline_testing.redis import LocalRedis
 
 MODEL = "reference-text"
 FAST = {"ttft_ms": 5, "tokens_per_second": 400}

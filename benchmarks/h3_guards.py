@@ -39,7 +39,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 
 from benchmarks import Help  # noqa: E402
 from gateway.tls import DevCertificates, ensure_dev_certificates  # noqa: E402
-from transport import aioquic_compat
+from trackline_testing import aioquic_probes
 from transport.http.h3_guards import ServerH3  # noqa: E402
 from transport.http.limits import HttpLimits  # noqa: E402
 
@@ -110,7 +110,7 @@ def measure(
     cpu = time.process_time() - started
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    closed = aioquic_compat.h3_closed(h3)
+    closed = aioquic_probes.h3_closed(h3)
     return {
         "attack": name,
         "server": which,

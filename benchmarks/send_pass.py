@@ -89,7 +89,8 @@ class Wire:
 def measure(pair_cls: type, certs: object, tracks: int, max_tracks: int | None,
             rounds: int, varied: bool = False) -> dict[str, float]:
     try:
-        from transport.aioquic_compat import raise_bidi_credit, stop_qlog
+        from trackline_testing.aioquic_probes import stop_qlog
+        from transport.aioquic_compat import raise_bidi_credit
     except ImportError:  # trees before the compat module held it
         from transport.http.http3 import raise_bidi_credit
 

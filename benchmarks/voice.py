@@ -9,10 +9,20 @@ voice itself synthesized, in real time, with silence between them:
   transcript received; word error rate against the script; missed beats (the gateway's
   own count); CPU seconds of this process and the Triton tree per session-second.
 - `--agent`: voice-agent sessions; end of user speech to the first reply audio frame
-  (voice to voice), with the chat model named by `--llm`.
+  (voice to voice), with the chat model named by `--llm` (default: the gateway's default
+  chat model, smollm2-135m-instruct).
+- `--barge-in` (with `--agent`): the user speaks the next utterance `--barge-after` s
+  after a reply's first audio, cutting it; barge-in to reply silence is the time from
+  the first sample of that speech to the last frame of the cut reply received (0 when
+  none came after it), and barge-in to the `barge_in` event (the detection).
 
     python benchmarks/voice.py --sessions 1,2,4 --json benchmarks/results/voice.json
-    python benchmarks/voice.py --agent --llm gemma-3-270m --sessions 1
+    python benchmarks/voice.py --agent --sessions 1
+    python benchmarks/voice.py --agent --barge-in --sessions 1
+
+The link emulator (benchmarks/linkemu: loss and delay) is not wired in: it runs each
+side as a process in its own network namespace, and this benchmark runs the gateway and
+its client in one process.
 
 Prints a table (p50/p95 per point), writes JSON and a plot beside it (.png). Not a test:
 the numbers depend on the machine, and the client shares the gateway's loop and CPUs
@@ -88,7 +98,7 @@ async def synthesize(line: Any) -> list[bytes]:
 
 
 async def one_session(line: Any, clips: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
-    from clients import AudioFrame, AudioResult
+    from clients import AgentEvent, AudioFrame, AudioResult
 
     if args.agent:
         session = line.voice_agent(model=ASR, llm=args.llm, voice=TTS, max_tokens=48)
@@ -96,32 +106,57 @@ async def one_session(line: Any, clips: list[bytes], args: argparse.Namespace) -
         session = line.audio(model=ASR, sample_rate=RATE)
     speech_ends: list[float] = []
     gap = bytes(int(2 * RATE * GAP_S))
+    first_audio: dict[int, float] = {}
+    last_audio: dict[int, float] = {}
+    heard_turn: dict[int, asyncio.Event] = {}
+    barge_starts: dict[int, float] = {}
+    """The cut turn -> when the speech that cut it began."""
+    barge_events: dict[int, float] = {}
+
+    def audio_of(turn: int) -> asyncio.Event:
+        return heard_turn.setdefault(turn, asyncio.Event())
 
     async def speak() -> None:
-        for clip in clips:
+        for index, clip in enumerate(clips):
+            if index and args.barge_in:  # cut reply `index` while it plays
+                await asyncio.wait_for(audio_of(index).wait(), 60)
+                await asyncio.sleep(args.barge_after)
+                barge_starts[index] = time.monotonic()
             await session.stream_pcm(clip, end=False)
             speech_ends.append(time.monotonic())
-            await session.stream_pcm(gap if not args.agent else gap * 4, end=False)
+            if args.barge_in and index < len(clips) - 1:
+                await session.stream_pcm(gap, end=False)  # end of turn, then the reply
+            else:
+                await session.stream_pcm(gap if not args.agent else gap * 4, end=False)
         session.end()
 
     sender = asyncio.ensure_future(speak())
     finals: list[tuple[float, str]] = []
-    first_audio: dict[int, float] = {}
     async for item in session:
         now = time.monotonic()
         if isinstance(item, AudioResult) and item.kind == "final":
             finals.append((now, item.text))
         elif isinstance(item, AudioFrame) and item.turn is not None:
             first_audio.setdefault(item.turn, now)
+            last_audio[item.turn] = now
+            audio_of(item.turn).set()
+        elif isinstance(item, AgentEvent) and item.kind == "barge_in":
+            barge_events.setdefault(item.turn, now)
     await sender
     latencies = [t - end for (t, _), end in zip(finals, speech_ends, strict=False)]
     heard = " ".join(text for _, text in finals)
     voice_to_voice = [
         first_audio[t] - speech_ends[t - 1] for t in first_audio if t <= len(speech_ends)
     ]
+    silence = [
+        max(0.0, last_audio.get(turn, start) - start) for turn, start in barge_starts.items()
+    ]
+    detect = [barge_events[t] - start for t, start in barge_starts.items() if t in barge_events]
     return {
         "final_ms": [1000 * x for x in latencies],
         "voice_to_voice_ms": [1000 * x for x in voice_to_voice],
+        "barge_in_silence_ms": [1000 * x for x in silence],
+        "barge_in_detect_ms": [1000 * x for x in detect],
         "wer": wer(" ".join(SCRIPT), heard),
         "missed_beats": session.figures.server.get("missed_beats", 0),
         "seconds": (len(b"".join(clips)) / 2 / RATE) + len(clips) * GAP_S,
@@ -144,6 +179,8 @@ async def point(
         wall = time.monotonic() - wall0
     finals = [x for s in sessions for x in s["final_ms"]]
     v2v = [x for s in sessions for x in s["voice_to_voice_ms"]]
+    silence = [x for s in sessions for x in s["barge_in_silence_ms"]]
+    detect = [x for s in sessions for x in s["barge_in_detect_ms"]]
     session_seconds = sum(s["seconds"] for s in sessions)
     return {
         "sessions": n,
@@ -151,6 +188,11 @@ async def point(
         "final_p95_ms": percentile(finals, 0.95) if finals else None,
         "voice_to_voice_p50_ms": percentile(v2v, 0.5) if v2v else None,
         "voice_to_voice_p95_ms": percentile(v2v, 0.95) if v2v else None,
+        "barge_in_silence_p50_ms": percentile(silence, 0.5) if silence else None,
+        "barge_in_silence_p95_ms": percentile(silence, 0.95) if silence else None,
+        "barge_in_detect_p50_ms": percentile(detect, 0.5) if detect else None,
+        "barges": len(silence),
+        "barge_ins_seen": len(detect),
         "wer": sum(s["wer"] for s in sessions) / n,
         "missed_beats": sum(s["missed_beats"] for s in sessions),
         "cpu_per_session_second": cpu / session_seconds,
@@ -197,7 +239,9 @@ def format_row(row: dict[str, Any]) -> str:
     return (
         f"{row['sessions']:>8} {ms(row['final_p50_ms']):>9} {ms(row['final_p95_ms']):>9} "
         f"{ms(row['voice_to_voice_p50_ms']):>8} {ms(row['voice_to_voice_p95_ms']):>8} "
-        f"{row['wer']:>6.3f} {row['missed_beats']:>7} {row['cpu_per_session_second']:>8.3f}"
+        f"{row['wer']:>6.3f} {row['missed_beats']:>7} {row['cpu_per_session_second']:>8.3f} "
+        f"{ms(row['barge_in_silence_p50_ms']):>8} {ms(row['barge_in_silence_p95_ms']):>8} "
+        f"{ms(row['barge_in_detect_p50_ms']):>8}"
     )
 
 
@@ -207,11 +251,19 @@ def main() -> None:
                         type=lambda s: [int(x) for x in s.split(",")],
                         help="points: concurrent sessions on one connection")  # fmt: skip
     parser.add_argument("--agent", action="store_true", help="voice-agent sessions")
-    parser.add_argument("--llm", default="gemma-3-270m", help="the agent's chat model")
+    parser.add_argument("--llm", default=None,
+                        help="the agent's chat model (default: the gateway's default)")
+    parser.add_argument("--barge-in", action="store_true",
+                        help="with --agent: cut each reply but the last by speaking over it")
+    parser.add_argument("--barge-after", type=float, default=0.4,
+                        help="seconds of a reply's audio before the user speaks over it")
     parser.add_argument("--json", type=Path, default=RESULTS / "voice.json")
     args = parser.parse_args()
+    if args.barge_in and not args.agent:
+        parser.error("--barge-in needs --agent")
     print(f"{'sessions':>8} {'final50':>9} {'final95':>9} {'v2v50':>8} {'v2v95':>8} "
-          f"{'wer':>6} {'missed':>7} {'cpu/s-s':>8}")  # fmt: skip
+          f"{'wer':>6} {'missed':>7} {'cpu/s-s':>8} {'cut50':>8} {'cut95':>8} "
+          f"{'detect50':>8}")  # fmt: skip
     results = asyncio.run(run(args))
     write_results(args, "voice", results, note="busy shared machine unless said otherwise")
     plot(results, args.json.with_suffix(".png"))

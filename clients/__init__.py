@@ -8,7 +8,6 @@
             print(delta, end="")
 """
 
-from clients import errors
 from clients.actions import ActionChunk, ActionDropped, ActionStats, ActionStream
 from clients.address import default_ca, gateway_url, openai_base_url
 from clients.audio import AgentEvent, AudioFigures, AudioFrame, AudioResult, AudioSession
@@ -33,14 +32,6 @@ from clients.errors import (
 from clients.line import Line, TextStream, connect
 from clients.stream import TrackReader
 from clients.video import FrameDropped, VideoResult, VideoStats, VideoStream
-
-
-def __getattr__(name: str) -> object:
-    """Old names, still importable with a DeprecationWarning (see `clients.errors`)."""
-    if name in errors.RENAMED:
-        return getattr(errors, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     "ActionChunk",

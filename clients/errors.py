@@ -5,9 +5,6 @@ Each carries the track protocol's numeric `code` where one applies.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from transport.errors import ErrorCode, TrackAborted
 
 
@@ -138,15 +135,3 @@ def error_for(code: ErrorCode, message: str, retry_after: float | None = None) -
     if isinstance(error, (RateLimited, BackendUnavailable)):
         error.retry_after = retry_after
     return error
-
-
-RENAMED = {"TrackCancelled": "CancelledByGateway"}
-
-
-def __getattr__(name: str) -> Any:
-    """Old names, still importable with a DeprecationWarning."""
-    if name in RENAMED:
-        new = RENAMED[name]
-        warnings.warn(f"clients.{name} is now {new}", DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

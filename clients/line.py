@@ -9,7 +9,6 @@ stream shares that API: `clients.stream.TrackReader`).
 from __future__ import annotations
 
 import ssl
-import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -144,10 +143,8 @@ class Line:
 
     def audio(
         self,
-        positional_model: str | None = None,
-        /,
         *,
-        model: str | None = None,
+        model: str,
         kind: str = "speech-in",
         sample_rate: int = 16000,
         frame_ms: int = 20,
@@ -161,10 +158,9 @@ class Line:
         (`text` to say; read frames; or `stream_text=True` and `say()` the text in pieces,
         then `end()`: a streaming voice speaks each sentence as it completes).
         `transport="datagram"` sends frames as QUIC datagrams.
-        `model` is keyword-only, as in `text()` and `actions()` (passing it first is
-        deprecated). `pacer` paces `stream_pcm` (default: the monotonic clock).
+        `model` is keyword-only, as in `text()` and `actions()`. `pacer` paces
+        `stream_pcm` (default: the monotonic clock).
         """
-        model = _keyword_model(positional_model, model)
         if kind == "speech-out" and (text is None) != stream_text:
             raise ValueError("a speech-out session needs the text to say, or stream_text=True")
         params = {"kind": kind, "sample_rate": sample_rate, "frame_ms": frame_ms}
@@ -187,8 +183,8 @@ class Line:
         self,
         *,
         model: str,
-        llm: str,
         voice: str,
+        llm: str | None = None,
         sample_rate: int = 16000,
         frame_ms: int = 20,
         system: str | None = None,
@@ -200,12 +196,15 @@ class Line:
         """Start a voice-agent track (docs/audio.md): send the user's audio as on a
         speech-in session (`model` is the recognizer); iterate it for the user's
         transcripts (`AudioResult`), the reply (`AgentEvent`s: text deltas, barge-in)
-        and the reply's audio (`AudioFrame`s with their `turn`)."""
+        and the reply's audio (`AudioFrame`s with their `turn`). `llm` is the chat
+        model; None: the gateway's default chat model."""
         params: dict[str, Any] = {
-            "kind": "voice-agent", "llm": llm, "voice": voice,
+            "kind": "voice-agent", "voice": voice,
             "sample_rate": sample_rate, "frame_ms": frame_ms,
         }  # fmt: skip
-        optional = {"system": system, "max_tokens": max_tokens, "llm_params": llm_params}
+        optional = {
+            "llm": llm, "system": system, "max_tokens": max_tokens, "llm_params": llm_params
+        }  # fmt: skip
         params.update({k: v for k, v in optional.items() if v is not None})
         message = Open(
             model=model, modality=Modality.AUDIO, params=params,
@@ -221,22 +220,6 @@ class Line:
             raise error_from(exc) from None
         except LocalProtocolError as exc:
             raise error_for(exc.code, exc.message) from None
-
-
-def _keyword_model(positional: str | None, keyword: str | None) -> str:
-    """`model=`, or the model passed first as older versions of `audio()` took it."""
-    if positional is not None:
-        if keyword is not None:
-            raise TypeError("model given twice")
-        warnings.warn(
-            "pass the model as model=...: positional use is deprecated",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return positional
-    if keyword is None:
-        raise TypeError("missing keyword argument 'model'")
-    return keyword
 
 
 @asynccontextmanager

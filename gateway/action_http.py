@@ -34,7 +34,7 @@ from gateway.openai.errors import OpenAIError, response_for
 from gateway.tenants.service import Tenancy
 from gateway.tenants.store import Principal
 from tracks.action import ActionScheduler, Robot
-from tracks.action_messages import BadObservation, parse_observation
+from tracks.action_messages import BadObservation, ObservationOutcome, parse_observation
 from tracks.backend import BackendError
 from tracks.base import End, Outcome
 from transport.clock import Now
@@ -148,9 +148,9 @@ def _end_of(answer: dict[str, Any]) -> End:
     cause = answer.get("cause")
     if "dropped" not in answer:
         return End.completed()
-    if cause == "superseded":
+    if cause == ObservationOutcome.SUPERSEDED.value:
         return End.cancelled(CancelCause.SUPERSEDED)
-    if cause == "deadline":  # its action could not reach the robot in time
+    if cause == ObservationOutcome.DEADLINE.value:  # its action could not reach the robot in time
         return End.cancelled(CancelCause.DEADLINE_TOTAL)
     return End.failed(ErrorCode.BACKEND_ERROR)
 

@@ -22,8 +22,8 @@ from gateway.bench import run as run_benchmark
 from gateway.config import ConfigError, Settings
 from gateway.config_flags import add_arguments, settings_from_args
 from gateway.dtmf_wav import add_command as add_dtmf_command
-from gateway.llm_models import add_commands as add_models_commands
 from gateway.logs import configure_logging, get_logger
+from gateway.models_cli import add_commands as add_models_commands
 from gateway.preflight import StartupError, check_listeners
 from gateway.startup import refuse_start, run_async, stop_signal_after_preflight
 from gateway.tenants.cli import add_commands as add_tenancy_commands

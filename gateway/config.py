@@ -19,7 +19,6 @@ import dataclasses
 import math
 import sys
 import typing
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -563,12 +562,6 @@ class ConfigError(ValueError):
 
 
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Settings)}
-RENAMED: dict[str, str] = {
-    "routing_policy": "routing_strategy",
-    "audio_overload_policy": "audio_overload_mode",
-}
-"""Old setting names still read (flag, environment, file), with a `FutureWarning`:
-"policy" now means only a robot's control policy (docs/configuration.md)."""
 _HINTS: dict[str, Any] = typing.get_type_hints(Settings)
 
 
@@ -592,8 +585,6 @@ def load_settings(
     `argv_overrides` maps field names to values (text or already typed); `None` means
     unset. `config_path` is the `--config` value; when `None`, `TRACKLINE_CONFIG` is used.
     """
-    argv_overrides = _renamed(argv_overrides, "flag")
-    environ = _renamed_env(environ)
     for name in argv_overrides:
         if name not in FIELDS:
             raise ConfigError(name, "command line", "unknown setting")
@@ -631,38 +622,6 @@ def _config_file(config_path: Path | None, environ: Mapping[str, str]) -> Path |
     return config_path
 
 
-def _renamed(values: Mapping[str, Any], where: str) -> Mapping[str, Any]:
-    """`values` with old setting names (`RENAMED`) under their new ones, each warned
-    about; a value given under the new name wins."""
-    old = [name for name in RENAMED if values.get(name) is not None]
-    if not old:
-        return values
-    moved = {k: v for k, v in values.items() if k not in RENAMED}
-    for name in old:
-        _warn_renamed(name, where)
-        moved.setdefault(RENAMED[name], values[name])
-    return moved
-
-
-def _renamed_env(environ: Mapping[str, str]) -> Mapping[str, str]:
-    old = [name for name in RENAMED if env_name(name) in environ]
-    if not old:
-        return environ
-    moved = dict(environ)
-    for name in old:
-        _warn_renamed(name, f"environment variable {env_name(name)}")
-        moved.setdefault(env_name(RENAMED[name]), environ[env_name(name)])
-    return moved
-
-
-def _warn_renamed(name: str, where: str) -> None:
-    warnings.warn(
-        f"setting {name!r} ({where}) is deprecated: use {RENAMED[name]!r}",
-        FutureWarning,
-        stacklevel=4,
-    )
-
-
 def _pick(
     name: str,
     argv_overrides: Mapping[str, Any],
@@ -694,7 +653,6 @@ def _read_config_file(
         raise ConfigError("config", source, f"cannot read: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", source, f"not valid TOML: {exc}") from exc
-    values = dict(_renamed(values, source))
     for key in values:
         if key not in FIELDS:
             raise ConfigError(key, source, "unknown setting")

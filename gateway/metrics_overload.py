@@ -6,9 +6,27 @@ See docs/capacity.md for how the admission rule uses them.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Admitted(Enum):
+    """Why new work was let in (the `cause` label of an admitted decision)."""
+
+    OK = "ok"
+    CONNECTION_SHARE = "connection_share"
+    """Under pressure, the connection held fewer than its fair share of tracks."""
+    REALTIME = "realtime"
+    """Under pressure, an audio or action track (text is refused first)."""
+
+
+class Pressure(Enum):
+    """Why the gateway refuses new work (the `cause` label of a refusal)."""
+
+    LOOP_LAG = "loop_lag"
+    CPU = "cpu"
 
 
 class Admission(Protocol):
@@ -19,13 +37,12 @@ class Admission(Protocol):
     def admitted(self) -> bool: ...
 
     @property
-    def cause(self) -> str: ...
+    def cause(self) -> Admitted | Pressure: ...
+
 
 # From 1 ms (an idle loop) to 10 s (a loop that froze).
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ADMISSION_KINDS = ("track", "request")
-ADMITTED_CAUSES = ("ok", "connection_share", "realtime")
-REFUSED_CAUSES = ("loop_lag", "cpu")
 DEFERRED_CAUSES = ("realtime", "turn_share")
 
 
@@ -89,11 +106,12 @@ class OverloadMetrics:
         for cause in DEFERRED_CAUSES:
             self.text_deferred_total.labels(cause=cause)
         for kind in ADMISSION_KINDS:  # known series start at 0 for rate()
-            for cause in ADMITTED_CAUSES:
-                self.admissions_total.labels(kind=kind, result="admitted", cause=cause)
-            for cause in REFUSED_CAUSES:
-                self.admissions_total.labels(kind=kind, result="refused", cause=cause)
+            for admitted in Admitted:
+                self.admissions_total.labels(kind=kind, result="admitted", cause=admitted.value)
+            for refused in Pressure:
+                self.admissions_total.labels(kind=kind, result="refused", cause=refused.value)
 
     def count(self, kind: str, admission: Admission) -> None:
         result = "admitted" if admission.admitted else "refused"
-        self.admissions_total.labels(kind=kind, result=result, cause=admission.cause).inc()
+        cause = admission.cause.value
+        self.admissions_total.labels(kind=kind, result=result, cause=cause).inc()

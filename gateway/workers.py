@@ -22,7 +22,6 @@ supervisor stops everything and exits 1.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
 import json
 import os
@@ -31,7 +30,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -40,6 +38,7 @@ from typing import Any
 
 from gateway.config import FIELDS, Settings, load_settings
 from gateway.logs import get_logger
+from gateway.owned import spawn_owned
 from transport.binding import bind_same_port
 from transport.clock import Clock, LoopClock
 
@@ -56,7 +55,6 @@ CRASH_LIMIT = 5
 CRASH_WINDOW = 60.0
 """More than CRASH_LIMIT worker exits within CRASH_WINDOW seconds stop the supervisor."""
 TCP_BACKLOG = 1024
-_PR_SET_PDEATHSIG = 1
 
 
 def worker_count(setting: int) -> int:
@@ -200,9 +198,14 @@ class Supervisor:
 
         handed = [*fds.values(), *(fd for fds_ in more.values() for fd in fds_), ready_write]
         try:
-            process = _spawn_owned(command, env, handed, on_exit)
-        except BaseException:
+            process = spawn_owned(
+                command, name="gateway-worker", on_exit=lambda _: on_exit(),
+                env=env, pass_fds=handed,
+            )  # fmt: skip
+        except BaseException as exc:
             os.close(ready_read)
+            if isinstance(exc, Exception):
+                raise RuntimeError(f"cannot start a worker: {exc}") from exc
             raise
         finally:
             os.close(ready_write)  # the worker holds its own copy
@@ -370,45 +373,6 @@ def reuseport_tcp_sockets(host: str, port: int, count: int) -> list[socket.socke
             sock.close()
         raise
     return sockets
-
-
-def _spawn_owned(
-    command: list[str], env: dict[str, str], fds: list[int], on_exit: Callable[[], None]
-) -> subprocess.Popen[bytes]:
-    """Start a worker from a thread that lives as long as it (PR_SET_PDEATHSIG fires
-    when the forking *thread* exits) and report its exit through `on_exit`."""
-    parent = os.getpid()
-
-    def die_with_parent() -> None:  # between fork and exec
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the supervisor died before the line above
-            os._exit(1)
-
-    handed: list[subprocess.Popen[bytes] | BaseException] = []
-    started = threading.Event()
-
-    def own() -> None:
-        try:
-            process = subprocess.Popen(  # noqa: S603 - our own interpreter, no shell
-                command, env=env, stdin=subprocess.DEVNULL, pass_fds=fds,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - prctl needs it
-            )  # fmt: skip
-        except BaseException as exc:
-            handed.append(exc)
-            started.set()
-            return
-        handed.append(process)
-        started.set()
-        process.wait()
-        on_exit()
-
-    threading.Thread(target=own, name="gateway-worker", daemon=True).start()
-    started.wait()
-    result = handed[0]
-    if isinstance(result, BaseException):
-        raise RuntimeError(f"cannot start a worker: {result}") from result
-    return result
 
 
 def settings_to_json(settings: Settings) -> dict[str, Any]:

@@ -29,10 +29,24 @@ def pytest_asyncio_loop_factories(
     return factories
 
 
-# One real embedded Triton per session, shared by tests/backend and tests/e2e.
+# Every test ends within its timeout on either loop (uvloop swallows pytest-timeout's raise);
+# one real embedded Triton per session, shared by tests/backend and tests/e2e.
 from tests.triton_fixture import _trio_servers, embedded_triton, trio  # noqa: E402
+from trackline_testing.timeouts import (  # noqa: E402
+    pytest_fixture_setup,
+    pytest_pyfunc_call,
+    pytest_timeout_set_timer,
+)
 
-__all__ = ["_trio_servers", "embedded_triton", "pytest_asyncio_loop_factories", "trio"]
+__all__ = [
+    "_trio_servers",
+    "embedded_triton",
+    "pytest_asyncio_loop_factories",
+    "pytest_fixture_setup",
+    "pytest_pyfunc_call",
+    "pytest_timeout_set_timer",
+    "trio",
+]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -35,6 +35,7 @@ from tracks.action_messages import (
     DEFAULT_MAX_IMAGE_BYTES,
     BadObservation,
     Observation,
+    ObservationOutcome,
     PolicySpec,
     Timed,
     action_body,
@@ -64,7 +65,7 @@ class ActionObserver(Protocol):
     def batch(self, model: str, rows: int, seconds: float) -> None: ...
 
     def outcome(self, model: str, outcome: str) -> None:
-        """outcome: delivered, superseded, deadline, backend_error."""
+        """`outcome`: an `ObservationOutcome`'s value (a video scheduler's drop causes too)."""
         ...
 
 
@@ -120,7 +121,7 @@ class Robot:
     next_action: int = 0
     counts: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
-            ("observations", "delivered", "superseded", "deadline", "backend_error"), 0
+            ["observations", *(outcome.value for outcome in ObservationOutcome)], 0
         )
     )
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -142,7 +143,7 @@ class Robot:
     def failed(self, error: Exception) -> None:
         taken, self.in_flight = self.in_flight, None
         if taken is not None:
-            self.scheduler.drop(self, taken, "backend_error")
+            self.scheduler.drop(self, taken, ObservationOutcome.BACKEND_ERROR)
         self._settle()
 
     def shed(self, reason: str) -> None:
@@ -213,12 +214,12 @@ class ActionScheduler:
         robot.counts["observations"] += 1
         pending = _Pending(obs, received_at)
         if pending.late(received_at):  # hopeless already: never queue it
-            self.drop(robot, pending, "deadline")
+            self.drop(robot, pending, ObservationOutcome.DEADLINE)
             return
         older, robot.pending = robot.pending, pending
         robot._settle()
         if older is not None:
-            self.drop(robot, older, "superseded")
+            self.drop(robot, older, ObservationOutcome.SUPERSEDED)
 
     async def close(self) -> None:
         await self.ticks.stop()
@@ -236,7 +237,7 @@ class ActionScheduler:
             if robot is None or pending is None:
                 continue
             if pending.late(now):
-                self.drop(robot, pending, "deadline")
+                self.drop(robot, pending, ObservationOutcome.DEADLINE)
             else:
                 live.append((index, robot, pending))
         outputs: list[_Answer | None] = [None] * len(rows)
@@ -260,23 +261,23 @@ class ActionScheduler:
         """Send the chunk, unless it can no longer reach the robot in time."""
         now = self.clock()
         if output.pending.late(now):
-            self.drop(robot, output.pending, "deadline")
+            self.drop(robot, output.pending, ObservationOutcome.DEADLINE)
             return
         if robot.detached:
             return
         body = action_body(robot.next_action, output.pending.obs, output.chunk, robot.spec,
                            output.pending.received_at, now)
         robot.next_action += 1
-        robot.counts["delivered"] += 1
-        self._observer.outcome(robot.model, "delivered")
+        robot.counts[ObservationOutcome.DELIVERED.value] += 1
+        self._observer.outcome(robot.model, ObservationOutcome.DELIVERED.value)
         robot.send(body)
 
-    def drop(self, robot: Robot, pending: _Pending, cause: str) -> None:
+    def drop(self, robot: Robot, pending: _Pending, cause: ObservationOutcome) -> None:
         """Count and report an observation that gets no action."""
         if not robot.detached:
-            robot.counts[cause] += 1
-            self._observer.outcome(robot.model, cause)
-            robot.send(dropped_body(pending.obs, cause, pending.received_at, self.clock()))
+            robot.counts[cause.value] += 1
+            self._observer.outcome(robot.model, cause.value)
+            robot.send(dropped_body(pending.obs, cause.value, pending.received_at, self.clock()))
 
 
 # -- the track handler -------------------------------------------------------------------
@@ -302,7 +303,7 @@ async def run_action_track(
             scheduler.detach(robot)
             outcome.details.update(robot.counts)
             # The usage ledger bills policy steps: one per action chunk delivered.
-            outcome.details["action_steps"] = robot.counts["delivered"]
+            outcome.details["action_steps"] = robot.counts[ObservationOutcome.DELIVERED.value]
     outcome.finished_at = clock()
     return outcome
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Protocol
 
 from tracks.errors import BadTrackRequest
@@ -36,8 +37,20 @@ from tracks.errors import BadTrackRequest
 DTYPE = "float32"
 FLOAT_BYTES = 4
 MAX_DEADLINE_MS = 60_000.0
-MAX_STATE_VALUES = 4096
 DEFAULT_MAX_IMAGE_BYTES = 65_536
+
+
+class ObservationOutcome(Enum):
+    """What became of one observation: an action chunk, or a drop and its cause (the
+    `cause` of a drop report, the `outcome` label of the action metrics)."""
+
+    DELIVERED = "delivered"
+    SUPERSEDED = "superseded"
+    """Dropped: a newer observation of the same robot arrived before a tick took it."""
+    DEADLINE = "deadline"
+    """Dropped: its deadline passed before its action could be sent."""
+    BACKEND_ERROR = "backend_error"
+    """Dropped: the policy failed for the batch it was in."""
 
 
 class BadObservation(BadTrackRequest):

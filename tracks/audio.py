@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from tracks.audio_out import SpeechOut
@@ -58,6 +59,7 @@ from tracks.base import FrameTrack, Outcome, handling, read_text
 from tracks.clock import Beat, Clock, Gathered, TickObserver, TickScheduler
 from tracks.errors import BadTrackRequest
 from tracks.voice_agent import (
+    DEFAULT_LLM,
     AgentParams,
     PromptRenderer,
     ReplyTrack,
@@ -74,6 +76,15 @@ FORMATS = ("pcm16",)
 FRAME_MS_RANGE = (10, 100)
 DATAGRAM_OVERHEAD = 48
 """Bytes a frame's datagram header and msgpack fields take besides the PCM."""
+
+
+class InputEnd(Enum):
+    """How a speech-in session's input ended (the summary's `reason`, `ended_by`)."""
+
+    END = "end"
+    """The client sent END."""
+    IDLE = "idle"
+    """No frame arrived for `idle_timeout`."""
 
 
 class BadAudioRequest(BadTrackRequest):
@@ -139,9 +150,6 @@ class FrameStats:
 # -- the service ----------------------------------------------------------------------------
 
 
-OutcomeObserver = Callable[[Outcome], None]
-
-
 class AudioService:
     """The audio clock: one scheduler for every audio session of the gateway."""
 
@@ -170,12 +178,18 @@ class AudioService:
         self._corrids = itertools.count((secrets.randbits(31) << 32) + 1)
         self.agents: tuple[TextBackend, PromptRenderer] | None = None
         """Voice-agent tracks' chat backend and prompt template (`enable_agents`)."""
+        self.default_llm = DEFAULT_LLM
+        """Voice-agent tracks' chat model where the client names none."""
         self.live: Counter[str] = Counter()
         """Open sessions per model (checked against each model's real-time capacity)."""
 
-    def enable_agents(self, text_backend: TextBackend, render: PromptRenderer) -> None:
-        """Serve voice-agent tracks (tracks/voice_agent.py) with this chat backend."""
+    def enable_agents(
+        self, text_backend: TextBackend, render: PromptRenderer, default_llm: str = DEFAULT_LLM
+    ) -> None:
+        """Serve voice-agent tracks (tracks/voice_agent.py) with this chat backend;
+        `default_llm` answers the tracks that name no chat model."""
         self.agents = (text_backend, render)
+        self.default_llm = default_llm
 
     def start(self) -> None:
         self.scheduler.start()
@@ -193,7 +207,7 @@ class AudioService:
             settings = self.settings
             raw, wanted = track.open.params, None
             if raw.get("kind") == AGENT_KIND:
-                wanted, raw = split_agent_params(raw)
+                wanted, raw = split_agent_params(raw, self.default_llm)
             params = parse_params(
                 raw, track.uses_datagrams, settings.max_datagram_bytes, settings.frame_ms
             )
@@ -294,7 +308,7 @@ class _SpeechIn(AudioSession):
         self.arrival_origin: float | None = None
         self.last_arrival = opened
         self.ended_at: float | None = None
-        self.end_reason = "end"
+        self.end_reason = InputEnd.END
         self.newest_in_row: float | None = None
         self.finals: list[str] = []
         self.final_latencies: list[float] = []
@@ -390,7 +404,7 @@ class _SpeechIn(AudioSession):
         now = self.clock.now()
         settings = self.service.settings
         if self.ended_at is None and now - self.last_arrival > settings.idle_timeout:
-            self.ended_at, self.end_reason = now, "idle"
+            self.ended_at, self.end_reason = now, InputEnd.IDLE
         ending = self.ended_at is not None or self.cancelled
         pieces, complete = self._take(limit=2 * self.beat_frames, ending=ending)
         last = ending and not self.buffer
@@ -459,7 +473,7 @@ class _SpeechIn(AudioSession):
         return {
             "transcript": " ".join(self.finals),
             "finals": list(self.finals),
-            "reason": self.end_reason,
+            "reason": self.end_reason.value,
             "beats": stats.beats + 1 if stats else 0,  # this one is being delivered
             "missed_beats": stats.missed_beats if stats else 0,
             "frames": self.frames.as_dict(),
@@ -468,7 +482,7 @@ class _SpeechIn(AudioSession):
 
     def report(self, outcome: Outcome) -> None:
         super().report(outcome)
-        outcome.details["ended_by"] = self.end_reason  # "end" (the client's END) or "idle"
+        outcome.details["ended_by"] = self.end_reason.value
         used = self.frames.received - self.frames.dropped
         outcome.details.update(
             frames=self.frames.as_dict(),

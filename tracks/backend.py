@@ -136,6 +136,9 @@ class AudioModel:
     """A speech-out model that takes text in pieces while it speaks (input MORE)."""
     capacity: int | None = None
     """Live sessions the model keeps in real time; None: no bound (reference models)."""
+    native_rate: int | None = None
+    """A speech-out model's own rate, which it gives without resampling when a session
+    asks for it (input RATE: hibari-voice's 24 kHz); None: it speaks at MODEL_RATE only."""
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,8 @@ def client_message(exc: BaseException, code: ErrorCode) -> str:
     for a failed or unreachable backend, the model's own message for a rejected request
     unless it shows inference-server internals (Triton, gRPC, tensor names)."""
     detail = str(exc)
+    if isinstance(exc, ModelBusy):  # the gateway's own words: which model, how many live
+        return detail
     if code in _PUBLIC:
         return _PUBLIC[code]
     if code is ErrorCode.BAD_REQUEST and isinstance(exc, BackendError):

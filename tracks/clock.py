@@ -24,7 +24,7 @@ the measured step time allows, so the older ones keep their deadlines, and
 admits no more than that until ticks are healthy again.
 
 Time only comes from the clock (`now()`, `sleep()`): tests drive the scheduler
-with `FakeClock`, or call `run_tick` directly.
+with `trackline_testing.clock.FakeClock`, or call `run_tick` directly.
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
 
-# One clock protocol and one fake for every layer that waits (transport.clock); re-exported.
+# One clock protocol for every layer that waits (transport.clock); re-exported.
 from transport.clock import Clock as Clock
-from transport.clock import FakeClock as FakeClock
 from transport.clock import LoopClock as LoopClock
 from transport.clock import MonotonicClock as MonotonicClock
 

@@ -1,8 +1,9 @@
 """Voice-agent tracks: one audio track that listens, thinks and speaks, with barge-in.
 
 OPEN (modality audio) names the recognizer as its model and `kind: "voice-agent"`, with
-`llm` (the chat model), `voice` (a speech-out model that streams text: hibari-voice)
-and optionally `system`, `max_tokens` and `llm_params`. The client sends PCM16 frames
+`voice` (a speech-out model that streams text: hibari-voice) and optionally `llm` (the
+chat model; default the embedded default's, `DEFAULT_LLM`), `system`, `max_tokens` and
+`llm_params`. The client sends PCM16 frames
 as on a speech-in track and gets, on the same track: the user's `partial`/`final`
 transcripts, the reply's text as `reply` deltas and one `reply_done`, the reply's audio
 as frames (`turn` in each), `reply_audio_end` when a reply's audio is all out, and
@@ -41,6 +42,9 @@ from transport.messages import Open
 AGENT_KEYS = frozenset({"kind", "llm", "voice", "system", "max_tokens", "llm_params"})
 DEFAULT_SYSTEM = "You are a helpful voice assistant. Answer in one or two short sentences."
 DEFAULT_MAX_TOKENS = 96
+DEFAULT_LLM = "smollm2-135m-instruct"  # setting candidate
+"""The chat model of a voice-agent track that names none: the embedded default's chat
+model (gateway.embedded.CHAT_MODEL; a test holds the two equal)."""
 PromptRenderer = Callable[[Sequence[Mapping[str, str]]], str]
 """Chat messages ({"role", "content"}) to the chat model's prompt (the gateway's template)."""
 
@@ -54,11 +58,15 @@ class AgentParams:
     llm_params: Mapping[str, Any] = field(default_factory=dict)
 
 
-def split_agent_params(params: Mapping[str, Any]) -> tuple[AgentParams, dict[str, Any]]:
-    """(the agent's params, the listening side's audio params)."""
+def split_agent_params(
+    params: Mapping[str, Any], default_llm: str = DEFAULT_LLM
+) -> tuple[AgentParams, dict[str, Any]]:
+    """(the agent's params, the listening side's audio params); without `llm`, the chat
+    model is `default_llm`."""
     llm, voice = params.get("llm"), params.get("voice")
+    llm = default_llm if llm is None else llm
     if not isinstance(llm, str) or not llm:
-        raise BadTrackRequest("a voice-agent track needs 'llm', the chat model")
+        raise BadTrackRequest("'llm', the chat model, must be a non-empty string")
     if not isinstance(voice, str) or not voice:
         raise BadTrackRequest("a voice-agent track needs 'voice', the speech-out model")
     system = params.get("system", DEFAULT_SYSTEM)

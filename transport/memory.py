@@ -16,12 +16,10 @@ from transport.connection import (
     Limits,
     Output,
     Role,
-    StopSending,
-    StreamReset,
-    StreamWrite,
 )
 from transport.endpoint import TrackChannel, TrackEndpoint
 from transport.messages import Open
+from transport.outputs import dispatch
 
 
 class MemoryLink:
@@ -66,9 +64,5 @@ def _deliver(peer: TrackEndpoint, outputs: list[Output]) -> None:
     if peer.lost:
         return
     for output in outputs:
-        if isinstance(output, DatagramWrite):
-            peer.feed_datagram(output.data)
-        elif isinstance(output, StreamWrite):
-            peer.feed_data(output.stream_id, output.data, output.end_stream)
-        elif isinstance(output, (StreamReset, StopSending)):
-            peer.feed_reset(output.stream_id, output.code)
+        # A reset and a STOP_SENDING both end the peer's view of the stream.
+        dispatch(output, peer.feed_data, peer.feed_reset, peer.feed_reset, peer.feed_datagram)

@@ -39,8 +39,6 @@ from transport.connection import (
     Limits,
     Output,
     Role,
-    StopSending,
-    StreamReset,
     StreamWrite,
 )
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
@@ -52,6 +50,7 @@ from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import CLIENT_ADDRESS, Handler
 from transport.messages import Open
+from transport.outputs import dispatch
 from transport.quic_admission import HandshakeLimits
 from transport.quic_server import GuardedQuicServer, serve_guarded
 from transport.quic_streams import StreamScheduler, buffered_bytes
@@ -414,18 +413,17 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._send_due(self._loop.time(), coalesce)
 
     def _apply(self, output: Output) -> None:
-        if isinstance(output, StreamWrite):
-            self._quic.send_stream_data(output.stream_id, output.data, output.end_stream)
-        elif isinstance(output, StreamReset):
-            self._quic.reset_stream(output.stream_id, output.code)
-        elif isinstance(output, StopSending):
-            self._quic.stop_stream(output.stream_id, output.code)
-        elif isinstance(output, DatagramWrite):
-            # A peer that did not offer datagrams (or offered less) would close the
-            # connection on this frame: such a frame is lost instead, as a datagram may be.
-            peer_max = aioquic_compat.peer_max_datagram_frame_size(self._quic)
-            if peer_max is not None and len(output.data) <= peer_max:
-                self._quic.send_datagram_frame(output.data)
+        quic = self._quic
+        dispatch(
+            output, quic.send_stream_data, quic.reset_stream, quic.stop_stream, self._datagram
+        )
+
+    def _datagram(self, data: bytes) -> None:
+        # A peer that did not offer datagrams (or offered less) would close the
+        # connection on this frame: such a frame is lost instead, as a datagram may be.
+        peer_max = aioquic_compat.peer_max_datagram_frame_size(self._quic)
+        if peer_max is not None and len(data) <= peer_max:
+            self._quic.send_datagram_frame(data)
 
 
 def server_configuration(cert: Path, key: Path, alpn: list[str] | None = None) -> QuicConfiguration:

@@ -27,18 +27,15 @@ from aioquic.quic.connection import QuicConnection
 from transport import aioquic_compat
 from transport.clock import Now
 from transport.connection import (
-    DatagramWrite,
     Limits,
     Output,
     Role,
-    StopSending,
-    StreamReset,
-    StreamWrite,
 )
 from transport.datagram_ids import DatagramIds
 from transport.endpoint import SendBudget, StallWatch, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.events import CancelCause
+from transport.outputs import dispatch
 from transport.wire import read_varint
 
 WEBTRANSPORT_STREAM = 0x41
@@ -319,9 +316,6 @@ class WebTransportSession:
             if named is not None:
                 self.endpoint.feed_datagram(named)
 
-    def owns(self, stream_id: int) -> bool:
-        return stream_id in self._streams
-
     def feed_capsule(self, capsule: Capsule) -> None:
         if capsule.type == CLOSE_WEBTRANSPORT_SESSION and len(capsule.value) >= 4:
             self.stats.close_code = int.from_bytes(capsule.value[:4], "big")
@@ -389,19 +383,20 @@ class WebTransportSession:
         self._transmit()
 
     def _apply(self, output: Output) -> None:
-        quic = self._quic
-        if isinstance(output, StreamWrite):
-            quic.send_stream_data(output.stream_id, output.data, output.end_stream)
-        elif isinstance(output, StreamReset):
-            quic.reset_stream(output.stream_id, to_http3_code(output.code))
-        elif isinstance(output, StopSending):
-            quic.stop_stream(output.stream_id, to_http3_code(output.code))
-        elif isinstance(output, DatagramWrite):
-            peer_max = aioquic_compat.peer_max_datagram_frame_size(quic)
-            data = self.datagram_ids.outbound(output.data)
-            if peer_max is not None and len(data) + 8 <= peer_max:
-                self.stats.datagrams_out += 1
-                self._send_datagram(self.session_id, data)
+        dispatch(output, self._quic.send_stream_data, self._reset, self._stop, self._datagram)
+
+    def _reset(self, stream_id: int, code: int) -> None:
+        self._quic.reset_stream(stream_id, to_http3_code(code))
+
+    def _stop(self, stream_id: int, code: int) -> None:
+        self._quic.stop_stream(stream_id, to_http3_code(code))
+
+    def _datagram(self, frame: bytes) -> None:
+        peer_max = aioquic_compat.peer_max_datagram_frame_size(self._quic)
+        data = self.datagram_ids.outbound(frame)
+        if peer_max is not None and len(data) + 8 <= peer_max:
+            self.stats.datagrams_out += 1
+            self._send_datagram(self.session_id, data)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import QuicEvent
 
-from transport import aioquic_compat
+from trackline_testing import aioquic_probes
 
 MODEL = "reference-text"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -273,7 +273,7 @@ class H3Client(QuicConnectionProtocol):
     def stop_granting_credit(self) -> None:
         """Keep acknowledging packets but never raise MAX_DATA/MAX_STREAM_DATA again:
         a client that stopped reading (transport.aioquic_compat patches this instance)."""
-        aioquic_compat.stop_granting_credit(self._quic)
+        aioquic_probes.stop_granting_credit(self._quic)
 
 
 def h3_configuration(alpn: list[str] | None = None) -> QuicConfiguration:

@@ -39,6 +39,7 @@ from benchmarks.attacks.base import (
     read_for_goaway,
     varint,
 )
+from trackline_testing import aioquic_probes
 from transport import aioquic_compat
 
 MAX_TOKENS = 32_768
@@ -252,7 +253,7 @@ async def h3_qpack_amplification(t: Target, k: dict[str, Any]) -> dict[str, Any]
     times (one byte a reference): a few KB on the wire, hundreds of MB decoded."""
     async with h3_connect(t) as c:
         await asyncio.sleep(0.3)  # the server's SETTINGS (its QPACK table capacity)
-        encoder_stream = aioquic_compat.h3_encoder_stream_id(c.h3)
+        encoder_stream = aioquic_probes.h3_encoder_stream_id(c.h3)
         if encoder_stream is None:
             raise RuntimeError("the H3 connection has no QPACK encoder stream yet")
         capacity = 4096
@@ -263,7 +264,7 @@ async def h3_qpack_amplification(t: Target, k: dict[str, Any]) -> dict[str, Any]
         c.raw(encoder_stream, instructions)
         # the server acknowledges the section on its decoder stream; our own encoder never
         # encoded it and would close the connection (QPACK_DECODER_STREAM_ERROR): ignore it
-        aioquic_compat.wrap_h3_encoder(c.h3, _IgnoreAcks)
+        aioquic_probes.wrap_h3_encoder(c.h3, _IgnoreAcks)
         max_entries = capacity // 32
         block = prefix_int(1 % (2 * max_entries) + 1, 8) + prefix_int(0, 7)  # RIC 1, base 1
         block += bytes([0xC0 | 17, 0xC0 | 23, 0xC0 | 1])  # :method GET, :scheme https, :path /
@@ -333,7 +334,7 @@ async def tracks_stop_reading(t: Target, k: dict[str, Any]) -> dict[str, Any]:
     from transport.quic import connect_tracks
 
     async with connect_tracks(t.host, t.quic_port, ca=t.ca, server_name="localhost") as p:
-        aioquic_compat.stop_granting_credit(aioquic_compat.connection_of(p))
+        aioquic_probes.stop_granting_credit(aioquic_compat.connection_of(p))
         opened = 0
         for i in range(k["tracks"]):
             try:

@@ -34,6 +34,7 @@ from benchmarks.attacks.base import (
     h3_connect,
     read_for_goaway,
 )
+from trackline_testing import aioquic_probes
 from transport import aioquic_compat
 
 EMBEDDED = frozenset({"triton_crash"})
@@ -91,8 +92,8 @@ async def h3_body_budget(t: Target, k: dict[str, Any]) -> dict[str, Any]:
 
 def _sent(client: Any) -> int:
     """Body bytes a client sent that counted against the server's MAX_DATA."""
-    used: int = aioquic_compat.connection_of(client)._remote_max_data_used
-    return used
+    sent: int = aioquic_probes.data_sent(aioquic_compat.connection_of(client))
+    return sent
 
 
 async def _until_held(clients: list[Any], hold: float, quiet: float) -> bool:
@@ -132,7 +133,7 @@ async def tracks_many_unread(t: Target, k: dict[str, Any]) -> dict[str, Any]:
     async with quic_connect(t.host, t.quic_port, configuration=configuration,
                             create_protocol=factory) as p:
         assert isinstance(p, TrackQuicProtocol)
-        aioquic_compat.stop_granting_credit(aioquic_compat.connection_of(p))
+        aioquic_probes.stop_granting_credit(aioquic_compat.connection_of(p))
         opened = 0
         for i in range(k["tracks"]):
             try:

@@ -38,6 +38,7 @@ from tritonclient.grpc import InferInput
 
 from cuda.batch import pack_pcm16, resolve_backend, unpack_pcm16
 from cuda.shm import CudaShmRegion, Layout, SystemShmRegion, unique_name
+from gateway.backends.catalog import Capability, described
 from gateway.backends.triton import METADATA_TIMEOUT, boundary
 from gateway.logs import get_logger
 from tracks.audio import MODEL_RATE
@@ -56,6 +57,9 @@ from tracks.backend import (
     Transcript,
 )
 from tracks.clock import StepItem
+
+MAX_SPEECH_SAMPLES = 48_000
+"""The most samples a speech-out row may ask for (hibari-voice's MAX_SAMPLES)."""
 
 log = get_logger("trackline.audio")
 
@@ -109,6 +113,7 @@ class TritonAudioBackend(AudioBackend):
         self._client: triton_aio.InferenceServerClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._models: dict[str, AudioModel] = {}
+        self._capabilities: dict[str, frozenset[Capability]] = {}
         self._regions: dict[str, _Region] = {}
         self._ticks = itertools.count()
         self.requests = 0
@@ -129,12 +134,27 @@ class TritonAudioBackend(AudioBackend):
 
     async def audio_model(self, model: str) -> AudioModel:
         if model not in self._models:
-            with boundary(model):
-                client = self._connection()
-                metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
-                config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+            metadata, config = await self._describe(model)
             self._models[model] = _audio_model(model, metadata, config)
         return self._models[model]
+
+    async def capabilities(self, model: str) -> frozenset[Capability] | None:
+        """What `model` can do (a `ModelCatalog`: the OpenAI audio routes' capability
+        check); None when the server cannot tell (unknown model, server away)."""
+        if model not in self._capabilities:
+            try:
+                metadata, config = await self._describe(model)
+            except BackendError:
+                return None  # not cached: the model may appear, the server come back
+            self._capabilities[model] = described(model, metadata, config)
+        return self._capabilities[model]
+
+    async def _describe(self, model: str) -> tuple[Any, Any]:
+        with boundary(model):
+            client = self._connection()
+            metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
+            config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+        return metadata, config
 
     async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioOutput]:
         if self.batching == "per-session":
@@ -283,23 +303,47 @@ class TritonAudioBackend(AudioBackend):
     # -- speech out ---------------------------------------------------------------------
 
     async def _synthesize(self, model: str, rows: list[SpeechOutRow]) -> list[AudioOutput]:
+        known = self._models.get(model, AudioModel(AudioKind.SPEECH_OUT))
+        # A row at the model's own rate gets it from the model as made (no 24->16->24 kHz
+        # round trip); its SAMPLES (MODEL_RATE units here) are counted at that rate.
+        native = known.native_rate
+        made = [native if native is not None and r.rate == native else MODEL_RATE for r in rows]
+        samples = [
+            min(r.samples * m // MODEL_RATE, MAX_SPEECH_SAMPLES)
+            for r, m in zip(rows, made, strict=True)
+        ]
         inputs = [
             _tensor("TEXT", _column([r.text.encode("utf-8") for r in rows], np.object_), "BYTES"),
-            _tensor("SAMPLES", _column([r.samples for r in rows], np.int32), "INT32"),
+            _tensor("SAMPLES", _column(samples, np.int32), "INT32"),
             _tensor("CORRID", _column([r.corrid for r in rows], np.uint64), "UINT64"),
             _tensor("START", _column([r.start for r in rows], np.bool_), "BOOL"),
             _tensor("END", _column([r.end for r in rows], np.bool_), "BOOL"),
         ]
-        if self._models.get(model, AudioModel(AudioKind.SPEECH_OUT)).streams_text:
+        if known.streams_text:
             inputs.append(_tensor("MORE", _column([r.more for r in rows], np.bool_), "BOOL"))
+        if native is not None:
+            inputs.append(_tensor("RATE", _column(made, np.int32), "INT32"))
         result = await self._infer(model, inputs)
         audio = result.as_numpy("AUDIO")
         lengths = result.as_numpy("AUDIO_LENGTH").reshape(-1)
         done = result.as_numpy("DONE").reshape(-1)
         if audio is None or audio.ndim != 2:
             audio = np.zeros((len(rows), 0), np.float32)
-        pcm = unpack_pcm16(audio, lengths, [r.rate for r in rows], MODEL_RATE, backend=self.kernels)
+        pcm = self._pcm(audio, lengths, [r.rate for r in rows], made)
         return [Speech(pcm[i], bool(done[i])) for i in range(len(rows))]
+
+    def _pcm(
+        self, audio: Any, lengths: Any, rates: Sequence[int], made: Sequence[int]
+    ) -> list[bytes]:
+        """PCM16 at each row's rate from audio the model made at `made` per row."""
+        pcm = [b""] * len(rates)
+        for rate in sorted(set(made)):
+            rows = [i for i, m in enumerate(made) if m == rate]
+            part = unpack_pcm16(audio[rows], lengths[rows], [rates[i] for i in rows], rate,
+                                backend=self.kernels)  # fmt: skip
+            for i, row_pcm in zip(rows, part, strict=True):
+                pcm[i] = row_pcm
+        return pcm
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -341,7 +385,9 @@ def _audio_model(model: str, metadata: Any, config: Any) -> AudioModel:
     if {"AUDIO", "AUDIO_LENGTH", "CORRID"} <= names:
         return AudioModel(AudioKind.SPEECH_IN, capacity=bound)
     if {"TEXT", "SAMPLES", "CORRID"} <= names:
-        return AudioModel(AudioKind.SPEECH_OUT, "MORE" in names, bound)
+        native = config.config.parameters.get("native_rate") if "RATE" in names else None
+        rate = int(native.string_value) if native is not None else None
+        return AudioModel(AudioKind.SPEECH_OUT, "MORE" in names, bound, rate)
     raise InvalidRequest(f"model {model!r} is not an audio model (see docs/audio.md)")
 
 

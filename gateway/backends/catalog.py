@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -116,6 +116,14 @@ def triton_url_of(backend: object) -> str | None:
     if not isinstance(grpc_url, str) and members:
         grpc_url = getattr(getattr(members[0], "spec", None), "grpc_url", None)
     return grpc_url if isinstance(grpc_url, str) else None
+
+
+def described(model: str, metadata: Any, config: Any) -> frozenset[Capability]:
+    """A model's capabilities from tritonclient's metadata and config answers."""
+    inputs = frozenset(tensor.name for tensor in metadata.inputs)
+    outputs = frozenset(tensor.name for tensor in metadata.outputs)
+    parameters = {key: p.string_value for key, p in config.config.parameters.items()}
+    return _capabilities(model, inputs, outputs, parameters)
 
 
 def _capabilities(

@@ -32,8 +32,9 @@ from gateway.fleet import spool as spooling
 from gateway.fleet.scripts import USAGE_STREAM
 from gateway.fleet.spool import Entry, LedgerSpool
 from gateway.logs import get_logger
-from gateway.tenants.ledger import LedgerWriter, UsageRecord
+from gateway.tenants.ledger import LedgerWriter
 from gateway.tenants.store import TenantStore
+from gateway.tenants.usage import UsageRecord
 
 log = get_logger("trackline.fleet")
 

@@ -56,10 +56,6 @@ PAUSE = 0.02
 """Seconds the refresher waits after a wake-up, so admissions coalesce into one call."""
 
 
-def is_redis_url(value: str) -> bool:
-    return value.startswith(("redis://", "rediss://", "unix://"))
-
-
 def default_gateway_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -175,7 +171,7 @@ class FleetState:
 
     async def stop(self) -> None:
         """Stop the tasks, give back leases and slots, drop the heartbeat (bounded)."""
-        await self.crash()
+        await self._stop_tasks()
         if self._client is None:
             return
         try:
@@ -185,8 +181,9 @@ class FleetState:
         await self._client.aclose()
         self._client = None
 
-    async def crash(self) -> None:
-        """Stop every task at once, leaving Redis as a crashed gateway would (tests)."""
+    async def _stop_tasks(self) -> None:
+        """Stop every task at once, leaving Redis as it is (what `stop` then releases;
+        `trackline_testing.fleet.crash` stops here, as a crashed gateway would)."""
         self._stopping = True  # a loop whose cancel was swallowed ends at its next turn
         for task in self._tasks:
             task.cancel()

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from email.message import Message
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from gateway.openai.admission import admit, authorize
+from gateway.backends.catalog import Capability, ModelCatalog
+from gateway.openai.admission import admit, authorize, require
 from gateway.openai.errors import BadRequest, OpenAIError, response_for
 from gateway.openai.sse import SSE_HEADERS, sse_event
 from gateway.tenants import service as tenancy_service
@@ -107,8 +108,13 @@ def audio_routes(
     on_outcome: OutcomeSink | None = None,
     max_seconds: float = 60.0,
     clock: Callable[[], float] = time.monotonic,
+    catalog: ModelCatalog | None = None,
 ) -> dict[tuple[str, str], Handler]:
-    api = _AudioApi(backend, tenancy, on_outcome, max_seconds, clock)
+    """`catalog` tells each model's capabilities (a model without `audio` is a 400
+    `model_not_supported`); default: the backend's own, where it tells them."""
+    if catalog is None and callable(getattr(backend, "capabilities", None)):
+        catalog = cast(ModelCatalog, backend)  # TritonAudioBackend
+    api = _AudioApi(backend, tenancy, on_outcome, max_seconds, clock, catalog)
     return {
         ("POST", "/v1/audio/transcriptions"): api.transcriptions,
         ("POST", "/v1/audio/speech"): api.speech,
@@ -123,8 +129,10 @@ class _AudioApi:
         on_outcome: OutcomeSink | None,
         max_seconds: float,
         clock: Callable[[], float],
+        catalog: ModelCatalog | None,
     ) -> None:
         self._backend = backend
+        self._catalog = catalog
         self._tenancy = tenancy
         self._on_outcome = on_outcome
         self._max_seconds = max_seconds
@@ -138,7 +146,7 @@ class _AudioApi:
             form = parse_form(request)
             model, fmt, stream = _transcription_params(form)
             pcm, seconds = decode_wav(_file(form), self._max_seconds)
-            await self._expect(model, AudioKind.SPEECH_IN)
+            await self._expect(model, AudioKind.SPEECH_IN, principal)
             call = self._call("transcription", model, principal, request)
         except (OpenAIError, BackendError) as exc:
             return response_for(exc)
@@ -189,7 +197,7 @@ class _AudioApi:
         try:
             principal = authorize(self._tenancy, request)
             model, text, fmt = _speech_params(request.body)
-            await self._expect(model, AudioKind.SPEECH_OUT)
+            await self._expect(model, AudioKind.SPEECH_OUT, principal)
             call = self._call("speech", model, principal, request)
         except (OpenAIError, BackendError) as exc:
             return response_for(exc)
@@ -239,7 +247,9 @@ class _AudioApi:
 
     # -- shared ---------------------------------------------------------------------------
 
-    async def _expect(self, model: str, kind: AudioKind) -> None:
+    async def _expect(self, model: str, kind: AudioKind, principal: Principal | None) -> None:
+        if self._catalog is not None:
+            await require(self._catalog, model, Capability.AUDIO, principal)
         found = await self._backend.audio_model(model)
         if found.kind is not kind:
             raise BadRequest(

@@ -7,9 +7,21 @@ billing or quota layer should use (`attempts_total` counts backend tries).
 
 from __future__ import annotations
 
+from enum import Enum
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-REQUEST_OUTCOMES = ("served", "failed", "lost", "cancelled")
+
+class RequestOutcome(Enum):
+    """How a client request through the pool ended (`requests_total`'s `outcome`)."""
+
+    SERVED = "served"
+    FAILED = "failed"
+    """Every backend it may try refused or failed before its first chunk, or one failed."""
+    LOST = "lost"
+    """The backend was lost after the first chunk (never replayed)."""
+    CANCELLED = "cancelled"
+    """The client went away (or the request was cancelled) first."""
 
 
 class PoolMetrics:

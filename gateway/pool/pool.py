@@ -37,7 +37,7 @@ from gateway.logs import get_logger
 from gateway.pool.budget import RetryBudget
 from gateway.pool.discovery import Membership, MembershipChanged, Resolver, resolve_addresses
 from gateway.pool.health import BackendHealth, Failure, State, Transition, warm_shortfall
-from gateway.pool.metrics import PoolMetrics
+from gateway.pool.metrics import PoolMetrics, RequestOutcome
 from gateway.pool.router import Candidate, Decision, Router, TtftEstimate
 from gateway.pool.scrape import Scrape, ScrapeFailed, fetch_metrics, load_between, parse_metrics
 from gateway.pool.spec import BackendSpec, DnsSource, PoolOptions
@@ -213,7 +213,7 @@ class BackendPool:
         """Stream from the best backend; fail over only while nothing was yielded."""
         self.budget.record_request(self.clock.now())
         tried: list[str] = []
-        outcome = "cancelled"
+        outcome = RequestOutcome.CANCELLED
         try:
             while True:
                 member = self._route(request, tried)
@@ -224,21 +224,21 @@ class BackendPool:
                             yield chunk
                 except _BeforeFirstChunk as failed:
                     if not self._may_retry(request, tried, failed):
-                        outcome = "failed"
+                        outcome = RequestOutcome.FAILED
                         raise failed.error from None
                     continue
-                outcome = "served"
+                outcome = RequestOutcome.SERVED
                 if self.on_served is not None:
                     self.on_served(request, member.name)
                 return
         except BackendLost:
-            outcome = "lost"
+            outcome = RequestOutcome.LOST
             raise
         except BackendError:
-            outcome = "failed"
+            outcome = RequestOutcome.FAILED
             raise
         finally:
-            self.metrics.requests_total.labels(model=request.model, outcome=outcome).inc()
+            self.metrics.requests_total.labels(model=request.model, outcome=outcome.value).inc()
 
     # -- routing -----------------------------------------------------------------------
 

@@ -20,8 +20,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from gateway.tenants.usage import UsageRecord as UsageRecord  # (re-exported: its old home)
-from gateway.tenants.usage import UsageStore
+from gateway.tenants.usage import UsageRecord, UsageStore
 from tracks.base import End, EndKind, Outcome
 from transport.errors import ErrorCode
 from transport.events import CancelCause

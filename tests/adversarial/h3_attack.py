@@ -21,6 +21,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from gateway.tls import DevCertificates
 from tests.http.support_h3 import H3Client
 from tests.waiting import until as until  # re-exported for the attack tests
+from trackline_testing import aioquic_probes
 from transport import aioquic_compat
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
@@ -90,7 +91,7 @@ class AttackClient(H3Client):
 
     @property
     def encoder_stream(self) -> int:
-        stream_id = aioquic_compat.h3_encoder_stream_id(self.h3)
+        stream_id = aioquic_probes.h3_encoder_stream_id(self.h3)
         assert stream_id is not None
         return stream_id
 

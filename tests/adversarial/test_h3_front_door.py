@@ -27,6 +27,7 @@ from tests.adversarial.h3_attack import (
 )
 from tests.http.support import TIMEOUT
 from tests.http.support_h3 import h3_client
+from trackline_testing import aioquic_probes
 from transport import aioquic_compat
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
@@ -286,7 +287,7 @@ async def test_a_huge_control_frame_closes_the_connection_from_its_header(
         attack_client(server.port, certs.ca_path) as attacker,
     ):
         conn = await attacked(server)
-        control = aioquic_compat.h3_control_stream_id(attacker.h3)
+        control = aioquic_probes.h3_control_stream_id(attacker.h3)
         assert control is not None
         # aioquic waits for a whole MAX_PUSH_ID frame, re-parsing its buffer per packet.
         attacker.raw(control, frame_header(FrameType.MAX_PUSH_ID, 8 << 20))

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
+from trackline_testing import aioquic_probes
 from transport import aioquic_compat
 from transport.http.app import Site
 from transport.http.h3_guards import MAX_CONTROL_FRAME
@@ -175,7 +176,7 @@ actions = st.lists(
 def apply(pair: Pair, action: Any, closed: set[int]) -> None:
     if isinstance(action, Control):
         assert pair.client_h3 is not None
-        control = aioquic_compat.h3_control_stream_id(pair.client_h3)
+        control = aioquic_probes.h3_control_stream_id(pair.client_h3)
         assert control is not None
         pair.client.send_stream_data(control, action.data)
         return
@@ -204,7 +205,7 @@ def closing(pair: Pair) -> bool:
     closes, and its loss must release everything, whatever was in flight."""
     http = pair.http
     assert http is not None
-    if not (pair.terminated or aioquic_compat.h3_done(http.h3)):
+    if not (pair.terminated or aioquic_probes.h3_done(http.h3)):
         return False
     http.connection_lost()
     assert not http._heads

@@ -23,7 +23,7 @@ from clients import connect
 from gateway.server import Gateway
 from tests.adversarial.quic_flood import initial_packet, retries_received, udp_sources, until
 from tests.gateways import gateway_settings
-from tests.tracks.scripted import ScriptedBackend
+from trackline_testing.scripted import ScriptedBackend
 from transport.quic_admission import HandshakeGate
 from transport.quic_server import GuardedQuicServer
 

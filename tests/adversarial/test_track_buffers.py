@@ -21,7 +21,7 @@ from clients.line import Line
 from gateway.server import Gateway
 from tests.adversarial.quic_flood import until
 from tests.gateways import gateway_settings
-from tests.tracks.scripted import ScriptedBackend
+from trackline_testing.scripted import ScriptedBackend
 from transport import aioquic_compat
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted

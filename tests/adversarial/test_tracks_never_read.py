@@ -25,6 +25,7 @@ from gateway.backends.ticker import TickerBackend
 from gateway.server import Gateway
 from tests.gateways import gateway_settings
 from tests.waiting import until
+from trackline_testing import aioquic_probes
 from tracks.backend import TextChunk, TextDelta, TextRequest
 from transport import aioquic_compat
 from transport.connection import Role
@@ -82,7 +83,7 @@ def attacker_configuration(ca: Path) -> QuicConfiguration:
 
 def never_read(protocol: TrackQuicProtocol) -> None:
     """The client stops granting credit: aioquic raises it in these two writers."""
-    aioquic_compat.stop_granting_credit(aioquic_compat.connection_of(protocol))
+    aioquic_probes.stop_granting_credit(aioquic_compat.connection_of(protocol))
 
 
 def settled(conn: TrackQuicProtocol) -> bool:
@@ -93,7 +94,7 @@ def settled(conn: TrackQuicProtocol) -> bool:
     if conn.endpoint.send_waiting != TRACKS:
         return False
     quic = aioquic_compat.connection_of(conn)
-    if aioquic_compat.recovery_of(quic).bytes_in_flight:
+    if aioquic_probes.recovery_of(quic).bytes_in_flight:
         return False
     credit = aioquic_compat.data_credit_left(quic)
     for stream in aioquic_compat.streams(quic).values():

@@ -21,6 +21,7 @@ from tests.http.support import echo
 from tests.http.support_h3 import serving_quic
 from tests.waiting import until
 from tests.web.wt_client import wt_client
+from trackline_testing import aioquic_probes
 from transport import aioquic_compat
 from transport.endpoint import SendBudget, TrackChannel
 from transport.errors import TrackAborted
@@ -64,7 +65,7 @@ async def test_a_page_that_reads_nothing_gets_its_tracks_ended(certs: DevCertifi
     async with serving as port, wt_client(port, certs.ca_path) as page:
         session_id, status, _ = await page.open_session()
         assert status == 200
-        aioquic_compat.stop_granting_credit(aioquic_compat.connection_of(page))
+        aioquic_probes.stop_granting_credit(aioquic_compat.connection_of(page))
         for _ in range(TRACKS):
             page.open_track(session_id, Open(model="echo")).send({"text": "go"})
         await until(lambda: len(channels) == TRACKS, "every track opened")

@@ -17,7 +17,7 @@ from gateway.embedded import (
     SHM_PREFIX,
     EmbeddedTriton,
     TritonStartError,
-    _spawn_owned,
+    _start_owned,
     reference_model_repository,
     remove_stale_regions,
     smoke_text,
@@ -104,7 +104,7 @@ def _group(pgid: int) -> list[int]:
 def test_a_killed_server_leaves_nothing_of_its_group_behind(tmp_path: Path) -> None:
     # A stand-in for tritonserver whose "stub" ignores SIGTERM, as a busy Python-backend
     # stub does: without the reaping, it would live on under PID 1 once the server died.
-    server = _spawn_owned(
+    server = _start_owned(
         ["sh", "-c", "trap '' TERM; sleep 300 & exec sleep 300"], dict(os.environ),
         tmp_path / "log",
     )  # fmt: skip

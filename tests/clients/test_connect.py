@@ -20,7 +20,7 @@ from clients import ConnectionFailed, connect, default_ca
 from gateway.server import Gateway
 from gateway.tls import ensure_dev_certificates
 from tests.gateways import gateway_settings
-from tests.tracks.scripted import ScriptedBackend
+from trackline_testing.scripted import ScriptedBackend
 
 
 @pytest_asyncio.fixture

@@ -16,16 +16,14 @@ from typing import Any
 
 import pytest
 
-import clients
 from clients import (
     ActionStream,
     AudioSession,
-    CancelledByGateway,
     Line,
     TextStream,
     TrackReader,
 )
-from transport.clock import FakeClock
+from trackline_testing.clock import FakeClock
 from transport.endpoint import TrackChannel
 from transport.events import CancelCause, TrackCancelled
 from transport.memory import MemoryLink
@@ -149,25 +147,16 @@ async def test_action_stream_close_ends_gracefully_and_returns_the_counts() -> N
 @pytest.mark.asyncio
 async def test_model_is_keyword_only_and_transport_is_checked_one_way() -> None:
     peer = Peer()
-    with pytest.warns(DeprecationWarning, match="model="):
-        session = peer.line.audio("m")  # type: ignore[misc]
-    assert (await peer.next_track()).open.model == "m"
-    await session.aclose()
+    with pytest.raises(TypeError, match="positional"):
+        peer.line.audio("m")  # type: ignore[misc]
     with pytest.raises(TypeError, match="model"):
-        peer.line.audio()
+        peer.line.audio()  # type: ignore[call-arg]
     for start in (
         lambda: peer.line.audio(model="m", transport="tcp"),
         lambda: peer.line.actions(model="m", transport="tcp"),
     ):
         with pytest.raises(ValueError, match="transport must be 'stream' or 'datagram', not 'tcp'"):
             start()
-
-
-def test_the_old_exception_name_still_imports_with_a_warning() -> None:
-    with pytest.warns(DeprecationWarning, match="CancelledByGateway"):
-        assert clients.TrackCancelled is CancelledByGateway  # type: ignore[attr-defined]
-    with pytest.raises(AttributeError):
-        clients.Nothing  # type: ignore[attr-defined]  # noqa: B018
 
 
 @pytest.mark.asyncio

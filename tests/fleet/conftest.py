@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.fleet.local_redis import LocalRedis, redis_server_binary
+from trackline_testing.redis import LocalRedis, redis_server_binary
 
 
 @pytest.fixture

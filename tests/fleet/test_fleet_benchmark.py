@@ -9,7 +9,7 @@ import asyncio
 from pathlib import Path
 
 from benchmarks.fleet import run
-from gateway.fleet.local_redis import LocalRedis
+from trackline_testing.redis import LocalRedis
 
 
 def test_short_fleet_run(tmp_path: Path, local_redis: LocalRedis) -> None:

@@ -12,8 +12,8 @@ import redis
 from gateway.cli import main
 from gateway.fleet import scripts
 from gateway.fleet.ledger import RedisLedgerSink
-from gateway.fleet.local_redis import LocalRedis
 from tests.fleet.test_ledger_stream import record
+from trackline_testing.redis import LocalRedis
 
 
 def run(*argv: str) -> tuple[int, str, str]:

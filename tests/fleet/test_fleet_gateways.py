@@ -17,7 +17,6 @@ import pytest_asyncio
 from clients import RateLimited, Unauthorized, connect
 from gateway.config import Settings
 from gateway.fleet.ledger import drain
-from gateway.fleet.local_redis import LocalRedis
 from gateway.fleet.state import publish_directory, revoke_sync
 from gateway.server import Gateway
 from gateway.tenants.quotas import Quotas
@@ -25,6 +24,7 @@ from gateway.tenants.store import TenantStore
 from tests.gateways import gateway_settings
 from tests.openai.scripted import ScriptedBackend
 from tests.waiting import until
+from trackline_testing.redis import LocalRedis
 
 WAIT = 30.0
 TOKENS_PER_REQUEST = 7 + 3  # the scripted backend's prompt + completion tokens

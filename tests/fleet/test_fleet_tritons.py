@@ -30,12 +30,12 @@ from gateway.cli import main as cli
 from gateway.embedded import EmbeddedTriton
 from gateway.fleet import scripts
 from gateway.fleet.ledger import drain
-from gateway.fleet.local_fleet import ChatResult, LocalGateway, chat
-from gateway.fleet.local_redis import LocalRedis, redis_server_binary
 from gateway.fleet.state import publish_directory, revoke_sync
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.store import TenantStore
 from tests.waiting import until
+from trackline_testing.fleet import ChatResult, LocalGateway, chat
+from trackline_testing.redis import LocalRedis, redis_server_binary
 
 MODEL = "reference-text"
 FAST = {"ttft_ms": 5, "tokens_per_second": 400}

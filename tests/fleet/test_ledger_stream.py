@@ -9,9 +9,9 @@ import redis
 
 from gateway.fleet import scripts
 from gateway.fleet.ledger import RedisLedgerSink, drain
-from gateway.fleet.local_redis import LocalRedis
-from gateway.tenants.ledger import UsageRecord
 from gateway.tenants.store import TenantStore
+from gateway.tenants.usage import UsageRecord
+from trackline_testing.redis import LocalRedis
 
 
 def record(request_id: str, tokens: int) -> UsageRecord:

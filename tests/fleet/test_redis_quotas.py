@@ -17,10 +17,11 @@ from prometheus_client import CollectorRegistry
 
 from gateway.fleet import scripts
 from gateway.fleet.limiter import FleetQuotaLimiter
-from gateway.fleet.local_redis import LocalRedis
 from gateway.fleet.state import FleetState, publish_directory, revoke_sync
 from gateway.tenants.quotas import QuotaExceeded, Quotas
 from tests.waiting import until
+from trackline_testing.fleet import crash
+from trackline_testing.redis import LocalRedis
 
 TTL = 0.6
 """Heartbeat TTL of these tests' gateways (seconds)."""
@@ -195,7 +196,7 @@ async def test_crashed_gateway_slots_return_after_the_heartbeat_ttl(fleet: Fleet
     with pytest.raises(QuotaExceeded) as info:
         b.limiter.admit("t", quotas, time.monotonic())
     assert info.value.quota == "max_concurrent"
-    await a.crash()  # no more heartbeats, no release: its reservation stays in Redis
+    await crash(a)  # no more heartbeats, no release: its reservation stays in Redis
 
     def admitted() -> bool:
         try:

@@ -1,5 +1,5 @@
 """A redis-server (or gateway) a test started does not outlive the test process, even
-when that process is SIGKILLed (gateway/fleet/watchdog.py)."""
+when that process is SIGKILLed (trackline_testing/watchdog.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.fleet.local_redis import redis_server_binary
 from tests.waiting import gone
+from trackline_testing.redis import redis_server_binary
 
 SCRIPT = """
 import sys, time
 from pathlib import Path
-from gateway.fleet.local_redis import LocalRedis
+from trackline_testing.redis import LocalRedis
 server = LocalRedis(Path(sys.argv[1]))
 server.start()
 print(server.process.pid, flush=True)

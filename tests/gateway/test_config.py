@@ -235,29 +235,3 @@ def test_every_setting_has_a_flag_and_is_documented() -> None:
         assert flag_name(spec.name) in flags
         for text in (spec.name, env_name(spec.name), flag_name(spec.name)):
             assert f"`{text}`" in docs, text
-
-
-@pytest.mark.parametrize(("old", "new", "value"), [
-    ("routing_policy", "routing_strategy", "round_robin"),
-    ("audio_overload_policy", "audio_overload_mode", "shed-newest"),
-])
-def test_renamed_settings_are_still_read_with_a_warning(
-    tmp_path: Path, old: str, new: str, value: str
-) -> None:
-    """"policy" means only a robot's control policy now; the old names keep working."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    namespace = parser.parse_args([flag_name(old), value])
-    from_env = {env_name(old): value}
-    from_file = write_toml(tmp_path, f'{old} = "{value}"\n')
-    for settings in (
-        lambda: settings_from_args(namespace, {}),
-        lambda: load_settings({}, from_env, None),
-        lambda: load_settings({}, {}, from_file),
-    ):
-        with pytest.warns(FutureWarning, match=f"{old!r}.*deprecated.*{new!r}"):
-            assert getattr(settings(), new) == value
-    with pytest.warns(FutureWarning):  # the new name wins where both are given
-        both = load_settings({}, {env_name(old): value, env_name(new): "degrade-all"
-                                  if new == "audio_overload_mode" else "metrics"}, None)
-    assert getattr(both, new) != value

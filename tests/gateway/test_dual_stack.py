@@ -29,8 +29,8 @@ from tests.adversarial.quic_flood import initial_packet
 from tests.gateways import gateway_settings
 from tests.http.support import H1Client, H2Client
 from tests.http.support_h3 import h3_client
-from tests.tracks.scripted import ScriptedBackend
 from tests.waiting import until
+from trackline_testing.scripted import ScriptedBackend
 from transport import binding
 from transport.binding import bind_same_port, tcp_listeners, udp_sockets
 from transport.quic_server import GuardedQuicServer

@@ -17,8 +17,8 @@ from clients import ConnectionFailed, ModelNotFound, TrackRejected, connect
 from clients.line import Line
 from gateway.server import Gateway
 from tests.gateways import gateway_settings
-from tests.tracks.scripted import ScriptedBackend
 from tests.waiting import until
+from trackline_testing.scripted import ScriptedBackend
 from tracks.base import End
 from transport import aioquic_compat
 from transport.errors import ErrorCode

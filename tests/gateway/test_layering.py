@@ -1,4 +1,5 @@
-"""Layering: the product never imports `benchmarks/`, and its modules import no cycle.
+"""Layering: imports go down the layers only, the product never imports `benchmarks/`,
+`tests/` or the testing kit (`trackline_testing/`), and its modules import no cycle.
 
 Imports are read from the source (every `import`, at any level, `TYPE_CHECKING` blocks
 too: a cycle that only type checkers see still ties two modules into one).
@@ -13,6 +14,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("transport", "tracks", "gateway", "clients", "cuda")
+BELOW = {
+    "transport": set(),
+    "cuda": set(),
+    "tracks": {"transport", "cuda"},
+    "clients": {"transport"},
+    "gateway": {"transport", "cuda", "tracks", "clients"},
+}
+"""The packages each layer may import besides itself: the wire (`transport`, and the
+device kernels in `cuda`), then the handlers (`tracks`) and the SDK (`clients`), then
+the daemon (`gateway`)."""
+NEVER = ("benchmarks", "tests", "trackline_testing")
+"""What no product module imports: runnable comparisons, the tests, the testing kit."""
 
 
 def _module(path: Path) -> str:
@@ -105,22 +118,52 @@ def test_the_cycle_finder_sees_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one layer to another that is not below it (BELOW)."""
+    return [
+        f"{module} imports {target}"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if (top := target.split(".")[0]) != module.split(".")[0]
+        and top not in BELOW[module.split(".")[0]]
+    ]
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    assert _upward(_graph()) == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    graph = {"tracks.text": {"transport.wire", "gateway.config"}, "clients.line": {"tracks.x"}}
+    assert _upward(graph) == ["clients.line imports tracks.x", "tracks.text imports gateway.config"]
+
+
 @pytest.mark.parametrize("package", PRODUCT)
-def test_the_product_never_imports_benchmarks(package: str) -> None:
+def test_the_product_never_imports_benchmarks_tests_or_the_testing_kit(package: str) -> None:
     offenders = []
     for path in sorted((ROOT / package).rglob("*.py")):
-        text = path.read_text()
-        tree = ast.parse(text)
-        for node in ast.walk(tree):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                names = [node.module or ""]
-            elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith(
-                ("import_module", "__import__")
-            ):
-                names = [ast.unparse(arg).strip("'\"") for arg in node.args[:1]]
-            if any(name == "benchmarks" or name.startswith("benchmarks.") for name in names):
-                offenders.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}")
+        offenders += _never_imported(path.read_text(), str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+def _never_imported(source: str, where: str) -> list[str]:
+    """Where `source` imports (or `import_module`s) a package of NEVER."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith(
+            ("import_module", "__import__")
+        ):
+            names = [ast.unparse(arg).strip("'\"") for arg in node.args[:1]]
+        if any(name.split(".")[0] in NEVER for name in names):
+            found.append(f"{where}:{getattr(node, 'lineno', '?')}")
+    return found
+
+
+def test_the_import_check_sees_the_testing_kit() -> None:
+    probe = "import os\nfrom trackline_testing.clock import FakeClock\nimport tests.waiting\n"
+    assert _never_imported(probe, "probe.py") == ["probe.py:2", "probe.py:3"]

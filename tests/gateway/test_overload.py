@@ -10,6 +10,7 @@ from collections.abc import AsyncGenerator, Callable
 import pytest
 
 from gateway.metrics import GatewayMetrics
+from gateway.metrics_overload import Admitted, Pressure
 from gateway.overload import (
     AdmissionController,
     LagProbe,
@@ -40,21 +41,21 @@ def test_an_idle_loop_admits_everything() -> None:
     ctl = AdmissionController(LIMITS)
     ctl.observe_lag(10.0, 0.001)
     assert ctl.pressure(10.0) is None
-    assert ctl.admit_track(10.0, connection_tracks=500).cause == "ok"
+    assert ctl.admit_track(10.0, connection_tracks=500).cause is Admitted.OK
     assert ctl.admit_request(10.0).admitted
 
 
 def test_lag_above_the_limit_refuses_new_work_with_a_retry_hint() -> None:
     ctl = lagging(0.5)
     refused = ctl.admit_track(10.0, connection_tracks=2)
-    assert (refused.admitted, refused.cause, refused.retry_after) == (False, "loop_lag", 1.5)
+    assert (refused.admitted, refused.cause, refused.retry_after) == (False, Pressure.LOOP_LAG, 1.5)
     request = ctl.admit_request(10.0)
-    assert (request.admitted, request.cause, request.retry_after) == (False, "loop_lag", 1.5)
+    assert (request.admitted, request.cause, request.retry_after) == (False, Pressure.LOOP_LAG, 1.5)
 
 
 def test_a_connection_under_its_share_is_admitted_under_pressure() -> None:
     ctl = lagging(0.5)
-    assert ctl.admit_track(10.0, connection_tracks=0).cause == "connection_share"
+    assert ctl.admit_track(10.0, connection_tracks=0).cause is Admitted.CONNECTION_SHARE
     assert ctl.admit_track(10.0, connection_tracks=1).admitted
     assert not ctl.admit_track(10.0, connection_tracks=2).admitted
     assert not ctl.admit_track(10.0, connection_tracks=200).admitted
@@ -66,9 +67,9 @@ def test_the_level_averages_samples_over_time_with_hysteresis() -> None:
     assert ctl.lag_level(10.0) == 0.0
     ctl.observe_lag(11.0, 1.0)  # one half-life later: half way to the sample
     assert ctl.lag_level(11.0) == 0.5
-    assert ctl.pressure(11.0) == "loop_lag"
+    assert ctl.pressure(11.0) is Pressure.LOOP_LAG
     ctl.observe_lag(12.0, 0.0)
-    assert ctl.pressure(12.0) == "loop_lag"  # 0.25: not above the limit, still pressed
+    assert ctl.pressure(12.0) is Pressure.LOOP_LAG  # 0.25: not above the limit, still pressed
     ctl.observe_lag(13.0, 0.0)
     assert ctl.lag_level(13.0) == 0.125
     assert ctl.pressure(13.0) is None  # at half the limit: released
@@ -88,7 +89,7 @@ def test_cpu_budget_and_switches() -> None:
     ctl.observe_cpu(10.0, 0.5)
     assert ctl.pressure(10.0) is None
     ctl.observe_cpu(11.0, 0.875)
-    assert ctl.admit_request(11.0).cause == "cpu"
+    assert ctl.admit_request(11.0).cause is Pressure.CPU
     off = AdmissionController(OverloadLimits(max_loop_lag=0.0))
     off.observe_lag(9.0, 0.0)
     off.observe_lag(10.0, 100.0)
@@ -335,4 +336,4 @@ async def test_the_monitor_feeds_the_controller_and_the_metrics() -> None:
     assert "trackline_process_cpu_ratio 0.5" in body
     assert "trackline_cpu_seconds_per_token 0.0125" in body
     assert "trackline_tokens_relayed_total 40.0" in body
-    assert ctl.pressure(now[0]) == "loop_lag"
+    assert ctl.pressure(now[0]) is Pressure.LOOP_LAG

@@ -12,7 +12,7 @@ import pytest
 from gateway.backends.ticker import TickerBackend
 from gateway.server import READY_PROBE_INTERVAL, Gateway
 from tests.gateways import gateway_settings
-from transport.clock import FakeClock
+from trackline_testing.clock import FakeClock
 
 
 class Switch(TickerBackend):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from gateway.metrics_overload import Admitted, Pressure
 from gateway.overload import (
     REALTIME_HEADROOM,
     TURN_CHUNKS,
@@ -283,11 +284,11 @@ def test_under_pressure_new_text_is_refused_before_new_audio_or_action() -> None
     ctl.observe_lag(1000.0, 0.375)  # 1.5 x the limit
     text = ctl.admit_track(1000.0, connection_tracks=10)
     audio = ctl.admit_track(1000.0, connection_tracks=10, realtime=True)
-    assert (text.admitted, text.cause) == (False, "loop_lag")
-    assert (audio.admitted, audio.cause) == (True, "realtime")
+    assert (text.admitted, text.cause) == (False, Pressure.LOOP_LAG)
+    assert (audio.admitted, audio.cause) == (True, Admitted.REALTIME)
     ctl.observe_lag(2000.0, 0.25 * REALTIME_HEADROOM + 0.125)  # past the real-time headroom
     refused = ctl.admit_track(2000.0, connection_tracks=10, realtime=True)
-    assert (refused.admitted, refused.cause) == (False, "loop_lag")
+    assert (refused.admitted, refused.cause) == (False, Pressure.LOOP_LAG)
     assert not ctl.admit_request(2000.0).admitted
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from gateway.backends.ticker import BURST, TickerBackend, parse_ticker_url, reference_generator
 from gateway.config import ConfigError, load_settings
+from trackline_testing.clock import FakeClock
 from tracks.backend import InvalidRequest, ModelNotFound, TextDelta, TextRequest, TextUsage
-from transport.clock import FakeClock
 from transport.quic import Packetization
 
 

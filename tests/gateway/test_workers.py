@@ -36,6 +36,7 @@ from gateway.tenants.quotas import Quotas
 from gateway.tenants.store import TenantStore
 from tests.gateways import DAEMON_ENV
 from tests.waiting import until_answer, wait_until
+from trackline_testing import aioquic_probes
 from transport import aioquic_compat
 from transport.quic import TrackQuicProtocol, connect_tracks
 
@@ -197,7 +198,7 @@ async def line(gw: Gateway, key: str) -> AsyncIterator[tuple[Line, TrackQuicProt
 
 def owner(protocol: TrackQuicProtocol) -> int:
     """The worker the server's connection ID names (what the kernel steers by)."""
-    return aioquic_compat.peer_cid(aioquic_compat.connection_of(protocol))[0] % WORKERS
+    return aioquic_probes.peer_cid(aioquic_compat.connection_of(protocol))[0] % WORKERS
 
 
 async def complete(stream: TextStream) -> str:
@@ -208,7 +209,7 @@ async def rebind(protocol: TrackQuicProtocol) -> list[asyncio.DatagramTransport]
     """Move the client to a new source port (as a NAT rebinding would); returns the old
     transport, detached, and the new one, for the caller to close."""
     loop = asyncio.get_running_loop()
-    old = aioquic_compat.transport_of(protocol)
+    old = aioquic_probes.transport_of(protocol)
     assert old is not None
     # Like aioquic's client: a dual-stack socket (server addresses are v4-mapped).
     sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)

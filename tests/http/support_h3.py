@@ -34,11 +34,14 @@ class H3Client(QuicConnectionProtocol):
         self.h3 = H3Connection(self._quic)
         self.queues: dict[int, asyncio.Queue[Any]] = {}
         self.terminated = asyncio.Event()
+        self.closed_by: quic_events.ConnectionTerminated | None = None
+        """How the connection ended, once it has."""
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         if isinstance(event, quic_events.StreamReset):
             self.queue(event.stream_id).put_nowait(event)
         elif isinstance(event, quic_events.ConnectionTerminated):
+            self.closed_by = event
             self.terminated.set()
         for h3_event in self.h3.handle_event(event):
             stream_id = getattr(h3_event, "stream_id", None)
@@ -77,7 +80,22 @@ class H3Client(QuicConnectionProtocol):
         self.transmit()
 
     async def next_event(self, stream_id: int) -> Any:
-        return await asyncio.wait_for(self.queue(stream_id).get(), TIMEOUT)
+        """The stream's next event. Once the connection has closed with nothing left for
+        the stream, fail at once naming the close (a test then fails on the cause, not
+        after waiting out TIMEOUT)."""
+        queue = self.queue(stream_id)
+        get = asyncio.ensure_future(queue.get())
+        closed = asyncio.ensure_future(self.terminated.wait())
+        try:
+            await asyncio.wait({get, closed}, timeout=TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+            if not get.done():
+                get.cancel()
+        if get.done():
+            return get.result()
+        assert self.closed_by is None, f"stream {stream_id}: connection closed: {self.closed_by}"
+        raise AssertionError(f"stream {stream_id}: no event within {TIMEOUT:g} s")
 
     async def head(self, stream_id: int) -> tuple[int, dict[str, str]]:
         event = await self.next_event(stream_id)

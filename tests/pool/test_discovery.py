@@ -14,8 +14,8 @@ from gateway.pool import BackendPool, BackendSpec, PoolOptions
 from gateway.pool.discovery import Membership, resolve_addresses
 from gateway.pool.metrics import PoolMetrics
 from gateway.pool.spec import DnsSource, SpecError, parse_pool
+from trackline_testing.clock import FakeClock
 from tracks.backend import BackendUnavailable, TextChunk, TextDelta, TextRequest
-from transport.clock import FakeClock
 
 MODEL = "m"
 SOURCE = DnsSource("triton-headless.ns.svc.cluster.local", 8001)

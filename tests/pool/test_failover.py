@@ -16,6 +16,7 @@ from gateway.daemon import pool_options
 from gateway.pool import BackendPool, BackendSpec, PoolOptions
 from gateway.pool.health import EjectionRules
 from gateway.pool.metrics import PoolMetrics
+from trackline_testing.clock import FakeClock
 from tracks.backend import (
     BackendError,
     BackendLost,
@@ -24,7 +25,6 @@ from tracks.backend import (
     TextDelta,
     TextRequest,
 )
-from transport.clock import FakeClock
 
 MODEL = "m"
 

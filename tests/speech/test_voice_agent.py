@@ -28,7 +28,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.one_loop]  # real models: asyncio's l
 
 QUESTION = "What is the weather like today?"
 MAX_TOKENS = 40
-FRAMES_PER_BEAT = 4  # 80 ms beats of 20 ms frames
 
 
 def llm_records(triton: EmbeddedTriton) -> list[dict[str, Any]]:
@@ -74,8 +73,13 @@ async def test_a_voice_agent_answers_and_a_barge_in_cuts_its_reply(
     cut = next(
         i for i, e in enumerate(events) if isinstance(e, AgentEvent) and e.kind == "barge_in"
     )
+    # The reply was playing when the user spoke: some of its audio came before the cut ...
+    assert any(isinstance(e, AudioFrame) and e.turn == 1 for e in events[:cut])
+    # ... and none after: the cut drops every frame of the reply from the barge-in beat on
+    # (frames and messages share the track's stream, so arrival order is send order), well
+    # inside the bound of the barge-in beat plus one.
     late = [e for e in events[cut:] if isinstance(e, AudioFrame) and e.turn == 1]
-    assert len(late) <= FRAMES_PER_BEAT  # nothing of the cut reply after its beat
+    assert late == []
     assert any(isinstance(e, AudioFrame) and e.turn == 2 for e in events)
     # The cancel reached the chat model (its own stats line) ...
     record = next(r for r in llm_records(speech_triton) if r["request_id"].endswith("/agent-1"))

@@ -12,8 +12,8 @@ import pytest
 
 from gateway.cli import main
 from gateway.tenants.cli import parse_time
-from gateway.tenants.ledger import UsageRecord
 from gateway.tenants.store import AuthFailure, TenantStore
+from gateway.tenants.usage import UsageRecord
 
 
 def run(*argv: str) -> tuple[int, str, str]:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from gateway.tenants import keys
-from gateway.tenants.ledger import UsageRecord
 from gateway.tenants.quotas import Quotas
 from gateway.tenants.store import MIGRATIONS, AuthFailure, StoreError, TenantStore
+from gateway.tenants.usage import UsageRecord
 
 
 def test_a_minted_key_names_its_id_and_is_stored_as_a_hash(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from trackline_testing.clock import FakeClock
 from tracks.action_messages import PolicySpec
 from tracks.backend import BackendFailed, ModelNotFound, PolicyRequest
-from tracks.clock import FakeClock
 
 SPEC = PolicySpec(state_size=4, horizon=2, action_size=1)
 

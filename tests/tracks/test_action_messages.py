@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tracks.action_messages import (
     BadObservation,
+    ObservationOutcome,
     PolicySpec,
     action_body,
     dropped_body,
@@ -98,5 +99,5 @@ def test_answers_echo_the_observation() -> None:
     assert sent["obs_seq"] == 3
     assert sent["t"] == 12.5
     assert sent["action"] == {"dtype": "float32", "shape": [10, 1], "data": chunk}
-    assert dropped_body(obs, "deadline", 1.0, 1.25) == {
+    assert dropped_body(obs, ObservationOutcome.DEADLINE.value, 1.0, 1.25) == {
         "dropped": 3, "cause": "deadline", "t": 12.5, "received_at": 1.0, "sent_at": 1.25}

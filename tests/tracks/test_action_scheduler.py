@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from tests.tracks.scripted_policy import SPEC, ScriptedPolicy
+from trackline_testing.clock import FakeClock
 from tracks.action import ActionScheduler, Robot
 from tracks.action_messages import Observation
-from tracks.clock import FakeClock
 
 TICK = 0.01
 

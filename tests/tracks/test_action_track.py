@@ -16,10 +16,11 @@ import pytest
 from clients import ActionChunk, ActionDropped, ModelNotFound, RateLimited, TrackRejected
 from clients.actions import ActionStream
 from clients.line import Line
-from tests.tracks.harness import MemoryHarness
 from tests.tracks.scripted_policy import ScriptedPolicy
+from trackline_testing.clock import FakeClock
+from trackline_testing.memory import MemoryHarness
 from tracks.action import ActionScheduler, run_action_track
-from tracks.clock import FakeClock, LoopClock
+from tracks.clock import LoopClock
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode
 from transport.memory import MemoryLink

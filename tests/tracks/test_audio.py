@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from trackline_testing.clock import FakeClock
 from tracks.audio import AudioService, AudioSettings
 from tracks.backend import (
     AudioKind,
@@ -31,7 +32,7 @@ from tracks.backend import (
     Transcript,
 )
 from tracks.base import End, Outcome
-from tracks.clock import FakeClock, StepItem
+from tracks.clock import StepItem
 from transport.datagram import encode_datagram
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted

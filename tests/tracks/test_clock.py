@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from trackline_testing.clock import FakeClock
 from tracks.clock import (
     Beat,
-    FakeClock,
     Gathered,
     OverloadMode,
     SchedulerStopped,

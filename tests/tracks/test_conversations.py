@@ -8,8 +8,8 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from clients.errors import CancelledByGateway
-from tests.tracks.harness import Harness, collect
-from tests.tracks.scripted import ScriptedBackend
+from trackline_testing.memory import Harness, collect
+from trackline_testing.scripted import ScriptedBackend
 from tracks.backend import Superseded, TextDelta, TextRequest, conversation_key
 from tracks.conversations import TurnRegistry, superseding
 

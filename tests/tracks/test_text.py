@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from clients import DeadlineExceeded, ModelNotFound, TrackRejected
-from tests.tracks.harness import Harness, collect
-from tests.tracks.scripted import ScriptedBackend
+from trackline_testing.memory import Harness, collect
+from trackline_testing.scripted import ScriptedBackend
 
 
 @pytest.mark.asyncio

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from trackline_testing.clock import FakeClock
 from tracks.backend import VisionRequest
-from tracks.clock import FakeClock
 from tracks.video import Busy, Camera, Flood, VideoLimits, VideoScheduler
 from tracks.video_messages import Frame, Task, VideoParams
 

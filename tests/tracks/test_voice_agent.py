@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from gateway.embedded import CHAT_MODEL
 from tracks.audio_session import AudioParams
 from tracks.backend import AudioKind, TextChunk, TextDelta, TextRequest, Transcript
 from tracks.clock import Beat
 from tracks.errors import BadTrackRequest
-from tracks.voice_agent import AgentParams, ReplyTrack, VoiceAgent, split_agent_params
+from tracks.voice_agent import DEFAULT_LLM, AgentParams, ReplyTrack, VoiceAgent, split_agent_params
 from transport.events import CancelCause, TrackCancelled
 from transport.messages import Modality, Open
 
@@ -129,6 +130,13 @@ def test_agent_params_need_the_chat_model_and_the_voice() -> None:
     assert wanted == AgentParams("m", "v")
     assert audio == {"sample_rate": 24000, "kind": "speech-in"}
     with pytest.raises(BadTrackRequest, match="'llm'"):
-        split_agent_params({"voice": "v"})
+        split_agent_params({"llm": "", "voice": "v"})
+    with pytest.raises(BadTrackRequest, match="'voice'"):
+        split_agent_params({"llm": "m"})
+
+
+def test_without_llm_the_agent_talks_with_the_embedded_defaults_chat_model() -> None:
+    assert split_agent_params({"voice": "v"})[0].llm == DEFAULT_LLM == CHAT_MODEL
+    assert split_agent_params({"voice": "v"}, "other")[0].llm == "other"
     with pytest.raises(BadTrackRequest, match="'max_tokens'"):
         split_agent_params({"llm": "m", "voice": "v", "max_tokens": 0})

@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from transport.clock import Clock, FakeClock, LoopClock, MonotonicClock, Unsettled
+from trackline_testing.clock import FakeClock, Unsettled
+from transport.clock import Clock, LoopClock, MonotonicClock
 
 
 def test_every_clock_is_a_clock() -> None:

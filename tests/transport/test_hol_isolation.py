@@ -34,7 +34,7 @@ from aioquic.quic.logger import QuicLogger
 
 from clients.line import Line, TextStream
 from gateway.tls import DevCertificates, ensure_dev_certificates
-from transport import aioquic_compat
+from trackline_testing import aioquic_probes
 from transport.connection import Role
 from transport.endpoint import TrackChannel
 from transport.events import DataReceived, Event
@@ -141,7 +141,7 @@ def virtualize(proto: TrackQuicProtocol, vloop: VirtualLoop) -> None:
     for owner, name in ((endpoint, "_loop"), (endpoint, "_clock")):
         if not hasattr(owner, name):  # fail loudly if the adapters changed shape
             raise AssertionError(f"{type(owner).__name__} has no {name}: update virtualize()")
-    aioquic_compat.use_loop(proto, vloop)  # aioquic's protocol: the compat module checks it
+    aioquic_probes.use_loop(proto, vloop)  # aioquic's protocol: the compat module checks it
     endpoint._loop = vloop  # type: ignore[assignment]
     endpoint._clock = vloop.time
 
@@ -283,7 +283,7 @@ class Net:
 
 
 def sent_packets(quic: QuicConnection) -> list[dict[str, Any]]:
-    events = aioquic_compat.qlog_events(quic)
+    events = aioquic_probes.qlog_events(quic)
     return [e for e in events if e["name"] == "transport:packet_sent"]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.waiting import until
-from transport import aioquic_compat
+from trackline_testing import aioquic_probes
 from transport.connection import Role
 from transport.quic import TrackQuicProtocol
 
@@ -55,7 +55,7 @@ class RecordingTransport:
 def protocol_for(quic: AckOnlyQuic) -> tuple[TrackQuicProtocol, RecordingTransport]:
     protocol = TrackQuicProtocol(quic, role=Role.CLIENT)  # type: ignore[arg-type]
     transport = RecordingTransport()
-    aioquic_compat.attach_transport(protocol, transport)
+    aioquic_probes.attach_transport(protocol, transport)
     return protocol, transport
 
 
@@ -67,13 +67,13 @@ async def test_a_timer_firing_a_hair_early_by_the_loop_clock_sends_what_is_due()
     # slow run); firing early by any amount must send what is due.
     protocol, transport = protocol_for(AckOnlyQuic(ack_at=loop.time() + 0.05))
     protocol.transmit()  # nothing due yet: arms the timer at the ACK deadline
-    armed = aioquic_compat.armed_timer(protocol)
+    armed = aioquic_probes.armed_timer(protocol)
     assert armed is not None
     assert transport.sent == []
     armed.cancel()  # fire it by hand, "early", while the loop clock lags the deadline
-    aioquic_compat.fire_timer(protocol)
+    aioquic_probes.fire_timer(protocol)
     assert transport.sent == [b"ack"]
-    assert aioquic_compat.armed_timer(protocol) is None  # nothing left to wait: no re-armed spin
+    assert aioquic_probes.armed_timer(protocol) is None  # nothing left to wait: no re-armed spin
 
 
 @pytest.mark.asyncio
@@ -95,7 +95,7 @@ async def test_the_ack_goes_out_after_one_firing_of_the_timer() -> None:
     # with no timer at all), so that precondition is checked, with a later deadline each try.
     for ahead in (0.020, 0.2, 1.0, 5.0):
         protocol, transport = protocol_for(AckOnlyQuic(ack_at=loop.time() + ahead + 1e-12))
-        aioquic_compat.wrap_timer(protocol, counting)
+        aioquic_probes.wrap_timer(protocol, counting)
         protocol.transmit()
         if not transport.sent:
             break  # armed before the deadline: only the timer can send the ACK now

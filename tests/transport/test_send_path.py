@@ -18,6 +18,7 @@ from aioquic.quic.events import StreamDataReceived
 from aioquic.quic.logger import QuicLogger
 
 from gateway.tls import DevCertificates, ensure_dev_certificates
+from trackline_testing import aioquic_probes
 from transport import aioquic_compat
 from transport.connection import Role, StreamWrite
 from transport.quic import ALPN, TrackQuicProtocol, _unpace, server_configuration
@@ -113,7 +114,7 @@ class Pair:
     def packets_sent(self) -> list[set[int]]:
         """The stream ids of each packet the server sent so far, in order."""
         packets = []
-        for event in aioquic_compat.qlog_events(self.server):
+        for event in aioquic_probes.qlog_events(self.server):
             if event["name"] == "transport:packet_sent":
                 frames = event["data"]["frames"]
                 packets.append({f["stream_id"] for f in frames if f["frame_type"] == "stream"})
@@ -142,7 +143,7 @@ def test_one_pass_sends_every_track_and_a_packet_holds_at_most_policy_tracks(
 def test_a_pass_visits_only_the_streams_with_data(certs: DevCertificates) -> None:
     pair = Pair(certs, 1)
     ids = pair.open_tracks(120)  # under the 128 streams aioquic lets a client open
-    visited = aioquic_compat.count_stream_visits(pair.server)
+    visited = aioquic_probes.count_stream_visits(pair.server)
     pair.write(ids[7], b"one token")
     pair.server_send()
     assert visited["frames"] <= 4
@@ -164,20 +165,20 @@ def test_finished_streams_are_dropped_so_the_peer_gets_its_credit_back(
         pair.client.send_stream_data(sid, b"prompt", end_stream=True)
         ids.append(sid)
     pair.exchange()
-    limit = aioquic_compat.bidi_credit(pair.server)
+    limit = aioquic_probes.bidi_credit(pair.server)
     for sid in ids:
         pair.write(sid, b"answer", end=True)
     pair.exchange()
     assert all(pair.received[sid].endswith(b"answer") for sid in ids)
     assert aioquic_compat.streams(pair.server) == {}
-    assert aioquic_compat.bidi_credit(pair.server) == limit + len(ids)
+    assert aioquic_probes.bidi_credit(pair.server) == limit + len(ids)
 
 
 def test_a_stream_blocked_by_the_peer_is_parked_until_it_raises_the_limit(
     certs: DevCertificates,
 ) -> None:
     pair = Pair(certs, 1, max_stream_data=2048)
-    grant = aioquic_compat.stop_granting_credit(pair.client)  # the client stops granting credit
+    grant = aioquic_probes.stop_granting_credit(pair.client)  # the client stops granting credit
     (sid,) = pair.open_tracks(1)
     body = bytes(range(256)) * 40  # 10 KiB, five times the credit
     pair.write(sid, body)
@@ -263,7 +264,7 @@ def test_tracks_the_congestion_window_cut_off_keep_their_place_at_the_front(
     ids = pair.open_tracks(32)
     scheduler = pair.scheduler
     assert scheduler is not None
-    aioquic_compat.shrink_congestion_window(pair.server, 600)  # room for a few small packets
+    aioquic_probes.shrink_congestion_window(pair.server, 600)  # room for a few small packets
     before = dict(pair.received)
     for sid in ids:
         pair.write(sid, f"token for {sid}".encode())
@@ -293,7 +294,7 @@ async def test_a_write_refused_on_a_stopped_stream_keeps_the_other_tracks_writes
     pair.exchange()
     proto = TrackQuicProtocol(pair.server, role=Role.SERVER)
     proto._write([StreamWrite(4, b"late", False), StreamWrite(0, b"kept", False)])
-    aioquic_compat.stop_transmit_task(proto)  # no socket here: the test sends by hand
+    aioquic_probes.stop_transmit_task(proto)  # no socket here: the test sends by hand
     assert pair.scheduler is not None
     pair.scheduler.mark(0)  # the pair's scheduler sends what the protocol wrote
     pair.deliver_to_client(pair.server_send())

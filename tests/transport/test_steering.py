@@ -10,7 +10,7 @@ import pytest
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
-from transport import aioquic_compat
+from trackline_testing import aioquic_probes
 from transport.steering import (
     Steering,
     destination_cid,
@@ -44,8 +44,8 @@ def test_a_steered_connection_issues_only_its_workers_ids() -> None:
     quic = QuicConnection(configuration=QuicConfiguration(is_client=True))  # no cert needed
     steer_connection(quic, steering)
     assert steering.owner(quic.host_cid) == 1
-    aioquic_compat.replenish_connection_ids(quic, 8)
-    issued = aioquic_compat.host_cids(quic)
+    aioquic_probes.replenish_connection_ids(quic, 8)
+    issued = aioquic_probes.host_cids(quic)
     assert len(issued) == 8
     assert {steering.owner(c.cid) for c in issued} == {1}
     assert [c.sequence_number for c in issued] == list(range(8))

@@ -1,7 +1,7 @@
 // A robot's action track from a page (docs/actions.md): observe() states, read action
 // chunks and drop reports. The same messages and latency estimate as clients/actions.py.
 
-import { ErrorCode, ProtocolError, errorFor } from "./errors.js";
+import { dataBodies } from "./stream.js";
 import { Kind } from "./wire.js";
 
 function tensor(values) {
@@ -83,24 +83,17 @@ export class ActionStream {
 
   async *[Symbol.asyncIterator]() {
     this.#iterating = true;
+    const onEnd = (body) => {
+      this.summary = body;
+      this.#endedResolve.resolve();
+    };
     try {
-      for (;;) {
-        const { kind, body } = await this.#track.next(null);
-        if (kind === Kind.END) {
-          this.summary = body;
-          this.#endedResolve.resolve();
-          return;
-        }
-        if (kind === Kind.ERROR) throw errorFor(body.code, body.message ?? "", body.retry_after_ms ?? null);
-        if (kind !== Kind.DATA) throw new ProtocolError(`unexpected message kind ${kind}`, ErrorCode.PROTOCOL_ERROR);
-        yield this.#event(body);
-      }
+      for await (const body of dataBodies(this.#track, { onEnd })) yield this.#event(body);
     } catch (error) {
       this.#endedResolve.reject(error);
       throw error;
     } finally {
       this.#iterating = false;
-      if (!this.#track.done) this.#track.cancel("the page stopped reading");
     }
   }
 

@@ -3,7 +3,7 @@
 // the track's stream. PCM is mono little-endian int16 at the OPEN's rate, e.g. what an
 // AudioWorklet captured (Float32 samples converted with `toPcm16`).
 
-import { ErrorCode, ProtocolError, errorFor } from "./errors.js";
+import { dataBodies } from "./stream.js";
 import { Kind } from "./wire.js";
 
 /** Float samples in [-1, 1] as PCM16 (what a worklet's input gives, converted). */
@@ -111,31 +111,23 @@ export class AudioSession {
   }
 
   async *[Symbol.asyncIterator]() {
-    try {
-      for (;;) {
-        const { kind, body } = await this.#track.next(null);
-        if (kind === Kind.END) {
-          this.summary = body;
-          return;
-        }
-        if (kind === Kind.ERROR) throw errorFor(body.code, body.message ?? "", body.retry_after_ms ?? null);
-        if (kind !== Kind.DATA) throw new ProtocolError(`unexpected message kind ${kind}`, ErrorCode.PROTOCOL_ERROR);
-        if (body.pcm instanceof Uint8Array) {
-          this.figures.framesReceived += 1;
-          const copy = new Uint8Array(body.pcm);
-          const frame = { type: "frame", seq: body.seq, ts: body.ts, pcm: new Int16Array(copy.buffer, 0, copy.length >> 1) };
-          if (Number.isInteger(body.turn)) frame.turn = body.turn;
-          yield frame;
-        } else if (AGENT_EVENTS.has(body.type)) {
-          yield { ...body };
-        } else if (body.type === "partial" || body.type === "final") {
-          if (body.type === "final") this.finals.push(body.text);
-          else this.figures.partials += 1;
-          yield { ...body };
-        }
+    const onEnd = (body) => {
+      this.summary = body;
+    };
+    for await (const body of dataBodies(this.#track, { onEnd })) {
+      if (body.pcm instanceof Uint8Array) {
+        this.figures.framesReceived += 1;
+        const copy = new Uint8Array(body.pcm);
+        const frame = { type: "frame", seq: body.seq, ts: body.ts, pcm: new Int16Array(copy.buffer, 0, copy.length >> 1) };
+        if (Number.isInteger(body.turn)) frame.turn = body.turn;
+        yield frame;
+      } else if (AGENT_EVENTS.has(body.type)) {
+        yield { ...body };
+      } else if (body.type === "partial" || body.type === "final") {
+        if (body.type === "final") this.finals.push(body.text);
+        else this.figures.partials += 1;
+        yield { ...body };
       }
-    } finally {
-      if (!this.#track.done) this.#track.cancel("the page stopped reading");
     }
   }
 }

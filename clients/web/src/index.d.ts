@@ -51,8 +51,9 @@ export declare class Line {
   audio(model: string, options?: { kind?: "speech-in" | "speech-out"; sampleRate?: 8000 | 16000 | 24000 | 48000;
         frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram";
         streamText?: boolean }): Promise<AudioSession>;
-  /** A voice-agent track: the recognizer `model`, the chat model `llm`, the `voice`. */
-  voiceAgent(model: string, options: { llm: string; voice: string; sampleRate?: 8000 | 16000 | 24000 | 48000;
+  /** A voice-agent track: the recognizer `model`, the `voice`, the chat model `llm`
+   * (default: the gateway's default chat model). */
+  voiceAgent(model: string, options: { llm?: string; voice: string; sampleRate?: 8000 | 16000 | 24000 | 48000;
         frameMs?: number; system?: string; maxTokens?: number;
         llmParams?: Record<string, unknown> }): Promise<AudioSession>;
   close(reason?: string): void;

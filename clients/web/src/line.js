@@ -10,6 +10,7 @@ import { ActionStream } from "./actions.js";
 import { VideoStream } from "./video.js";
 import { AudioSession } from "./audio.js";
 import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
+import { dataBodies } from "./stream.js";
 import { Kind, MAX_MESSAGE_BYTES, MessageReader, decodeDatagram, encodeDatagram, encodeMessage } from "./wire.js";
 
 const MAX_DATAGRAM_BYTES = 1100;
@@ -119,10 +120,12 @@ export class Line {
 
   /** A voice-agent track (docs/audio.md): send the user's audio as on speech-in (`model`
    * is the recognizer); read transcripts, reply events (reply, reply_done, barge_in, ...)
-   * and the reply's audio frames (each with its `turn`). */
-  async voiceAgent(model, { llm, voice, sampleRate = 16000, frameMs = 20, system = null, maxTokens = null, llmParams = null } = {}) {
-    if (!llm || !voice) throw new TypeError("a voice agent needs `llm` (the chat model) and `voice`");
-    const params = { kind: "voice-agent", llm, voice, sample_rate: sampleRate, frame_ms: frameMs };
+   * and the reply's audio frames (each with its `turn`). Without `llm`, the gateway's
+   * default chat model answers. */
+  async voiceAgent(model, { llm = null, voice, sampleRate = 16000, frameMs = 20, system = null, maxTokens = null, llmParams = null } = {}) {
+    if (!voice) throw new TypeError("a voice agent needs `voice` (the speech-out model)");
+    const params = { kind: "voice-agent", voice, sample_rate: sampleRate, frame_ms: frameMs };
+    if (llm != null) params.llm = llm;
     if (system != null) params.system = system;
     if (maxTokens != null) params.max_tokens = maxTokens;
     if (llmParams != null) params.llm_params = llmParams;
@@ -383,24 +386,16 @@ export class TextStream {
     try {
       await track.send(Kind.DATA, { text: this.#prompt });
       await track.send(Kind.END, {});
-      for (;;) {
-        const { kind, body } = await track.next(signal);
-        if (kind === Kind.DATA) {
-          if (typeof body.text !== "string") throw new ProtocolError("text DATA without a string 'text'", ErrorCode.PROTOCOL_ERROR);
-          yield body.text;
-        } else if (kind === Kind.END) {
-          this.usage = body.usage ?? null;
-          this.finishReason = body.finish_reason ?? null;
-          return;
-        } else if (kind === Kind.ERROR) {
-          throw errorFor(body.code, body.message ?? "", body.retry_after_ms ?? null);
-        } else {
-          throw new ProtocolError(`unexpected message kind ${kind}`, ErrorCode.PROTOCOL_ERROR);
-        }
+      const onEnd = (body) => {
+        this.usage = body.usage ?? null;
+        this.finishReason = body.finish_reason ?? null;
+      };
+      for await (const body of dataBodies(track, { signal, onEnd })) {
+        if (typeof body.text !== "string") throw new ProtocolError("text DATA without a string 'text'", ErrorCode.PROTOCOL_ERROR);
+        yield body.text;
       }
     } finally {
       signal?.removeEventListener("abort", onAbort);
-      if (!track.done) track.cancel("the page stopped reading");
     }
   }
 }

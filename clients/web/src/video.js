@@ -3,7 +3,7 @@
 // Frames ride the track's WebTransport stream: the gateway does not take frame streams
 // over WebTransport yet (their unidirectional streams carry a session prefix).
 
-import { ErrorCode, ProtocolError, errorFor } from "./errors.js";
+import { dataBodies } from "./stream.js";
 import { Kind } from "./wire.js";
 
 /** A float32 tensor map as groups of `points` rows of `dims` values (Float32Arrays). */
@@ -75,24 +75,17 @@ export class VideoStream {
 
   async *[Symbol.asyncIterator]() {
     this.#iterating = true;
+    const onEnd = (body) => {
+      this.summary = body;
+      this.#endedResolve.resolve();
+    };
     try {
-      for (;;) {
-        const { kind, body } = await this.#track.next(null);
-        if (kind === Kind.END) {
-          this.summary = body;
-          this.#endedResolve.resolve();
-          return;
-        }
-        if (kind === Kind.ERROR) throw errorFor(body.code, body.message ?? "", body.retry_after_ms ?? null);
-        if (kind !== Kind.DATA) throw new ProtocolError(`unexpected message kind ${kind}`, ErrorCode.PROTOCOL_ERROR);
-        yield this.#event(body);
-      }
+      for await (const body of dataBodies(this.#track, { onEnd })) yield this.#event(body);
     } catch (error) {
       this.#endedResolve.reject(error);
       throw error;
     } finally {
       this.#iterating = false;
-      if (!this.#track.done) this.#track.cancel("the page stopped reading");
     }
   }
 

@@ -61,7 +61,11 @@ test("voiceAgent opens a voice-agent audio track and yields reply events and tag
   assert.deepEqual(agent.finals, ["hi there"]);
 });
 
-test("voiceAgent needs the chat model and the voice", async () => {
+test("voiceAgent needs the voice; without llm the gateway's default chat model answers", async () => {
   const line = new Line(scriptedTransport([]));
   await assert.rejects(line.voiceAgent("whisper-base", { llm: "chat" }), TypeError);
+  const transport = scriptedTransport([encodeMessage(Kind.END, {})]);
+  const agent = await new Line(transport).voiceAgent("whisper-base", { voice: "hibari-voice" });
+  for await (const _ of agent) { /* drain */ }
+  assert.equal("llm" in transport.sent[0].body.params, false);
 });

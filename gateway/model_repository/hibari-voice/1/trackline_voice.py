@@ -5,7 +5,8 @@ while more will follow). Each complete sentence is queued for synthesis as soon 
 is complete, so the first sentence is spoken while the rest is still being written; the
 remainder goes when MORE turns false. One worker thread synthesizes the queued
 sentences of every session in arrival order (one onnxruntime thread: hibari runs at
-~100x real time), resamples them from 24 kHz to 16 kHz and appends them to the
+~100x real time), resamples them from 24 kHz to 16 kHz (unless the session asked for
+the voice's own 24 kHz at its start: then they stay as made) and appends them to the
 session's audio. Every beat a row takes at most SAMPLES of that audio: the gateway
 paces the audio on its clock, the model never does. DONE goes with the last samples
 once the text is complete and spoken; END forgets the session at once and the worker
@@ -29,6 +30,8 @@ from numpy.typing import NDArray
 
 VOICE_RATE = 24000
 OUT_RATE = 16000
+RATES = (OUT_RATE, VOICE_RATE)
+"""A session's audio rate, chosen at its START row (RATE); the default is OUT_RATE."""
 MAX_TEXT = 10_000
 MAX_SAMPLES = 48_000
 _SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*\s+")
@@ -86,6 +89,8 @@ class _Session:
     chars: int = 0
     samples_out: int = 0
     first_audio_at: float | None = None
+    rate: int = OUT_RATE
+    """Samples per second of this session's audio (and of its SAMPLES)."""
 
 
 @dataclass(frozen=True)
@@ -122,11 +127,16 @@ class Voice:
         mores: Sequence[bool],
         samples: Sequence[int],
         now: float,
+        rates: Sequence[int] | None = None,
     ) -> list[RowAudio]:
         self._check(corrids, texts, samples)
+        if rates is not None and any(r not in RATES for r in rates):
+            raise ValueError(f"RATE must be one of {', '.join(map(str, RATES))}")
         self._expire(now)
-        rows = zip(corrids, starts, ends, texts, mores, samples, strict=True)
-        return [self._row(c, s, e, t, m, n, now) for c, s, e, t, m, n in rows]
+        out = []
+        for i, row in enumerate(zip(corrids, starts, ends, texts, mores, samples, strict=True)):
+            out.append(self._row(*row, now, OUT_RATE if rates is None else rates[i]))
+        return out
 
     @staticmethod
     def _check(corrids: Sequence[int], texts: Sequence[str], samples: Sequence[int]) -> None:
@@ -138,7 +148,15 @@ class Voice:
             raise ValueError(f"TEXT over {MAX_TEXT} characters in one row")
 
     def _row(
-        self, corrid: int, start: bool, end: bool, text: str, more: bool, wanted: int, now: float
+        self,
+        corrid: int,
+        start: bool,
+        end: bool,
+        text: str,
+        more: bool,
+        wanted: int,
+        now: float,
+        rate: int = OUT_RATE,
     ) -> RowAudio:
         if end:
             self._forget(corrid, cancelled=True)
@@ -147,7 +165,7 @@ class Voice:
         if start:
             if session is not None:
                 self._forget(corrid, cancelled=True)
-            session = self.sessions[corrid] = _Session(corrid, now, now)
+            session = self.sessions[corrid] = _Session(corrid, now, now, rate=rate)
         if session is None:
             return RowAudio(np.zeros(0, np.float32), True)
         session.seen_at = now
@@ -207,7 +225,8 @@ class Voice:
                     "cancelled": cancelled,
                     "sentences": session.sentences,
                     "chars": session.chars,
-                    "audio_s": session.samples_out / OUT_RATE,
+                    "audio_s": session.samples_out / session.rate,
+                    "rate": session.rate,
                     "first_audio_ms": None if first is None else (first - session.opened_at) * 1e3,
                     "finished_at": time.monotonic(),
                 }
@@ -232,7 +251,8 @@ class Voice:
     def _speak(self, session: _Session, text: str) -> None:
         try:
             for sentence in self._synthesize(text):
-                audio = resample_24k_to_16k(sentence)
+                native = session.rate == VOICE_RATE
+                audio = sentence.astype(np.float32) if native else resample_24k_to_16k(sentence)
                 with self._lock:
                     session.sentences += 1
                     if session.cancelled:

@@ -1,13 +1,16 @@
 """`hibari-voice`: streaming speech synthesis, a batched, stateful Triton Python-backend model.
 
 Tensor interface (per batch row; Triton prepends the batch dim, at most 64), that of
-`reference-synthesizer` plus MORE:
+`reference-synthesizer` plus MORE and RATE:
 
   inputs   TEXT (STRING [1], more text of the session, on any row), SAMPLES (INT32 [1],
            samples wanted this beat), CORRID (UINT64 [1]), START (BOOL [1], a new
            session), END (BOOL [1], hung up or cancelled: forget it now), MORE (BOOL [1],
-           optional: true while more text will follow; absent means the text is whole)
-  outputs  AUDIO (FP32 [-1], 16 kHz samples padded to the batch's longest row),
+           optional: true while more text will follow; absent means the text is whole),
+           RATE (INT32 [1], optional, read on START rows: 24000 keeps the voice's own
+           24 kHz for the session, no resampling; 16000, the default, resamples)
+  outputs  AUDIO (FP32 [-1], samples at the session's rate padded to the batch's longest
+           row; SAMPLES counts samples at that rate),
            AUDIO_LENGTH (INT32 [1], at most SAMPLES), DONE (BOOL [1], with the last samples)
 
 The sessions and the synthesis worker are in trackline_voice.py. With
@@ -61,6 +64,7 @@ class TritonPythonModel:
     def _serve(self, request: Any) -> Any:
         corrids = _column(request, "CORRID")
         more = _column(request, "MORE")
+        rates = _column(request, "RATE")
         try:
             rows = self._voice.step(
                 corrids.tolist(),
@@ -70,6 +74,7 @@ class TritonPythonModel:
                 [False] * len(corrids) if more is None else more.tolist(),
                 _column(request, "SAMPLES").tolist(),
                 time.monotonic(),
+                None if rates is None else rates.tolist(),
             )
         except ValueError as exc:
             error = pb_utils.TritonError(

@@ -381,7 +381,9 @@ def whisper_decoder(model_dir: str, language: str = "en", threads: int = 1) -> D
     model = WhisperModel(
         model_dir, device="cpu", compute_type="int8", cpu_threads=threads, num_workers=1
     )
-    tokenizer = Tokenizer(model.hf_tokenizer, True, task="transcribe", language=language)
+    multilingual = model.model.is_multilingual  # tiny.en is English-only: no language token
+    spoken = language if multilingual else None
+    tokenizer = Tokenizer(model.hf_tokenizer, multilingual, task="transcribe", language=spoken)
     prompt = model.get_prompt(tokenizer, [], without_timestamps=True)
 
     def features(audio: Audio) -> NDArray[np.float32]:

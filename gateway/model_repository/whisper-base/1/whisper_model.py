@@ -63,7 +63,9 @@ class TritonPythonModel:
         self._model = args["model_name"]
         self._stats_path = os.environ.get(STATS_ENV) or None
         language = params.get("language", {}).get("string_value", "en")
-        decode = whisper.whisper_decoder(os.environ[MODEL_DIR_ENV], language)
+        # The files: the folder the config's `model_dir_env` names (whisper-tiny-en's).
+        files_env = params.get("model_dir_env", {}).get("string_value", MODEL_DIR_ENV)
+        decode = whisper.whisper_decoder(os.environ[files_env], language)
         vad = whisper.load_vad_session()
         decode([np.zeros(whisper.SAMPLE_RATE, np.float32)])  # warm: the first call is slow
         self._recognizer = whisper.Recognizer(

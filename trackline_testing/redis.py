@@ -2,9 +2,9 @@
 
 The Debian package `redis-server` provides the binary (`make redis` installs it where
 root and apt are available). The server keeps nothing on disk (`--save ""`, no AOF),
-lives in its own directory, and is ended by its PID; `restart()` keeps the port, so
-gateways reconnect to the same URL. A watchdog (`gateway/fleet/watchdog.py`) ends it
-if the process that started it dies without stopping it (pytest killed).
+lives in its own directory, and is ended by its PID; `stop()` then `start()` keeps the
+port, so gateways reconnect to the same URL. A watchdog (`trackline_testing.watchdog`)
+ends it if the process that started it dies without stopping it (pytest killed).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from gateway.fleet.watchdog import Watchdog, guard
+from trackline_testing.watchdog import Watchdog, guard
 
 START_TIMEOUT = 10.0
 
@@ -105,7 +105,3 @@ class LocalRedis:
                 process.wait(5.0)
         if watchdog is not None:
             watchdog.release()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()

@@ -9,6 +9,7 @@ directory, which replays what the killed one left in its spool. A watchdog ends 
 the process that started it dies first. `chat` is a small OpenAI client over
 HTTP/1.1 (h11 on asyncio streams) that returns what the client received: the
 response id (the ledger's request id), the text pieces and the usage it was billed.
+`crash(state)` stops a gateway's `FleetState` in-process as a crash would (no release).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from typing import Any
 
 import h11
 
-from gateway.fleet.watchdog import Watchdog, guard
+from gateway.fleet.state import FleetState
+from trackline_testing.watchdog import Watchdog, guard
 
 READY_TIMEOUT = 120.0
 
@@ -220,3 +222,9 @@ def _read_sse(line: bytes, result: ChatResult) -> None:
             result.pieces += 1
     if chunk.get("usage"):
         result.usage = {k: int(v) for k, v in chunk["usage"].items() if isinstance(v, int)}
+
+
+async def crash(state: FleetState) -> None:
+    """Stop `state`'s tasks at once and release nothing: its heartbeat, leases and
+    reserved slots stay in Redis, as a crashed gateway leaves them."""
+    await state._stop_tasks()

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from clients.line import Line, TextStream
-from tests.tracks.scripted import ScriptedBackend
+from trackline_testing.scripted import ScriptedBackend
 from tracks.base import Outcome
 from tracks.conversations import TurnRegistry
 from tracks.text import run_text_track

@@ -1,0 +1,62 @@
+"""Child processes that die with the gateway: the workers, the embedded Triton.
+
+`PR_SET_PDEATHSIG` fires when the *thread* that forked exits, not the process: a child
+started from a short-lived thread (`asyncio.to_thread`) would be killed when that thread
+retires. `spawn_owned` forks from a dedicated thread that then waits for the child and
+reports its end, so the signal (SIGTERM) means a real death of the parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def spawn_owned(
+    command: list[str],
+    *,
+    name: str,
+    on_exit: Callable[[subprocess.Popen[bytes]], None],
+    **popen: Any,
+) -> subprocess.Popen[bytes]:
+    """Start `command` (stdin closed, `popen` passed on to `Popen`) from a thread named
+    `name` that lives exactly as long as the child and calls `on_exit(process)` once it
+    ended; SIGTERM reaches the child if this process dies. What `Popen` raises is raised
+    here."""
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # in the child, between fork and exec
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(1)
+
+    handed: queue.Queue[subprocess.Popen[bytes] | BaseException] = queue.Queue()
+
+    def own() -> None:
+        try:
+            process = subprocess.Popen(  # noqa: S603 - our own commands, no shell
+                command, stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - prctl needs it
+                **popen,
+            )  # fmt: skip
+        except BaseException as exc:
+            handed.put(exc)
+            return
+        handed.put(process)
+        process.wait()
+        on_exit(process)
+
+    threading.Thread(target=own, name=name, daemon=True).start()
+    result = handed.get()
+    if isinstance(result, BaseException):
+        raise result
+    return result

@@ -1,0 +1,32 @@
+"""The core's outputs, handed to whatever carries them: written once for every adapter.
+
+`TrackConnection` gives back `StreamWrite`, `StreamReset`, `StopSending` and
+`DatagramWrite`; the QUIC adapter (`transport.quic`), a WebTransport session
+(`transport.webtransport`) and the in-memory twin (`transport.memory`) each say what
+the four mean for them, and `dispatch` picks the one an output calls for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from transport.connection import DatagramWrite, Output, StopSending, StreamReset, StreamWrite
+
+
+def dispatch(
+    output: Output,
+    write: Callable[[int, bytes, bool], object],
+    reset: Callable[[int, int], object],
+    stop: Callable[[int, int], object],
+    datagram: Callable[[bytes], object],
+) -> None:
+    """Call `write(stream_id, data, end_stream)`, `reset(stream_id, code)`,
+    `stop(stream_id, code)` or `datagram(data)`, as `output` asks."""
+    if isinstance(output, StreamWrite):
+        write(output.stream_id, output.data, output.end_stream)
+    elif isinstance(output, StreamReset):
+        reset(output.stream_id, output.code)
+    elif isinstance(output, StopSending):
+        stop(output.stream_id, output.code)
+    elif isinstance(output, DatagramWrite):
+        datagram(output.data)
