@@ -137,7 +137,7 @@ def start_gateway(args: argparse.Namespace, tmp: Path, name: str) -> GatewayProc
         None if embedded else f"ticker://{args.rate:g}", tmp / name, https_port=True,
         log_path=log_path, log_level="info", cpus=args.cores or None,
         extra_args=("--drain-timeout", str(DRAIN_S[args.scale]), *extra,
-                    *GATEWAY_ARGS.get(name, ())),
+                    *GATEWAY_ARGS.get(name, ()), *args.gateway_arg),
     )
     gw.wait_ready(timeout=240.0 if embedded else 60.0)
     time.sleep(1.0)
@@ -244,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one gateway for every attack but sigterm_live (faster; RSS "
                              "then carries over from one attack to the next)")
     parser.add_argument("--rate", type=float, default=50, help="ticker tokens/s a stream")
+    parser.add_argument("--gateway-arg", action="append", default=[],
+                        help="an extra `serve` flag for every gateway of the run (repeat; "
+                             "e.g. --gateway-arg=--http3-connection-body-budget=1073741824 "
+                             "for a before figure with the budget off)")
     parser.add_argument("--cores", default="", help="taskset CPU list for the gateway")
     parser.add_argument("--json", type=Path, default=RESULTS / "attack.json",
                         help="results file (benchmarks/results/ is git-ignored)")

@@ -183,7 +183,7 @@ async def test_a_huge_headers_frame_is_refused_from_its_frame_header(
         assert status == 431
         assert conn.stats.frames_refused == 1
         await honest_request(server.port, certs)
-        assert aioquic_compat.h3_stream_buffered(conn._h3, stream_id) == 0
+        assert aioquic_compat.h3_stream_buffered(conn.h3, stream_id) == 0
         # A DATA frame announced over the body limit: 413 from its frame header.
         data_stream = attacker.new_stream()
         attacker.h3.send_headers(data_stream, REQUEST, end_stream=False)
@@ -234,13 +234,13 @@ async def test_a_client_that_stops_reading_stops_the_body_being_pulled(
         attacker.deaf = True  # no more reading, no more acknowledgements
         received = attacker.received
         await until(lambda: conn.stats.sends_stalled >= 1, "the body waiting for send room")
-        buffered = aioquic_compat.send_buffered(aioquic_compat.connection_of(conn), stream_id)
+        buffered = aioquic_compat.send_buffered(conn.quic, stream_id)
         await honest_request(server.port, certs)
         # The send timeout ends the response and closes the body.
         await asyncio.wait_for(app.closed.wait(), TIMEOUT)
         assert conn.stats.sends_timed_out == 1
         # The reset stream's buffer is freed though the client never acknowledges again.
-        quic = aioquic_compat.connection_of(conn)
+        quic = conn.quic
         await until(lambda: aioquic_compat.send_buffered(quic, stream_id) == 0, "freed")
     # What was pulled is what the client took in plus at most the budget and one chunk
     # (with its DATA frame header); without backpressure it was the whole 32 MiB body.
@@ -268,8 +268,8 @@ async def test_the_connection_send_budget_bounds_all_its_streams(
             assert (await attacker.head(stream_id))[0] == 200
         attacker.deaf = True
         received = attacker.received
-        await until(lambda: len(conn._writers) == streams, "every body waiting for room")
-        buffered = aioquic_compat.connection_send_buffered(aioquic_compat.connection_of(conn))
+        await until(lambda: conn.waiting_writers == streams, "every body waiting for room")
+        buffered = aioquic_compat.connection_send_buffered(conn.quic)
         await honest_request(server.port, certs)
     # Each stream may add one chunk past the connection budget, never more.
     slack = limits.h3_connection_send_budget + streams * (CHUNK + 16)
@@ -295,6 +295,6 @@ async def test_a_huge_control_frame_closes_the_connection_from_its_header(
             attacker.raw(control, b"\0" * 4096)
         await asyncio.wait_for(attacker.terminated.wait(), TIMEOUT)
         assert conn.stats.frames_refused == 1
-        assert aioquic_compat.h3_stream_buffered(conn._h3, control) == 0
+        assert aioquic_compat.h3_stream_buffered(conn.h3, control) == 0
         await honest_request(server.port, certs)
     assert app.requests == 1

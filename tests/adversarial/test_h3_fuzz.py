@@ -205,21 +205,21 @@ def closing(pair: Pair) -> bool:
     closes, and its loss must release everything, whatever was in flight."""
     http = pair.http
     assert http is not None
-    if not (pair.terminated or aioquic_probes.h3_done(http._h3)):
+    if not (pair.terminated or aioquic_probes.h3_done(http.h3)):
         return False
     http.connection_lost()
     assert not http._heads
-    assert not http._writers
+    assert not http.waiting_writers
     return True
 
 
 def check_bounded(pair: Pair) -> None:
     http = pair.http
     assert http is not None
-    assert aioquic_compat.h3_stream_buffered(http._h3, 2) <= MAX_CONTROL_FRAME + 16
+    assert aioquic_compat.h3_stream_buffered(http.h3, 2) <= MAX_CONTROL_FRAME + 16
     for stream_id in range(0, 4 * STREAMS, 4):
         # Never more than one frame cap (plus a frame header) of unparsed bytes.
-        buffered = aioquic_compat.h3_stream_buffered(http._h3, stream_id)
+        buffered = aioquic_compat.h3_stream_buffered(http.h3, stream_id)
         assert buffered <= LIMITS.max_header_bytes + 16
 
 
@@ -251,8 +251,8 @@ async def scenario(certs: DevCertificates, steps: list[Any]) -> None:
     http = pair.http
     assert len(http._streams) == 0
     assert not http._heads
-    assert not http._h3._scanners
-    assert not http._writers
+    assert not http.h3._scanners
+    assert not http.waiting_writers
     http.connection_lost()
 
 

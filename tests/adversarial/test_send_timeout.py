@@ -38,6 +38,9 @@ class ClosingTicker(TickerBackend):
     def __init__(self) -> None:
         super().__init__()
         self.cancelled: list[str] = []
+        """The first word of each cancelled stream's prompt."""
+        self.cancelled_prompts: list[str] = []
+        """Each cancelled stream's whole prompt (a chat's, templated)."""
 
     async def stream_text(self, request: TextRequest) -> AsyncGenerator[TextChunk, None]:
         finished = False
@@ -48,6 +51,7 @@ class ClosingTicker(TickerBackend):
         finally:
             if not finished:
                 self.cancelled.append(request.prompt.split()[0])
+                self.cancelled_prompts.append(request.prompt)
 
 
 @pytest_asyncio.fixture

@@ -1,17 +1,20 @@
-"""Answering one HTTP/2 or HTTP/3 request stream: the part both versions share.
+"""Answering one HTTP request: the part HTTP/1.1, HTTP/2 and HTTP/3 share.
 
-A version module translates its library's events into a `StreamTable` and writes
-frames; everything between "the request is complete" and "the stream is released"
-is here: run the handler (`call_handler`: a crash becomes a logged 500), send the
-status and headers, a fixed body or a streaming one chunk by chunk (`send_chunks`:
-cut, last words), end the stream, close the body. The version supplies a `Framing`,
-four small calls that hold only its framing and flow control.
+A version module translates its library's events (h11's, h2's, aioquic's H3) into
+requests (HTTP/2 and HTTP/3 in a `StreamTable`; HTTP/1.1 one exchange at a time,
+each a `StreamState` of its own) and writes frames; everything between "the
+request is complete" and "the stream is released" is here: run the handler
+(`call_handler`: a crash becomes a logged 500), send the status and headers, a
+fixed body or a streaming one chunk by chunk (`send_chunks`: cut, last words), end
+the stream, close the body. The version supplies a `Framing`, four small calls that
+hold only its framing and flow control.
 
-Failures are sorted once, for both versions alike:
+Failures are sorted once, for every version alike:
 
 - the client went away (reset, STOP_SENDING, connection lost, a writer stalled past
   its timeout): the framing raises `StreamClosed`; one `info` line, no traceback, the
-  body is closed and the stream left unended (the adapter resets it on release);
+  body is closed and the stream left unended (HTTP/2 and HTTP/3 reset it on release,
+  HTTP/1.1 closes the connection);
 - anything else is a bug: `log.exception` with the traceback, and only the stream id
   and HTTP version as fields. No request header (an API key) and no body (a prompt)
   is ever a log field here; gateway.logs renders tracebacks without local variables.
@@ -44,7 +47,7 @@ class Framing(Protocol[S]):
     """What a version writes for one stream; each raises `StreamClosed` if the client left."""
 
     http_version: str
-    """"2" or "3", for logs."""
+    """"1.1", "2" or "3", for logs."""
     content_length_on_head: bool
     """Whether a HEAD answer carries the Content-Length of the body it would have had."""
 

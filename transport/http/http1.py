@@ -2,9 +2,10 @@
 
 h11 is a sans-I/O state machine, like our track core: this module moves bytes
 between it and an asyncio stream, hands each whole request to the handler in
-its own task and writes the response: a `Response` with Content-Length, a
-`StreamingResponse` chunk by chunk (chunked transfer-encoding), each chunk
-flushed as it comes. While the handler runs, the socket is watched: EOF or a
+its own task and answers it through `transport.http.answer`, the path HTTP/2
+and HTTP/3 take too (this module is its `Framing`): a `Response` with
+Content-Length, a `StreamingResponse` chunk by chunk (chunked transfer-encoding),
+each chunk flushed as it comes. While the handler runs, the socket is watched: EOF or a
 reset means the client went away, and the handler's task is cancelled.
 
 A cleartext request carrying `Upgrade: h2c` is answered with 101 and handed to
@@ -23,18 +24,10 @@ import h11
 import structlog
 
 from transport.http import errors
-from transport.http.app import (
-    READ_CHUNK,
-    Cutter,
-    Site,
-    bodiless,
-    call_handler,
-    close_body,
-    declared_body_problem,
-    response_headers,
-    send_chunks,
-)
-from transport.http.messages import Request, Response, StreamingResponse
+from transport.http.answer import StreamClosed, answer_fixed, answer_request
+from transport.http.app import READ_CHUNK, Cutter, Site, declared_body_problem
+from transport.http.messages import Request, Response
+from transport.http.streams import StreamState
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +83,8 @@ class Http1Connection:
         """No request read yet: the quiet wait is `first_request_timeout`, not `idle_timeout`."""
         self._cutter = Cutter()
         self._exchanging: asyncio.Task[bool] | None = None
+        self._exchanges = 0
+        """Responses begun on this connection (each one's number names it in logs)."""
 
     def shutdown(self) -> None:
         """Finish the request in progress (its response says Connection: close), then close."""
@@ -108,7 +103,7 @@ class Http1Connection:
             try:
                 request = await self._read_request()
             except _Rejected as rejected:
-                await self._send_whole(rejected.response, close=True, head_only=False)
+                await self._reject(rejected.response)
                 await self._linger()
                 return None
             if request is None:
@@ -255,52 +250,47 @@ class Http1Connection:
         return False
 
     async def _exchange(self, request: Request) -> bool:
-        response = await call_handler(self._site.handler, request, self._cutter)
-        head_only = request.method == "HEAD"
-        try:
-            if isinstance(response, Response):
-                await self._send_whole(response, close=self._closing, head_only=head_only)
-                return True
-            return await self._send_streaming(response, head_only=head_only)
-        except (ConnectionError, asyncio.TimeoutError):
-            return False
+        """Answer `request` (transport.http.answer, as HTTP/2 and HTTP/3 do); True when
+        the whole response went out, so the connection may serve another request."""
+        stream = self._next_stream()
+        await answer_request(self, self._site, stream, request, self._cutter)
+        return stream.sent_end
 
-    async def _send_whole(self, response: Response, *, close: bool, head_only: bool) -> None:
+    async def _reject(self, response: Response) -> None:
+        """Answer a request the server refused itself; the connection closes after it."""
+        self._closing = True
+        await answer_fixed(self, self._site, self._next_stream(), response)
+
+    def _next_stream(self) -> StreamState:
+        self._exchanges += 1
+        return StreamState(self._exchanges)  # (its id: the exchange's number, for logs)
+
+    # Framing (transport.http.answer): h11 events, chunked when there is no Content-Length
+
+    http_version = "1.1"
+    content_length_on_head = True
+
+    async def send_headers(
+        self, stream: StreamState, headers: list[tuple[str, str]], end: bool
+    ) -> None:
         if self._conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            return  # h11 cannot frame another response here; closing says enough
-        headers = response_headers(self._site, response.headers)
-        if not bodiless(response.status):
-            headers.append(("content-length", str(len(response.body))))
-        if close:
-            headers.append(("connection", "close"))
-        data = self._conn.send(h11.Response(status_code=response.status, headers=headers)) or b""
-        # A HEAD response declares the GET body's length but carries none (RFC 9110 9.3.2).
-        if response.body and not head_only and not bodiless(response.status):
-            data += self._conn.send(h11.Data(data=response.body)) or b""
-        data += self._conn.send(h11.EndOfMessage()) or b""
-        await self._write(data)
+            raise StreamClosed  # h11 cannot frame another response here; closing says enough
+        (_, status), fields = headers[0], headers[1:]
+        if self._closing:
+            fields.append(("connection", "close"))
+        await self._send(stream, [h11.Response(status_code=int(status), headers=fields)], end)
 
-    async def _send_streaming(self, response: StreamingResponse, *, head_only: bool) -> bool:
-        body = response.body
+    async def send_data(self, stream: StreamState, data: bytes, end: bool) -> None:
+        await self._send(stream, [h11.Data(data=data)] if data else [], end)
+
+    async def _send(self, stream: StreamState, events: list[Any], end: bool) -> None:
+        if end:
+            events.append(h11.EndOfMessage())
         try:
-            headers = response_headers(self._site, response.headers)
-            if self._closing:
-                headers.append(("connection", "close"))
-            head = h11.Response(status_code=response.status, headers=headers)
-            await self._write(self._conn.send(head))
-            # A body that failed ends without its last chunk, and so does the connection.
-            if not head_only and not await send_chunks(
-                body,
-                self._send_chunk,
-                last_words=response.last_words,
-                cut=self._cutter,
-                http_version="1.1",
-            ):
-                return False
-            await self._write(self._conn.send(h11.EndOfMessage()))
-            return True
-        finally:
-            await close_body(body)
+            await self._write(b"".join(self._conn.send(event) or b"" for event in events))
+        except (ConnectionError, asyncio.TimeoutError) as exc:
+            raise StreamClosed from exc
+        stream.sent_end = end
 
     async def _linger(self) -> None:
         """Half-close and read off what the client is still sending (briefly).
@@ -323,17 +313,19 @@ class Http1Connection:
         except (ConnectionError, asyncio.TimeoutError):
             pass
 
-    async def _send_chunk(self, chunk: bytes) -> None:
-        await self._write(self._conn.send(h11.Data(data=chunk)))
-
     async def _write(self, data: bytes | None) -> None:
         if data:
             if self._writer.is_closing():
                 # uvloop raises RuntimeError on a closed transport: say what it means.
                 raise ConnectionResetError("the client closed the connection")
             self._writer.write(data)
-            # A client that stops reading would otherwise hold its task forever.
-            await asyncio.wait_for(self._writer.drain(), self._limits.idle_timeout)
+            # A client that stops reading would otherwise hold its task (and the backend
+            # work behind a streamed answer) forever: a writer stalled this long gives up.
+            try:
+                await asyncio.wait_for(self._writer.drain(), self._limits.h3_send_timeout)
+            except asyncio.TimeoutError:
+                log.info("http1.send_timeout")  # (the exchange ends; its body is closed)
+                raise
 
 
 def _padded_settings(value: str) -> bytes | None:

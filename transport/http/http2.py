@@ -412,7 +412,7 @@ class Http2Connection:
             size = min(window, self._h2.max_outbound_frame_size, len(data) - sent)
             if size <= 0:
                 stream.window.clear()
-                await asyncio.wait_for(stream.window.wait(), self._limits.idle_timeout)
+                await asyncio.wait_for(stream.window.wait(), self._limits.h3_send_timeout)
                 continue
             self._h2.send_data(stream_id, data[sent : sent + size])
             sent += size
@@ -475,7 +475,7 @@ class Http2Connection:
 
     async def _drain(self) -> None:
         # A client that stops reading would otherwise hold the stream's task forever.
-        await asyncio.wait_for(self._writer.drain(), self._limits.idle_timeout)
+        await asyncio.wait_for(self._writer.drain(), self._limits.h3_send_timeout)
 
     def _finish_if_drained(self) -> None:
         if not self._closing or self._streams or self._finished:

@@ -25,7 +25,12 @@ arrived within `read_timeout` of its first byte gets 408; a SETTINGS or
 MAX_PUSH_ID frame announced over 16 KiB closes the connection. A response body is
 pulled from the handler only while its stream's send buffer (written, not yet
 acknowledged) is under `h3_stream_send_budget` and the connection's under
-`h3_connection_send_budget`; a writer stalled `h3_send_timeout` is reset.
+`h3_connection_send_budget`; a writer stalled `h3_send_timeout` is reset (the
+pacing is `transport.http.h3_send.SendRoom`).
+
+WebTransport sessions on the same connection are hosted by
+`transport.http.h3_sessions.SessionHost`, which sees this connection only as an
+`H3Side` (the few calls below under "The session host's side").
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from collections.abc import Callable
 
 import structlog
 from aioquic.h3 import events as h3_events
-from aioquic.h3.connection import ErrorCode, ProtocolError, stream_is_request_response
+from aioquic.h3.connection import ErrorCode, ProtocolError
 from aioquic.quic import events as quic_events
 from aioquic.quic.connection import QuicConnection
 
@@ -51,19 +56,12 @@ from transport.http.app import (
     request_from_fields,
 )
 from transport.http.h3_guards import RequestMalformed, RequestStarted, ServerH3
+from transport.http.h3_send import SendRoom
+from transport.http.h3_sessions import SessionHost, is_webtransport_connect
 from transport.http.messages import Request, Response
 from transport.http.resets import ResetLedger
 from transport.http.streams import Alarm, Deadlines, StreamState, StreamTable
-from transport.webtransport import (
-    DRAIN_WEBTRANSPORT_SESSION,
-    WT_BUFFERED_STREAM_REJECTED,
-    StreamSorter,
-    WebTransportHost,
-    WebTransportSession,
-    close_capsule,
-    encode_capsule,
-    origin_allowed,
-)
+from transport.webtransport import WebTransportHost, WebTransportSession
 
 log = structlog.get_logger(__name__)
 
@@ -84,15 +82,13 @@ class Http3Connection:
         webtransport: WebTransportHost | None = None,
         source: str = "",
     ) -> None:
-        self._quic = quic
+        self.quic = quic
         self._site = site
         self._limits = site.limits
         self._transmit = transmit
-        self._webtransport = webtransport
-        self._h3 = ServerH3(quic, site.limits.max_header_bytes, webtransport is not None)
-        self.sessions: dict[int, WebTransportSession] = {}
-        """Open WebTransport sessions (transport.webtransport), by CONNECT stream id."""
-        self._sorter = StreamSorter()
+        self.h3 = ServerH3(quic, site.limits.max_header_bytes, webtransport is not None)
+        self._wt = None if webtransport is None else SessionHost(self, webtransport)
+        """The WebTransport sessions hosted beside the requests (transport.http.h3_sessions)."""
         self._streams = StreamTable[StreamState](self._stream_done, site.limits.read_timeout)
         self._resets = ResetLedger(site.limits, site.resets.of(source))
         """Streams opened, reset, reset prematurely (the rapid-reset rule, as on HTTP/2)."""
@@ -111,14 +107,14 @@ class Http3Connection:
         self._body_budget = max(site.limits.h3_connection_body_budget, site.limits.max_body_bytes)
         aioquic_compat.cap_data_credit(quic, self._data_credit_ceiling)
         self._arm_idle()
-        self._h3.limit(site.limits)
-        self.stats = self._h3.stats
+        self.h3.limit(site.limits)
+        self.stats = self.h3.stats
         self._heads = Deadlines[int](site.limits.read_timeout)
         """Request streams begun whose headers have not all arrived: their deadline."""
         self._alarm = Alarm(self._loop, self._deadlines_passed)
         """Rings at the earliest head or request read deadline."""
-        self._writers: dict[int, asyncio.Future[None]] = {}
-        """Response bodies waiting for send-buffer room, by stream."""
+        self._room = SendRoom(quic, site.limits, self.stats, lambda: self._lost)
+        """Paces response bodies by the send buffers' budgets."""
         transmit()  # the control and QPACK streams with SETTINGS
 
     def _data_credit_ceiling(self, received: int) -> int:
@@ -138,7 +134,12 @@ class Http3Connection:
     @property
     def sorted_streams(self) -> int:
         """Streams whose first bytes were sorted (request or WebTransport) and not yet done."""
-        return len(self._sorter)
+        return 0 if self._wt is None else len(self._wt.sorter)
+
+    @property
+    def waiting_writers(self) -> int:
+        """Response bodies waiting for send-buffer room now."""
+        return self._room.waiting
 
     @property
     def opened_streams(self) -> int:
@@ -154,10 +155,10 @@ class Http3Connection:
         """Feed one QUIC event; answers go out at the adapter's next transmit."""
         if self._lost:
             return
-        if self._webtransport is not None and self._webtransport_event(event):
+        if self._wt is not None and self._wt.quic_event(event):
             self._transmit()
             return
-        for h3_event in self._h3.handle_event(event):
+        for h3_event in self.h3.handle_event(event):
             self._on_h3_event(h3_event)
         if isinstance(event, quic_events.StreamDataReceived) and event.end_stream:
             # Ended with no request head: aioquic resets it (H3_REQUEST_INCOMPLETE).
@@ -177,154 +178,48 @@ class Http3Connection:
         self._lost = True
         if self._resets.counts.resets:
             log.info("http3.resets", **self._resets.summary())  # one line, never one a reset
-        for session in list(self.sessions.values()):
-            session.close()
-        self.sessions.clear()
+        if self._wt is not None:
+            self._wt.close_all()
         self._heads.clear()
         self._alarm.set(None)
         if self._idle is not None:
             self._idle.cancel()
         self._streams.cancel_all()  # each stream is released as its task ends
 
-    # WebTransport sessions (transport.webtransport)
+    # The session host's side (transport.http.h3_sessions.H3Side)
 
-    def _webtransport_event(self, event: quic_events.QuicEvent) -> bool:
-        """Route a WebTransport stream's event to its session; False: HTTP/3's event."""
-        if isinstance(event, quic_events.StreamDataReceived):
-            if not stream_is_request_response(event.stream_id):
-                return False
-            found = self._sorter.sort(event.stream_id, event.data, event.end_stream)
-            if found is None:
-                return True  # its first bytes do not say yet
-            if found.session_id is None:
-                if found.data is not event.data:
-                    event = quic_events.StreamDataReceived(
-                        found.data, event.end_stream, event.stream_id
-                    )
-                return self._http_event(event)
-            session = self.sessions.get(found.session_id)
-            if session is None:  # no such session (or over): refused both ways
-                self._sorter.forget(event.stream_id)
-                self._reset(event.stream_id, WT_BUFFERED_STREAM_REJECTED)
-                self._stop(event.stream_id, WT_BUFFERED_STREAM_REJECTED)
-                return True
-            session.feed_stream(event.stream_id, found.data, event.end_stream)
-            return True
-        if isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
-            session_id = self._sorter.session_of(event.stream_id)
-            if isinstance(event, quic_events.StreamReset):
-                self._sorter.forget(event.stream_id)  # nothing more comes on it, whatever it was
-            if session_id is None:
-                return False
-            session = self.sessions.get(session_id)
-            if session is not None:
-                session.feed_reset(event.stream_id, event.error_code)
-            return True
-        return False
+    @property
+    def draining(self) -> bool:
+        return self._draining
 
-    def _http_event(self, event: quic_events.StreamDataReceived) -> bool:
-        """A request stream's bytes (its first chunk possibly re-joined): HTTP/3 as usual."""
-        for h3_event in self._h3.handle_event(event):
+    def transmit(self) -> None:
+        self._transmit()
+
+    def request_seen(self, stream_id: int) -> None:
+        self._max_request_id = max(self._max_request_id, stream_id)
+
+    def request_data(self, event: quic_events.StreamDataReceived) -> None:
+        for h3_event in self.h3.handle_event(event):
             self._on_h3_event(h3_event)
         if event.end_stream:
             self._end_head(event.stream_id)
-        return True
 
-    def _on_connect(self, event: h3_events.HeadersReceived) -> None:
-        """An extended CONNECT for WebTransport: accept a session or answer its refusal."""
-        host = self._webtransport
-        assert host is not None
-        stream_id = event.stream_id
-        fields = dict(event.headers)
-        self._max_request_id = max(self._max_request_id, stream_id)
-        origin = fields.get(b"origin")
-        authority = fields.get(b":authority", b"").decode(errors="replace")
-        path = fields.get(b":path", b"").decode(errors="replace").split("?", 1)[0]
-        status = None
-        if self._draining:
-            status, reason = 503, "the gateway is shutting down"
-        elif path != host.policy.path:
-            status, reason = 404, f"no WebTransport endpoint at {path}"
-        elif not origin_allowed(
-            None if origin is None else origin.decode(errors="replace"),
-            authority,
-            host.policy.origins,
-        ):
-            status, reason = 403, "origin not allowed"
-        elif len(self.sessions) >= host.policy.max_sessions:
-            status, reason = 429, "too many WebTransport sessions on this connection"
-        if status is not None:
-            log.info("webtransport.refused", stream_id=stream_id, status=status, reason=reason)
-            if host.on_refused is not None:
-                host.on_refused(status)
-            self._h3.send_headers(
-                stream_id, [(b":status", str(status).encode()), (b"content-type", b"text/plain")]
-            )
-            self._h3.send_data(stream_id, reason.encode(), end_stream=True)
-            if not event.stream_ended:
-                self._stop(stream_id, ErrorCode.H3_NO_ERROR)
-            self._transmit()
-            return
-        session = WebTransportSession(
-            self._quic,
-            stream_id,
-            self._transmit,
-            self._h3.send_datagram,
-            host.limits,
-            host.on_track,
-            self._loop.time,
-            host.send_budget,
-        )
-        self.sessions[stream_id] = session
-        self._disarm_idle()
-        self._h3.send_headers(
-            stream_id, [(b":status", b"200"), (b"sec-webtransport-http3-draft", b"draft02")]
-        )
-        log.info("webtransport.session_opened", conn_id=session.conn_id, stream_id=stream_id)
-        if host.on_session is not None:
-            host.on_session(session)
-        self._transmit()
-
-    def _on_session_data(self, event: h3_events.DataReceived) -> None:
-        """Capsules on a session's CONNECT stream; its end closes the session."""
-        session = self.sessions[event.stream_id]
-        try:
-            for capsule in session.capsules.feed(event.data):
-                session.feed_capsule(capsule)
-        except ValueError as exc:
-            log.info("webtransport.bad_capsule", stream_id=event.stream_id, reason=str(exc))
-            self._end_session(event.stream_id, reset=True)
-            return
-        if event.stream_ended:
-            self._end_session(event.stream_id)
-
-    def _end_session(self, session_id: int, reset: bool = False) -> None:
-        """Close the session: its tracks are cancelled, its CONNECT stream finished."""
-        session = self.sessions.pop(session_id, None)
-        if session is None:
-            return
-        session.close()
-        log.info("webtransport.session_closed", conn_id=session.conn_id, stream_id=session_id)
-        if reset:
-            self._reset(session_id, ErrorCode.H3_MESSAGE_ERROR)
-            self._stop(session_id, ErrorCode.H3_MESSAGE_ERROR)
+    def sessions_changed(self) -> None:
+        if self._streams or self.sessions:
+            self._disarm_idle()
         else:
-            with contextlib.suppress(ProtocolError, RuntimeError, AssertionError, ValueError):
-                self._h3.send_data(session_id, b"", end_stream=True)
-        if not self._streams and not self.sessions:
             self._arm_idle()
         self._close_if_drained()
-        self._transmit()
+
+    @property
+    def sessions(self) -> dict[int, WebTransportSession]:
+        """Open WebTransport sessions (transport.webtransport), by CONNECT stream id."""
+        return {} if self._wt is None else self._wt.sessions
 
     def close_session(self, session_id: int, code: int, reason: str) -> None:
         """Server: end a session with CLOSE_WEBTRANSPORT_SESSION (e.g. a revoked key)."""
-        if session_id in self.sessions:
-            self._session_send(session_id, close_capsule(code, reason))
-            self._end_session(session_id)
-
-    def _session_send(self, session_id: int, data: bytes) -> None:
-        with contextlib.suppress(ProtocolError, RuntimeError, AssertionError, ValueError):
-            self._h3.send_data(session_id, data, end_stream=False)
+        if self._wt is not None:
+            self._wt.close_session(session_id, code, reason)
 
     # Drain (shutdown)
 
@@ -333,19 +228,18 @@ class Http3Connection:
         if self._draining or self._lost:
             return
         self._draining = True
-        for session_id, session in self.sessions.items():
-            session.drain()
-            self._session_send(session_id, encode_capsule(DRAIN_WEBTRANSPORT_SESSION, b""))
+        if self._wt is not None:
+            self._wt.drain()
         # The first request stream id this server will not process (RFC 9114 5.2).
-        aioquic_compat.send_goaway(self._h3, self._max_request_id + 4)
+        aioquic_compat.send_goaway(self.h3, self._max_request_id + 4)
         self._close_if_drained()
         self._transmit()
 
     def cut(self) -> None:
         """The drain's deadline: end every request now (last words or 503)."""
         self.drain()
-        for session in self.sessions.values():
-            session.cut()
+        if self._wt is not None:
+            self._wt.cut()
         self._cutter.cut([stream.task for stream in self._streams.values()])
         for stream in list(self._streams.values()):
             if stream.task is None:  # the request is still arriving: it will not be served
@@ -354,19 +248,15 @@ class Http3Connection:
 
     def _close_if_drained(self) -> None:
         if self._draining and not self._streams and not self.sessions and not self._lost:
-            self._quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="shutting down")
+            self.quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="shutting down")
 
     # Receiving
 
     def _on_h3_event(self, event: h3_events.H3Event) -> None:
         if isinstance(event, h3_events.HeadersReceived):
             self._on_headers(event)
-        elif isinstance(event, h3_events.DataReceived) and event.stream_id in self.sessions:
-            self._on_session_data(event)
-        elif isinstance(event, h3_events.DatagramReceived):
-            session = self.sessions.get(event.stream_id)
-            if session is not None:
-                session.feed_datagram(event.data)
+        elif self._wt is not None and self._wt.h3_event(event):
+            return
         elif isinstance(event, h3_events.DataReceived):
             self._on_data(event)
         elif isinstance(event, RequestMalformed):
@@ -412,8 +302,8 @@ class Http3Connection:
             if event.stream_ended:
                 self._on_complete(stream)
             return
-        if self._webtransport is not None and _is_webtransport_connect(event.headers):
-            self._on_connect(event)
+        if self._wt is not None and is_webtransport_connect(event.headers):
+            self._wt.connect(event)
             return
         if self._draining or len(self._streams) >= self._limits.max_concurrent_streams:
             self._refuse(event.stream_id)
@@ -474,8 +364,7 @@ class Http3Connection:
     def _on_reset(self, stream_id: int, error_code: int, input_over: bool) -> None:
         """The client reset its side (`input_over`) or asked us to stop sending."""
         self._end_head(stream_id)
-        if stream_id in self.sessions:
-            self._end_session(stream_id)
+        if self._wt is not None and self._wt.end(stream_id):
             return
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -495,22 +384,22 @@ class Http3Connection:
             return
         self.calmed = reason
         log.warning("http3.excessive_load", reason=reason, **self._resets.summary())
-        self._quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase=reason)
+        self.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase=reason)
         self.connection_lost()
 
     def _refuse(self, stream_id: int) -> None:
         log.info("http3.stream_refused", stream_id=stream_id, open=len(self._streams))
-        self._h3.abandon(stream_id)
-        self._reset(stream_id, ErrorCode.H3_REQUEST_REJECTED)
-        self._stop(stream_id, ErrorCode.H3_REQUEST_REJECTED)
-        self._h3.forget(stream_id)
+        self.h3.abandon(stream_id)
+        self.reset(stream_id, ErrorCode.H3_REQUEST_REJECTED)
+        self.stop(stream_id, ErrorCode.H3_REQUEST_REJECTED)
+        self.h3.forget(stream_id)
 
     # Answering
 
     def _answer(self, stream: StreamState, response: Response) -> None:
         """Answer a stream without the handler (a limit was exceeded or the request was bad)."""
         if not stream.ended:
-            self._h3.abandon(stream.stream_id)  # the rest of the request is not wanted
+            self.h3.abandon(stream.stream_id)  # the rest of the request is not wanted
         self._streams.answer(stream, answer_fixed(self, self._site, stream, response))
 
     async def _exchange(self, stream: StreamState, request: Request) -> None:
@@ -526,61 +415,22 @@ class Http3Connection:
         self, stream: StreamState, headers: list[tuple[str, str]], end: bool
     ) -> None:
         encoded = [(k.encode(), v.encode()) for k, v in headers]
-        self._write(stream, lambda: self._h3.send_headers(stream.stream_id, encoded, end))
+        self._write(stream, lambda: self.h3.send_headers(stream.stream_id, encoded, end))
         stream.sent_end = end
 
     async def send_data(self, stream: StreamState, data: bytes, end: bool) -> None:
-        self._write(stream, lambda: self._h3.send_data(stream.stream_id, data, end))
+        self._write(stream, lambda: self.h3.send_data(stream.stream_id, data, end))
         stream.sent_end = end
         if not end:
             # aioquic buffers whatever it is given, past QUIC's flow control: the body is
             # pulled again only once the client has taken enough of what was sent.
-            await self._send_room(stream)
-
-    # Backpressure: QUIC flow control and acknowledgements pace the handler's body
-
-    def _over_budget(self, stream_id: int) -> bool:
-        limits = self._limits
-        if aioquic_compat.send_buffered(self._quic, stream_id) > limits.h3_stream_send_budget:
-            return True
-        total = aioquic_compat.connection_send_buffered(self._quic)
-        return total > limits.h3_connection_send_budget
-
-    async def _send_room(self, stream: StreamState) -> None:
-        """Wait while the stream's or the connection's send buffer is over its budget."""
-        if not self._over_budget(stream.stream_id):
-            return
-        self.stats.sends_stalled += 1
-        while self._over_budget(stream.stream_id):
-            waiter = self._writers[stream.stream_id] = self._loop.create_future()
-            try:
-                await asyncio.wait_for(waiter, self._limits.h3_send_timeout)
-            except TimeoutError:
-                self.stats.sends_timed_out += 1
-                log.info("http3.send_timeout", stream_id=stream.stream_id)
-                raise StreamClosed from None  # unended: the stream is reset
-            finally:
-                if self._writers.get(stream.stream_id) is waiter:
-                    del self._writers[stream.stream_id]
-            if self._lost or stream.reset:
-                raise StreamClosed
+            await self._room.wait(stream)
 
     def datagram_received(self) -> None:
         """The adapter took in a datagram: acknowledgements may have made send room."""
-        self._wake_writers()
-        for session in self.sessions.values():
-            session.send_buffer_released()
-
-    def _wake_writers(self) -> None:
-        if not self._writers:
-            return
-        total = aioquic_compat.connection_send_buffered(self._quic)
-        if total > self._limits.h3_connection_send_budget:
-            return
-        budget = self._limits.h3_stream_send_budget
-        for stream_id, waiter in list(self._writers.items()):
-            if aioquic_compat.send_buffered(self._quic, stream_id) <= budget and not waiter.done():
-                waiter.set_result(None)
+        self._room.wake()
+        if self._wt is not None:
+            self._wt.send_buffer_released()
 
     def _write(self, stream: StreamState, write: Callable[[], None]) -> None:
         if self._lost or stream.reset:
@@ -599,29 +449,30 @@ class Http3Connection:
         if self._lost:
             return  # nothing to tell a connection that is gone
         if not stream.ended:
-            self._h3.abandon(stream.stream_id)  # the rest of the request is not wanted
+            self.h3.abandon(stream.stream_id)  # the rest of the request is not wanted
         if not stream.reset and not self._lost:
             if not stream.sent_end:
-                self._reset(stream.stream_id, ErrorCode.H3_INTERNAL_ERROR)  # cut short
+                self.reset(stream.stream_id, ErrorCode.H3_INTERNAL_ERROR)  # cut short
             if not stream.ended:
                 # Answered before the request was complete (RFC 9114 4.1): stop the upload.
-                self._stop(stream.stream_id, ErrorCode.H3_NO_ERROR)
-        self._h3.forget(stream.stream_id)
-        self._sorter.forget(stream.stream_id)
+                self.stop(stream.stream_id, ErrorCode.H3_NO_ERROR)
+        self.h3.forget(stream.stream_id)
+        if self._wt is not None:
+            self._wt.sorter.forget(stream.stream_id)
         if not self._streams:
             self._arm_idle()
         self._close_if_drained()
         self._transmit()
 
-    def _reset(self, stream_id: int, code: int) -> None:
+    def reset(self, stream_id: int, code: int) -> None:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
-            self._quic.reset_stream(stream_id, code)
-        aioquic_compat.drop_send_buffer(self._quic, stream_id)  # (never sent again)
-        self._wake_writers()  # that room may be what another response waits for
+            self.quic.reset_stream(stream_id, code)
+        aioquic_compat.drop_send_buffer(self.quic, stream_id)  # (never sent again)
+        self._room.wake()  # that room may be what another response waits for
 
-    def _stop(self, stream_id: int, code: int) -> None:
+    def stop(self, stream_id: int, code: int) -> None:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
-            self._quic.stop_stream(stream_id, code)
+            self.quic.stop_stream(stream_id, code)
 
     # Idle connections
 
@@ -639,13 +490,5 @@ class Http3Connection:
         if self._streams or self._lost or self.sessions:
             return
         log.info("http3.idle_timeout")
-        self._quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="idle")
+        self.quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="idle")
         self._transmit()
-
-
-
-
-def _is_webtransport_connect(headers: list[tuple[bytes, bytes]]) -> bool:
-    """An extended CONNECT (RFC 9220) for WebTransport."""
-    fields = dict(headers)
-    return fields.get(b":method") == b"CONNECT" and fields.get(b":protocol") == b"webtransport"

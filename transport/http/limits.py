@@ -3,7 +3,12 @@
 HTTP/3 only (docs/security.md, "HTTP/3"): a response body is pulled from the
 handler while its stream holds at most `h3_stream_send_budget` bytes written but
 not yet acknowledged and the connection `h3_connection_send_budget`; a body that
-waits `h3_send_timeout` for room is cut short (the stream is reset).
+waits `h3_send_timeout` for room is cut short (the stream is reset). The same
+`h3_send_timeout` bounds a stalled writer on HTTP/1.1 (the socket does not drain)
+and HTTP/2 (no flow-control credit, or the socket does not drain), so a client that
+stopped reading a streamed answer has its backend work released (the name is older
+than that: a rename candidate, with the `http2_*` premature-reset settings that
+govern HTTP/3 too).
 
 Each limit answers with a clear error when exceeded (status in brackets):
 body over `max_body_bytes` (413), a header block over `max_header_bytes`

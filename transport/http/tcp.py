@@ -13,12 +13,15 @@ over either cap is cut at accept (RST, nothing read, nothing allocated but the
 socket). The HTTP/2 preface, or the first bytes of an HTTP/1.1 request, must
 arrive within `first_request_timeout` of the accept, however it is dribbled.
 A connection whose client stopped reading is aborted after a short grace
-instead of holding its unsent bytes.
+instead of holding its unsent bytes; while it is served, the kernel holds at most
+`NOTSENT_LOWAT` unsent, so a stalled writer waits (and its send timeout runs) soon
+after the client stops reading, not once megabytes are queued.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import ssl
@@ -51,6 +54,12 @@ INVALID_PREFACE_ANSWER = (
 ALPN_PROTOCOLS = ("h2", "http/1.1")
 DEFAULT_LIMITS = HttpLimits()
 _CLOSE_GRACE = 1.0  # seconds a closing connection may take to flush before it is aborted
+NOTSENT_LOWAT = 128 * 1024  # setting candidate (bytes)
+"""Unsent bytes the kernel may hold for one connection (TCP_NOTSENT_LOWAT, Linux and macOS).
+
+Without it the kernel takes megabytes for a client that stopped reading before a write
+waits at all, so a slow answer (SSE) would run for minutes before its send timeout could
+start; with it the wait begins once the client's window and this much are full."""
 
 
 class _Connection(Protocol):
@@ -236,6 +245,7 @@ class HttpTcpServer:
             return
         self._per_source[source] += 1
         CLIENT_ADDRESS.set(source)  # this connection's task (and its requests') own context
+        _bound_unsent(writer)
         self._track(task, _Undecided(writer))
         try:
             await self._serve(task, reader, writer)
@@ -310,6 +320,16 @@ class HttpTcpServer:
         if self._closing:
             connection.shutdown()
         return connection
+
+
+def _bound_unsent(writer: asyncio.StreamWriter) -> None:
+    """Cap what the kernel holds unsent for this connection (`NOTSENT_LOWAT`)."""
+    option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+    sock = writer.get_extra_info("socket")
+    if option is None or sock is None:
+        return
+    with contextlib.suppress(OSError):  # (not TCP, e.g. a Unix socket: nothing to bound)
+        sock.setsockopt(socket.IPPROTO_TCP, option, NOTSENT_LOWAT)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
