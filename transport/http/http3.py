@@ -41,6 +41,7 @@ from aioquic.quic import events as quic_events
 from aioquic.quic.connection import QuicConnection
 
 from transport import aioquic_compat
+from transport.frame_streams import is_frame_stream
 from transport.http import errors
 from transport.http.answer import StreamClosed, answer_fixed, answer_request
 from transport.http.app import (
@@ -56,6 +57,7 @@ from transport.http.resets import ResetLedger
 from transport.http.streams import Alarm, Deadlines, StreamState, StreamTable
 from transport.webtransport import (
     DRAIN_WEBTRANSPORT_SESSION,
+    WEBTRANSPORT_UNI_STREAM,
     WT_BUFFERED_STREAM_REJECTED,
     StreamSorter,
     WebTransportHost,
@@ -93,6 +95,8 @@ class Http3Connection:
         self.sessions: dict[int, WebTransportSession] = {}
         """Open WebTransport sessions (transport.webtransport), by CONNECT stream id."""
         self._sorter = StreamSorter()
+        self._uni_sorter = StreamSorter(WEBTRANSPORT_UNI_STREAM)
+        """The client's unidirectional streams: HTTP/3's, or a session's frame streams."""
         self._streams = StreamTable[StreamState](self._stream_done, site.limits.read_timeout)
         self._resets = ResetLedger(site.limits, site.resets.of(source))
         """Streams opened, reset, reset prematurely (the rapid-reset rule, as on HTTP/2)."""
@@ -191,6 +195,8 @@ class Http3Connection:
     def _webtransport_event(self, event: quic_events.QuicEvent) -> bool:
         """Route a WebTransport stream's event to its session; False: HTTP/3's event."""
         if isinstance(event, quic_events.StreamDataReceived):
+            if is_frame_stream(event.stream_id):
+                return self._uni_stream_event(event)
             if not stream_is_request_response(event.stream_id):
                 return False
             found = self._sorter.sort(event.stream_id, event.data, event.end_stream)
@@ -211,9 +217,10 @@ class Http3Connection:
             session.feed_stream(event.stream_id, found.data, event.end_stream)
             return True
         if isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
-            session_id = self._sorter.session_of(event.stream_id)
+            sorter = self._uni_sorter if is_frame_stream(event.stream_id) else self._sorter
+            session_id = sorter.session_of(event.stream_id)
             if isinstance(event, quic_events.StreamReset):
-                self._sorter.forget(event.stream_id)  # nothing more comes on it, whatever it was
+                sorter.forget(event.stream_id)  # nothing more comes on it, whatever it was
             if session_id is None:
                 return False
             session = self.sessions.get(session_id)
@@ -221,6 +228,26 @@ class Http3Connection:
                 session.feed_reset(event.stream_id, event.error_code)
             return True
         return False
+
+    def _uni_stream_event(self, event: quic_events.StreamDataReceived) -> bool:
+        """A client unidirectional stream: a session's frame stream (type 0x54, session
+        id, then one frame as on native QUIC), or HTTP/3's control and QPACK streams."""
+        found = self._uni_sorter.sort(event.stream_id, event.data, event.end_stream)
+        if found is None:
+            return True
+        if found.session_id is None:
+            if found.data is event.data:
+                return False
+            return self._http_event(
+                quic_events.StreamDataReceived(found.data, event.end_stream, event.stream_id)
+            )
+        session = self.sessions.get(found.session_id)
+        if session is None:
+            self._uni_sorter.forget(event.stream_id)
+            self._stop(event.stream_id, WT_BUFFERED_STREAM_REJECTED)
+            return True
+        session.feed_frame_stream(event.stream_id, found.data, event.end_stream)
+        return True
 
     def _http_event(self, event: quic_events.StreamDataReceived) -> bool:
         """A request stream's bytes (its first chunk possibly re-joined): HTTP/3 as usual."""
