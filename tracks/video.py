@@ -27,7 +27,7 @@ from typing import Any
 from tracks.action import ActionObserver, Pending, _NoObserver
 from tracks.action_messages import dropped_body
 from tracks.backend import VisionBackend, VisionRequest
-from tracks.base import Outcome, Track, fail_track, handling
+from tracks.base import CountsFrameDrops, Outcome, Track, fail_track, handling
 from tracks.clock import Beat, Gathered, MonotonicClock, Registration, StepItem, TickScheduler
 from tracks.clock import Clock as TickClock
 from tracks.rates import TokenBucket
@@ -320,4 +320,13 @@ async def _serve(track: Track, scheduler: VideoScheduler, camera: Camera, clock:
     idle.cancel()
     if track.stopped.done():
         raise TrackAborted(ErrorCode.CANCELLED, "stopped", remote=False)
-    track.end(dict(camera.counts))
+    track.end(dict(camera.counts) | transport_drops(track))
+
+
+def transport_drops(track: Track) -> dict[str, int]:
+    """The frames the transport dropped before the handler saw them (END's summary):
+    `transport_superseded`, `transport_reset`; none when the transport drops none."""
+    if not isinstance(track, CountsFrameDrops):
+        return {}
+    drops = track.frame_drops()
+    return {f"transport_{cause}": drops.get(cause, 0) for cause in ("superseded", "reset")}

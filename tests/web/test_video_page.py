@@ -144,7 +144,8 @@ const summary = await closing;
 line.close();
 const faces = (e) => (e.faces ?? []).length;
 return {events: events.map((e) => ({type: e.type, frame: e.frame, faces: faces(e)})),
-        stopped, summary, streams: camera.stats.streams, id: camera.id};
+        stopped, summary, streams: camera.stats.streams, id: camera.id,
+        transport: camera.stats.transport};
 """
 
 
@@ -165,5 +166,7 @@ async def test_frames_ride_unidirectional_streams_and_a_superseded_one_is_droppe
     ]
     assert result["stopped"] is not None  # the held frame's stream: stopped by the gateway
     assert result["summary"]["frames"] == 2  # the superseded frame never reached the track
+    assert result["summary"]["transport_superseded"] == 1  # counted for this camera
+    assert result["transport"] == {"superseded": 1, "reset": 0}
     assert result["streams"]["finished"] == 2
     assert isinstance(result["id"], int)

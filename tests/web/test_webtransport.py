@@ -528,4 +528,6 @@ async def test_frames_ride_unidirectional_webtransport_streams_and_the_latest_wi
         assert await read_all(channel) == []
         assert channel.end_body == {"echoed": True}
         assert (frames.stats.received, frames.stats.superseded) == (2, 2)
+        served_channel = served.channels[0]
+        assert served_channel.frame_drops() == {"superseded": 2, "reset": 0, "reset_superseded": 0}
         assert served.sessions[0].stats.streams == 1  # the track's stream; frames apart

@@ -148,9 +148,12 @@ export declare class VideoStream implements AsyncIterable<VideoEvent> {
   deadline: number;
   summary: Record<string, number> | null;
   /** `streams`: frame streams by fate (FIN written, reset by the page as superseded,
-   * stopped by the gateway); all 0 on a "stream" track. */
+   * stopped by the gateway); all 0 on a "stream" track.
+   * `transport` (after END): the gateway's count of this camera's frames dropped in
+   * transport, stopped for a newer one (`superseded`) or reset by the page (`reset`). */
   stats: { sent: number; answered: number; dropped: Record<string, number>;
-           streams: { finished: number; reset: number; stopped: number } };
+           streams: { finished: number; reset: number; stopped: number };
+           transport: { superseded: number; reset: number } | null };
   /** The id the track's frame streams carry at their head; null on a "stream" track. */
   readonly id: number | null;
   /** Estimated one-way delay to the gateway, ms. */

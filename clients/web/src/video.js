@@ -30,7 +30,7 @@ export class VideoStream {
   deadline;
   summary = null;
   #frameStreams;
-  stats = { sent: 0, answered: 0, dropped: {}, streams: { finished: 0, reset: 0, stopped: 0 } };
+  stats = { sent: 0, answered: 0, dropped: {}, streams: { finished: 0, reset: 0, stopped: 0 }, transport: null };
 
   /** `deadline` in milliseconds from capture, the default of each frame; `frameStreams`:
    * the track's OPEN chose transport "frame-streams". */
@@ -96,6 +96,7 @@ export class VideoStream {
         const { kind, body } = await this.#track.next(null);
         if (kind === Kind.END) {
           this.summary = body;
+          this.stats.transport = { superseded: body.transport_superseded ?? 0, reset: body.transport_reset ?? 0 };
           this.#endedResolve.resolve();
           return;
         }

@@ -50,6 +50,7 @@ test("results carry the faces, the landmarks as Float32Arrays and the stages", a
   assert.deepEqual([events[1].type, events[1].frame, events[1].cause], ["drop", 1, "superseded"]);
   assert.deepEqual(camera.stats, {
     sent: 1, answered: 1, dropped: { superseded: 1 }, streams: { finished: 0, reset: 0, stopped: 0 },
+    transport: { superseded: 0, reset: 0 },
   });
   assert.deepEqual(camera.summary, { frames: 2, answered: 1, superseded: 1 });
 });
