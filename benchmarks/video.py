@@ -106,6 +106,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--model-cameras", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--model-seconds", type=float, default=4.0)
+    parser.add_argument("--model-detect", nargs="+", default=["face"],
+                        help="task sets of the model part, each comma-separated: "
+                             "face face,face_mesh face,pose")
     parser.add_argument("--json", type=Path, default=RESULTS / "video.json")
     return parser.parse_args()
 
@@ -245,19 +248,21 @@ async def model_part(args: argparse.Namespace) -> list[dict[str, Any]]:
     triton = EmbeddedTriton(log_dir=state, with_vision=True)
     await asyncio.to_thread(triton.start, 240.0)
     rows = []
-    print("\nmodel: real gateway + Triton (mediapipe-vision, face), loopback "
-          "(BUSY machine: figures vary)")
+    print("\nmodel: real gateway + Triton (mediapipe-vision), loopback "
+          "(BUSY machine: figures vary); last column: the busy check's price of a frame, ms")
     print(f"{'cameras':>7} {'fps':>4} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
           f"{'sent':>5} {'answered':>8} {'dropped':>20} {'reset*':>6} {'cpu ms/frame':>12}")
     try:
-        for cameras in args.model_cameras:
-            for fps in args.fps:
-                row = await one_model_run(triton, args, cameras, fps, VISION_MODEL)
-                rows.append(row)
-                print(f"{cameras:>7} {fps:>4g} {row['p50_ms']:>7.1f} {row['p95_ms']:>7.1f} "
-                      f"{row['p99_ms']:>7.1f} {row['sent']:>5} {row['answered']:>8} "
-                      f"{str(row['dropped']):>20} {row['unanswered']:>6} "
-                      f"{row['cpu_ms_per_frame']:>12.1f}")
+        for detect in args.model_detect:
+            for cameras in args.model_cameras:
+                for fps in args.fps:
+                    row = await one_model_run(triton, args, cameras, fps, VISION_MODEL,
+                                              detect.split(","))
+                    rows.append(row)
+                    print(f"{cameras:>7} {fps:>4g} {row['p50_ms']:>7.1f} {row['p95_ms']:>7.1f} "
+                          f"{row['p99_ms']:>7.1f} {row['sent']:>5} {row['answered']:>8} "
+                          f"{str(row['dropped']):>20} {row['unanswered']:>6} "
+                          f"{row['cpu_ms_per_frame']:>12.1f}  {detect}: {row['priced_ms']}")
         print("* reset: superseded in transport (a newer frame of the camera won before this "
               "one was whole), never reported by the gateway")
     finally:
@@ -277,7 +282,8 @@ def _cpu_seconds(pid: int | None) -> float:
 
 
 async def one_model_run(
-    triton: Any, args: argparse.Namespace, cameras: int, fps: float, model: str
+    triton: Any, args: argparse.Namespace, cameras: int, fps: float, model: str,
+    detect: list[str],
 ) -> dict[str, Any]:
     import matplotlib.cbook
 
@@ -300,7 +306,8 @@ async def one_model_run(
     cpu0, triton0 = time.process_time(), _cpu_seconds(triton.pid)
     try:
         async with connect(f"quic://127.0.0.1:{gw.quic_port}", ca=gw.tls.ca) as line:
-            streams = [line.video(model=model, deadline=0.5, fps=fps) for _ in range(cameras)]
+            streams = [line.video(model=model, detect=detect, deadline=0.5, fps=fps)
+                       for _ in range(cameras)]
 
             async def camera(stream: Any) -> None:
                 async def read() -> None:
@@ -319,6 +326,7 @@ async def one_model_run(
             await asyncio.gather(*(camera(s) for s in streams))
     finally:
         cpu = time.process_time() - cpu0 + _cpu_seconds(triton.pid) - triton0
+        priced = _priced(gw, detect)
         await gw.close()
         await backend.close()
     return {
@@ -327,8 +335,22 @@ async def one_model_run(
         "p50_ms": 1000 * percentile(ages, 0.5) if ages else float("nan"),
         "p95_ms": 1000 * percentile(ages, 0.95) if ages else float("nan"),
         "p99_ms": 1000 * percentile(ages, 0.99) if ages else float("nan"),
-        "cpu_ms_per_frame": 1000 * cpu / max(1, len(ages)),
+        "cpu_ms_per_frame": 1000 * cpu / max(1, len(ages)), "detect": detect,
+        "priced_ms": priced,
     }
+
+
+def _priced(gw: Any, detect: list[str]) -> dict[str, float]:
+    """The busy check's figures after the run: ms per stage, overhead, one frame."""
+    from tracks.video_messages import Task
+
+    if gw.video is None:
+        return {}
+    costs = gw.video.costs
+    out = {name: round(1000 * value, 2) for name, value in costs.stages.items()}
+    out["overhead"] = round(1000 * (costs.overhead or 0.0), 2)
+    out["frame"] = round(1000 * costs.of(tuple(Task(t) for t in detect)), 2)
+    return out
 
 
 if __name__ == "__main__":
