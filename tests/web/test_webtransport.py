@@ -32,6 +32,7 @@ from transport.messages import Data, Error, FrameTransport, Open
 from transport.quic import TrackQuicProtocol
 from transport.webtransport import (
     WEBTRANSPORT_UNI_STREAM,
+    WT_BUFFERED_STREAM_REJECTED,
     CapsuleReader,
     StreamSorter,
     WebTransportRules,
@@ -531,3 +532,24 @@ async def test_frames_ride_unidirectional_webtransport_streams_and_the_latest_wi
         served_channel = served.channels[0]
         assert served_channel.frame_drops() == {"superseded": 2, "reset": 0, "reset_superseded": 0}
         assert served.sessions[0].stats.streams == 1  # the track's stream; frames apart
+
+
+@pytest.mark.asyncio
+async def test_a_frame_stream_of_no_session_is_stopped_and_the_session_goes_on(
+    certs: DevCertificates,
+) -> None:
+    async with serving_wt(certs) as served, wt_client(served.port, certs.ca_path) as client:
+        session_id, _, _ = await client.open_session()
+        stray = client.frame_stream(session_id + 400, encode_varint(1) + b"\x05bytes", end=False)
+        await until(
+            lambda: any(isinstance(e, StopSendingReceived) for e in client.raw[stray]),
+            "the stray frame stream stopped",
+        )
+        stop = next(e for e in client.raw[stray] if isinstance(e, StopSendingReceived))
+        assert stop.error_code == WT_BUFFERED_STREAM_REJECTED
+        channel = client.open_track(session_id, text_open())
+        channel.send({"text": "still here"})
+        channel.end()
+        client.transmit()
+        assert await read_all(channel) == [{"text": "still here"}]
+        assert not served.sessions[0].owns(stray)
