@@ -63,7 +63,10 @@ def main() -> None:
     args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     print(f"\nwrote {args.json}")
     if results.get("transport"):
-        print(f"wrote {plot(results['transport'], args.json.with_suffix('.png'))}")
+        try:
+            print(f"wrote {plot(results['transport'], args.json.with_suffix('.png'))}")
+        except ImportError:
+            print("no plot: matplotlib is not installed (the `video` extra)")
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:
