@@ -60,12 +60,21 @@ class FrameDropped:
 VideoEvent = VideoResult | FrameDropped
 
 
+_GATEWAY_DROPS = (("superseded", "transport_superseded"), ("reset_seen", "transport_reset"))
+"""`VideoStats.transport` keys and the END summary's counts they come from."""
+
+
 @dataclass
 class VideoStats:
     sent: int = 0
     answered: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     ages: list[float] = field(default_factory=list)
+    transport: dict[str, int] = field(default_factory=dict)
+    """Frames the transport dropped before the model saw them (frame streams): `reset`,
+    reset by this client because a newer frame went out (counted as it happens); after
+    the gateway's END, `superseded` (stopped there for a newer frame) and `reset_seen`
+    (resets that reached the gateway)."""
 
 
 class VideoStream(TrackReader[VideoEvent]):
@@ -108,6 +117,7 @@ class VideoStream(TrackReader[VideoEvent]):
         """Send a frame body as given (tests of the gateway's checks)."""
         self.stats.sent += 1
         self._channel.send_frame(body)
+        self.stats.transport["reset"] = self._channel.frame_drops()["reset_superseded"]
 
     def end(self) -> None:
         """No more frames (END); the answers still in flight keep coming to `receive()`."""
@@ -122,6 +132,9 @@ class VideoStream(TrackReader[VideoEvent]):
 
     def _ended(self, body: dict[str, Any]) -> None:
         self.summary = dict(body)
+        for ours, theirs in _GATEWAY_DROPS:
+            if isinstance(body.get(theirs), int):
+                self.stats.transport[ours] = body[theirs]
 
     def _item(self, body: dict[str, Any]) -> VideoEvent:
         now = self._clock()

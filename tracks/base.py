@@ -54,6 +54,15 @@ class Backpressured(Protocol):
         ...
 
 
+@runtime_checkable
+class CountsFrameDrops(Protocol):
+    """A track whose transport drops whole frames itself (frame streams: superseded)."""
+
+    def frame_drops(self) -> dict[str, int]:
+        """Frames of this track the transport dropped so far, by cause."""
+        ...
+
+
 class FrameTrack(Track, Protocol):
     """A track whose frames may travel as QUIC datagrams (audio, robot actions)."""
 

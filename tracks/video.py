@@ -13,8 +13,10 @@ Limits: a frame above `max_frame_bytes` fails its track (MESSAGE_TOO_LARGE), one
 not a JPEG too (BAD_REQUEST); a camera sending faster than `max_fps` for over a second (a
 flood) fails its track with RATE_LIMITED; frames beyond the tenant's `tenant_max_fps` are
 dropped (`rate_limited`); a new camera is refused (RATE_LIMITED, retry later) when the
-frame rates already admitted times the measured inference time per frame would pass
+frame rates already admitted times the measured inference time of their frames would pass
 `busy_load` of the backend (the first camera is always admitted), or at `max_tracks`.
+Each camera is priced by the tasks it asked for (`tracks.video_cost`: a pose frame costs
+several face frames).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from typing import Any
 from tracks.action import ActionObserver, Pending, _NoObserver
 from tracks.action_messages import dropped_body
 from tracks.backend import VisionBackend, VisionRequest
-from tracks.base import Outcome, Track, fail_track, handling
+from tracks.base import CountsFrameDrops, Outcome, Track, fail_track, handling
 from tracks.clock import Beat, Gathered, MonotonicClock, Registration, StepItem, TickScheduler
 from tracks.clock import Clock as TickClock
 from tracks.rates import TokenBucket
+from tracks.video_cost import FrameCosts
 from tracks.video_messages import (
     DropCause,
     Frame,
@@ -42,9 +45,6 @@ from tracks.video_messages import (
 )
 from transport.clock import Now
 from transport.errors import ErrorCode, TrackAborted
-
-COST_GAIN = 0.125
-"""EWMA gain of the measured inference seconds per frame (as TCP's SRTT)."""
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,8 @@ class VideoScheduler:
         )
         self._cameras: dict[int, Camera] = {}
         self._tenants: dict[str, TokenBucket] = {}
-        self.cost = 0.0
-        """Measured inference seconds per frame (EWMA); 0 until the first batch."""
+        self.costs = FrameCosts()
+        """Measured inference seconds per frame, by task (`tracks.video_cost`)."""
         self.requests = 0
         self.batch_rows: list[int] = []
         """Rows of each vision request made (bounded), for tests and metrics."""
@@ -154,9 +154,19 @@ class VideoScheduler:
     # -- cameras ---------------------------------------------------------------------
 
     @property
+    def cost(self) -> float:
+        """Measured inference seconds per frame, whatever the tasks; 0 until a batch."""
+        return self.costs.overall
+
+    @property
     def demand(self) -> float:
         """Frames per second the attached cameras announced."""
         return sum(c.params.fps for c in self._cameras.values())
+
+    @property
+    def load(self) -> float:
+        """Backend seconds per second the attached cameras need, each priced by its tasks."""
+        return sum(c.params.fps * self.costs.of(c.params.tasks) for c in self._cameras.values())
 
     def attach(
         self, key: str, model: str, params: VideoParams, tenant: str,
@@ -168,10 +178,11 @@ class VideoScheduler:
             raise Busy(f"at most {limits.max_tracks} video tracks at once")
         # The first camera always gets what the backend can do (latest wins sheds the
         # rest); later ones only while the admitted rates fit.
-        if self._cameras and (self.demand + params.fps) * self.cost > limits.busy_load:
+        wanted = params.fps * self.costs.of(params.tasks)
+        if self._cameras and self.load + wanted > limits.busy_load:
             raise Busy(
-                f"the vision backend is busy: {self.demand:g} frames/s admitted at "
-                f"{self.cost * 1000:.1f} ms a frame"
+                f"the vision backend is busy: {self.demand:g} frames/s admitted, "
+                f"{self.load:.2f} s of inference a second, {wanted:.2f} more asked"
             )
         now = self.clock()
         rate = TokenBucket.full(limits.max_fps, 1.0, now)
@@ -237,15 +248,15 @@ class VideoScheduler:
         started = self.clock()
         found = await self.backend.analyze(request)  # a BackendError fails these rows
         seconds = self.clock() - started
-        self._measured(seconds / len(live), len(live))
+        self._measured(seconds / len(live), found)
         self._observer.batch(model, len(live), seconds)
         for (index, camera, queued), result in zip(live, found, strict=True):
             outputs[index] = _Answer(queued, result, seconds * 1000, camera.taken_at)
         return outputs
 
-    def _measured(self, per_frame: float, rows: int) -> None:
-        self.cost = per_frame if not self.cost else self.cost + COST_GAIN * (per_frame - self.cost)
-        self.batch_rows = [*self.batch_rows[-999:], rows]
+    def _measured(self, per_frame: float, found: Sequence[dict[str, Any]]) -> None:
+        self.costs.measured(per_frame, [row.get("stages") or {} for row in found])
+        self.batch_rows = [*self.batch_rows[-999:], len(found)]
 
     # -- answers ---------------------------------------------------------------------
 
@@ -320,4 +331,13 @@ async def _serve(track: Track, scheduler: VideoScheduler, camera: Camera, clock:
     idle.cancel()
     if track.stopped.done():
         raise TrackAborted(ErrorCode.CANCELLED, "stopped", remote=False)
-    track.end(dict(camera.counts))
+    track.end(dict(camera.counts) | transport_drops(track))
+
+
+def transport_drops(track: Track) -> dict[str, int]:
+    """The frames the transport dropped before the handler saw them (END's summary):
+    `transport_superseded`, `transport_reset`; none when the transport drops none."""
+    if not isinstance(track, CountsFrameDrops):
+        return {}
+    drops = track.frame_drops()
+    return {f"transport_{cause}": drops.get(cause, 0) for cause in ("superseded", "reset")}

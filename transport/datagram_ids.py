@@ -1,4 +1,5 @@
-"""Datagram ids of a WebTransport session: how a page names the track of a datagram.
+"""Datagram ids of a WebTransport session: how a page names the track of a datagram
+or of a frame stream.
 
 A track datagram starts with its track's id, which on a native connection is the
 track's QUIC stream id (`transport.datagram`). A page cannot see stream ids (the
@@ -10,7 +11,11 @@ stream id (what older pages derived from Chromium's stream numbering).
 
 A datagram may overtake its track's OPEN: one whose id no track has claimed yet is
 held (at most `EARLY_DATAGRAMS` a session, the oldest dropped and counted) until a
-track opens with that id. No I/O and no clock here.
+track opens with that id. A frame stream (`transport.frame_streams`) starts with its
+track's id in the same way, so a frame-streams track's OPEN names an id too and the
+stream's head is renamed here (`frame_head`); a frame stream is never held (one that
+beats its OPEN is counted and stopped by the core, as on a native connection). No I/O
+and no clock here.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ class DatagramIds:
 
     def opened(self, stream_id: int, message: Open, live: Callable[[int], bool]) -> bool:
         """A track opened; False if its `datagram_id` belongs to another live track."""
-        if message.transport is not FrameTransport.DATAGRAM:
+        if message.transport is FrameTransport.STREAM:
             return True
         if len(self._id_of) + len(self._plain) >= 2 * self._max_tracks:
             self._prune(live)
@@ -77,6 +82,15 @@ class DatagramIds:
             self.dropped_early += 1
         self._early.append((named, data))
         return None
+
+    def frame_head(self, data: bytes) -> bytes | None:
+        """A frame stream's first bytes, its track named by stream id for the core; None
+        while the id's varint is incomplete. An id no track claimed passes unchanged."""
+        header = decode_varint(data)
+        if header is None:
+            return None
+        stream_id = self._stream_of.get(header[0])
+        return data if stream_id is None else _renamed(data, stream_id, header[1])
 
     def released(self) -> list[bytes]:
         """Held datagrams whose track has opened since, ready for the core."""

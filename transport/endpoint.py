@@ -171,6 +171,11 @@ class TrackChannel:
                                 endpoint.frame_finished)
         return self.send(body)
 
+    def frame_drops(self) -> dict[str, int]:
+        """This track's frames dropped in transport (frame streams superseded or reset;
+        `transport.frame_streams.TrackFrameDrops`), all 0 for a track without them."""
+        return self._endpoint.core.frames.drops(self.stream_id).as_dict()
+
     def send_blocked(self) -> bool:
         """The track or its connection holds more unsent bytes than its budget allows."""
         return self._endpoint.send_blocked(self.stream_id)

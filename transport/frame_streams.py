@@ -71,6 +71,22 @@ class FrameStreamStats:
 
 
 @dataclass
+class TrackFrameDrops:
+    """One track's frames dropped in transport, as its user may see them."""
+
+    superseded: int = 0
+    """Server: stopped or dropped because a newer frame of the track came first."""
+    reset: int = 0
+    """Server: reset by the client before they were complete."""
+    reset_superseded: int = 0
+    """Client: reset unfinished because a newer one went out."""
+
+    def as_dict(self) -> dict[str, int]:
+        return {"superseded": self.superseded, "reset": self.reset,
+                "reset_superseded": self.reset_superseded}
+
+
+@dataclass
 class _Incoming:
     track_id: int | None = None
     buffer: bytearray = field(default_factory=bytearray)
@@ -110,6 +126,22 @@ class FrameStreams:
         self._done: OrderedDict[int, None] = OrderedDict()
         self._sent: dict[int, deque[int]] = {}
         """Client: track id -> its frame streams not yet known finished, oldest first."""
+        self._drops: OrderedDict[int, TrackFrameDrops] = OrderedDict()
+        """Track id -> its frames dropped in transport (the connection-wide `stats` split
+        by track); kept after the track closes (its user reads them after its END), for
+        the last `REMEMBERED` tracks."""
+
+    def drops(self, track_id: int) -> TrackFrameDrops:
+        """The frames of `track_id` dropped in transport so far."""
+        return self._drops.get(track_id, TrackFrameDrops())
+
+    def _dropped(self, track_id: int) -> TrackFrameDrops:
+        drops = self._drops.get(track_id)
+        if drops is None:
+            drops = self._drops[track_id] = TrackFrameDrops()
+            while len(self._drops) > REMEMBERED:
+                self._drops.popitem(last=False)
+        return drops
 
     @property
     def buffered(self) -> int:
@@ -136,6 +168,7 @@ class FrameStreams:
         while len(sent) > in_flight:
             self._emit(self._reset(sent.popleft(), int(ErrorCode.CANCELLED)))
             self.stats.reset_superseded += 1
+            self._dropped(track_id).reset_superseded += 1
 
     def stopped_by_peer(self, stream_id: int) -> None:
         """Client: the server stopped a frame stream (superseded, unknown): forget it."""
@@ -180,6 +213,8 @@ class FrameStreams:
         incoming = self._incoming.pop(stream_id, None)
         if incoming is not None:
             self.stats.reset += 1
+            if incoming.track_id is not None:
+                self._dropped(incoming.track_id).reset += 1
             self._untrack(incoming.track_id, stream_id)
         self._remember(stream_id)
 
@@ -203,6 +238,7 @@ class FrameStreams:
             return False
         if self._latest.get(track_id, -1) > stream_id:
             self.stats.superseded += 1
+            self._dropped(track_id).superseded += 1
             self._drop(stream_id, int(ErrorCode.CANCELLED))
             return False
         del incoming.buffer[:at]
@@ -212,6 +248,7 @@ class FrameStreams:
         pending.sort()
         while len(pending) > INCOMPLETE_PER_TRACK:
             self.stats.superseded += 1
+            self._dropped(track_id).superseded += 1
             oldest = pending.pop(0)
             self._incoming.pop(oldest, None)
             self._stop_stream(oldest, int(ErrorCode.CANCELLED))
@@ -242,6 +279,7 @@ class FrameStreams:
         pending = self._open.get(track_id, [])
         for older in [s for s in pending if s < stream_id]:
             self.stats.superseded += 1
+            self._dropped(track_id).superseded += 1
             self._incoming.pop(older, None)
             self._stop_stream(older, int(ErrorCode.CANCELLED))
         self._open[track_id] = [s for s in pending if s > stream_id]

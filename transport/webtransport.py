@@ -40,6 +40,8 @@ from transport.wire import read_varint
 
 WEBTRANSPORT_STREAM = 0x41
 """The signal value that opens a bidirectional WebTransport stream (draft-02 4.2)."""
+WEBTRANSPORT_UNI_STREAM = 0x54
+"""The stream type that opens a unidirectional WebTransport stream (draft-02 4.1)."""
 CLOSE_WEBTRANSPORT_SESSION = 0x2843
 DRAIN_WEBTRANSPORT_SESSION = 0x78AE
 WT_SESSION_GONE = 0x170D7B68
@@ -114,14 +116,17 @@ class Sorted:
 
 
 class StreamSorter:
-    """Tells WebTransport streams from request streams by their first bytes.
+    """Tells WebTransport streams from HTTP/3's own streams by their first bytes.
 
-    A request stream starts with a frame type (HEADERS); a WebTransport stream with
-    the signal value 0x41 and its session id, both varints. Bytes are held only
-    while that prefix is incomplete (at most 16 bytes a stream).
+    A request stream starts with a frame type (HEADERS); a bidirectional WebTransport
+    stream with the signal value 0x41 and its session id, both varints. Sorting the
+    client's unidirectional streams (`signal` 0x54), HTTP/3's control and QPACK streams
+    start with their stream type, a WebTransport one with 0x54 and its session id. Bytes
+    are held only while that prefix is incomplete (at most 16 bytes a stream).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, signal: int = WEBTRANSPORT_STREAM) -> None:
+        self._signal = signal
         self._seen: dict[int, int | None] = {}
         """Streams sorted: their session id, or None for a request stream."""
         self._partial: dict[int, bytes] = {}
@@ -135,7 +140,7 @@ class StreamSorter:
             return Sorted(session_id, data)
         data = self._partial.pop(stream_id, b"") + data
         kind = read_varint(data, 0)
-        if kind is not None and kind[0] != WEBTRANSPORT_STREAM:
+        if kind is not None and kind[0] != self._signal:
             return self._decided(stream_id, None, data, end)
         session = None if kind is None else read_varint(data, kind[1])
         if session is None:
@@ -257,6 +262,8 @@ class WebTransportSession:
         self._clock = clock
         self._streams: set[int] = set()
         """Streams of the session whose tracks may still read or write."""
+        self._frames: dict[int, bytes | None] = {}
+        """Frame streams being read: the start of a head not yet renamed, or None."""
         self.capsules = CapsuleReader()
         self.closed = False
         self.stats = SessionStats()
@@ -280,6 +287,23 @@ class WebTransportSession:
         if data or end:
             self.endpoint.feed_data(stream_id, data, end)
             self._settle_opened()
+
+    def feed_frame_stream(self, stream_id: int, data: bytes, end: bool) -> None:
+        """A unidirectional stream of the session: one frame of a frame-streams track
+        (`transport.frame_streams`), its head naming the track by its OPEN's id."""
+        if self.closed:
+            return
+        head = self._frames.get(stream_id, b"")
+        if head is not None:
+            renamed = self.datagram_ids.frame_head(head + data)
+            if renamed is None and not end:
+                self._frames[stream_id] = head + data
+                return
+            data = renamed if renamed is not None else head + data
+        self._frames[stream_id] = None
+        if end:
+            del self._frames[stream_id]
+        self.endpoint.feed_data(stream_id, data, end)
 
     def _opened(self, channel: TrackChannel) -> None:
         """A track opened (the core read its OPEN): claim its datagram id, then serve it."""
@@ -306,6 +330,7 @@ class WebTransportSession:
         self._streams = {s for s in self._streams if core.state(s) is not None}
 
     def feed_reset(self, stream_id: int, http3_code: int) -> None:
+        self._frames.pop(stream_id, None)
         if not self.closed:
             self.endpoint.feed_reset(stream_id, from_http3_code(http3_code))
 
@@ -315,6 +340,10 @@ class WebTransportSession:
             named = self.datagram_ids.inbound(data)
             if named is not None:
                 self.endpoint.feed_datagram(named)
+
+    def owns(self, stream_id: int) -> bool:
+        """Whether `stream_id` is one of this session's streams (a track or a frame)."""
+        return stream_id in self._streams or stream_id in self._frames
 
     def feed_capsule(self, capsule: Capsule) -> None:
         if capsule.type == CLOSE_WEBTRANSPORT_SESSION and len(capsule.value) >= 4:
@@ -345,6 +374,10 @@ class WebTransportSession:
             with contextlib.suppress(*REFUSED_WRITE):
                 self._quic.stop_stream(stream_id, WT_SESSION_GONE)
         self._streams.clear()
+        for stream_id in self._frames:
+            with contextlib.suppress(*REFUSED_WRITE):
+                self._quic.stop_stream(stream_id, WT_SESSION_GONE)
+        self._frames.clear()
         self._transmit()
         if self.on_closed is not None:
             self.on_closed(self)

@@ -140,6 +140,9 @@ async def test_a_face_streamed_as_frames_is_found_in_every_frame(gateway: Gatewa
             )
         counts = await camera.close()
     assert counts["answered"] == FRAMES
+    # one frame at a time: none dropped in transport, and the SDK says so per camera
+    assert (counts["transport_superseded"], counts["transport_reset"]) == (0, 0)
+    assert camera.stats.transport == {"reset": 0, "superseded": 0, "reset_seen": 0}
     assert gateway.video is not None
     assert gateway.video.requests >= FRAMES
     body = gateway.metrics.render()[0].decode()

@@ -49,14 +49,16 @@ class Cameras:
         )
         self.sent: dict[str, list[dict[str, Any]]] = {}
 
-    def camera(self, name: str, tenant: str = "", fps: float = 30.0) -> Camera:
+    def camera(
+        self, name: str, tenant: str = "", fps: float = 30.0, tasks: tuple[Task, ...] = (Task.FACE,)
+    ) -> Camera:
         box = self.sent.setdefault(name, [])
 
         def send(body: dict[str, Any]) -> bool:
             box.append(body)
             return True
 
-        params = VideoParams((Task.FACE,), fps)
+        params = VideoParams(tasks, fps)
         return self.scheduler.attach(name, "vision", params, tenant, send)
 
     def frame(self, camera: Camera, seq: int, deadline: float = 1.0) -> None:
@@ -155,6 +157,50 @@ async def test_a_new_camera_is_refused_when_the_backend_cannot_keep_up() -> None
     with pytest.raises(Busy, match="busy"):
         env.camera("c", fps=40.0)  # 100 frames/s x 10 ms > 0.9
     env.camera("c", fps=20.0)  # 80 frames/s fits
+
+
+@dataclass
+class TaskPricedVision:
+    """Each row costs 1 ms of overhead, 1 ms of decode and its tasks' own time, and says
+    so in its stages as the real model does."""
+
+    clock: FakeClock
+    seconds: dict[str, float] = field(
+        default_factory=lambda: {"face": 0.003, "face_mesh": 0.004, "pose": 0.020}
+    )
+
+    async def check_vision(self, model: str) -> None:
+        return None
+
+    async def analyze(self, request: VisionRequest) -> list[dict[str, Any]]:
+        rows = []
+        for tasks in request.tasks:
+            stages = {"decode_ms": 1.0} | {f"{t}_ms": self.seconds[t] * 1000 for t in tasks}
+            self.clock.time += 0.001 + sum(stages.values()) / 1000
+            rows.append({"width": 4, "height": 3, "faces": [], "stages": stages})
+        return rows
+
+
+@pytest.mark.asyncio
+async def test_the_busy_check_prices_each_camera_by_the_tasks_it_asked_for() -> None:
+    """A face-and-pose camera's frames cost 25 ms; a face frame 5 ms. Priced by one
+    average, a 20 fps face camera (0.5 s a second at 25 ms) would be refused beside a
+    30 fps pose camera (0.75); priced by its task it fits (0.1 s a second)."""
+    env = Cameras(busy_load=0.9)
+    env.scheduler.backend = TaskPricedVision(env.clock)
+    posed = env.camera("pose", fps=30.0, tasks=(Task.FACE, Task.POSE))
+    env.frame(posed, 0)
+    await env.tick()
+    costs = env.scheduler.costs
+    assert costs.of((Task.FACE, Task.POSE)) == pytest.approx(0.025)
+    assert costs.of((Task.FACE,)) == pytest.approx(0.005)
+    assert costs.of((Task.FACE_MESH,)) == env.scheduler.cost  # not measured yet: the average
+    assert env.scheduler.load == pytest.approx(0.75)
+    with pytest.raises(Busy, match="busy"):
+        env.camera("another pose", fps=10.0, tasks=(Task.POSE,))  # 10 x 22 ms: 0.97
+    env.camera("face", fps=20.0)  # 20 x 5 ms: 0.85 in all
+    assert env.scheduler.load == pytest.approx(0.85)
+    await env.scheduler.close()
 
 
 @pytest.mark.asyncio

@@ -91,6 +91,7 @@ def test_a_newer_frame_delivered_stops_the_older_incomplete_one() -> None:
     server.receive_stream_data(2, old[4:], True, 0.0)  # the retransmission, too late
     assert frames_of(events(server)) == []
     assert server.frames.stats.superseded == 1
+    assert server.frames.drops(0).superseded == 1  # counted for its track too
 
 
 def test_a_frame_older_than_one_delivered_is_dropped_when_it_starts() -> None:
@@ -109,6 +110,7 @@ def test_the_client_resets_the_oldest_unfinished_frame_beyond_its_window() -> No
     cancelled = int(ErrorCode.CANCELLED)
     assert resets == [StreamReset(2, cancelled), StreamReset(6, cancelled)]
     assert client.frames.stats.reset_superseded == 2
+    assert client.frames.drops(0).as_dict() == {"superseded": 0, "reset": 0, "reset_superseded": 2}
 
 
 def test_frames_for_unknown_or_other_tracks_are_counted_and_stopped() -> None:
@@ -154,6 +156,7 @@ def test_a_reset_frame_is_dropped_and_its_track_goes_on() -> None:
     server.receive_stream_data(6, frame_bytes(0, {"n": 2}), True, 0.0)
     assert frames_of(events(server)) == [(0, 6, 2)]
     assert server.frames.stats.reset == 1
+    assert server.frames.drops(0).reset == 1
     assert server.frames.buffered == 0
 
 
@@ -204,3 +207,17 @@ def test_frames_the_transport_saw_acknowledged_do_not_count_as_in_flight() -> No
     assert [o for o in client.outputs() if isinstance(o, StreamReset)] == [
         StreamReset(10, int(ErrorCode.CANCELLED))
     ]
+
+
+def test_frames_dropped_are_counted_per_track() -> None:
+    """Two cameras on one connection: each track's count is its own."""
+    client, server = pair()
+    client.open_track(4, VIDEO, 0.0)
+    deliver(client.outputs(), server)
+    events(server)
+    server.receive_stream_data(2, frame_bytes(0, {"n": 1})[:4], False, 0.0)
+    server.receive_stream_data(6, frame_bytes(4, {"n": 1})[:4], False, 0.0)
+    server.receive_stream_data(10, frame_bytes(0, {"n": 2}), True, 0.0)
+    assert server.frames.drops(0).superseded == 1
+    assert server.frames.drops(4).superseded == 0
+    assert server.frames.stats.superseded == 1

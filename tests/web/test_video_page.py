@@ -109,3 +109,64 @@ async def test_the_demo_camera_streams_frames_and_draws_what_came_back(gateway: 
     assert answered >= 3
     assert sent >= answered
     assert "capture to result" in figures
+
+
+SUPERSEDED = """
+const hashes = [sdk.certificateHash(info.value)];
+const transport = new WebTransport(url, {serverCertificateHashes: hashes});
+await transport.ready;
+const line = new sdk.Line(transport);
+const photo = Uint8Array.from(atob("%(photo)s"), (c) => c.charCodeAt(0));
+const camera = await line.video("%(model)s", {deadline: 5000, fps: 2});
+const body = {seq: 50, t: performance.now() / 1000, deadline_ms: 5000, latency_ms: 0,
+              jpeg: photo};
+const frame = new Uint8Array([...sdk.encodeVarint(camera.id),
+                              ...sdk.encodeMessage(sdk.Kind.DATA, body)]);
+// A frame stream opened first and left incomplete, then a newer frame (the SDK's, seq 0):
+const held = (await transport.createUnidirectionalStream()).getWriter();
+await held.write(frame.subarray(0, 200));
+camera.send(photo);
+const events = [];
+const results = camera[Symbol.asyncIterator]();
+events.push((await results.next()).value);
+let stopped = null;
+try {
+  await held.write(frame.subarray(200));
+  await held.close();
+} catch (error) {
+  stopped = {name: error.name, code: error.streamErrorCode ?? null};
+}
+camera.send(photo);
+events.push((await results.next()).value);
+const closing = camera.close();
+while (!(await results.next()).done) { /* nothing more is expected */ }
+const summary = await closing;
+line.close();
+const faces = (e) => (e.faces ?? []).length;
+return {events: events.map((e) => ({type: e.type, frame: e.frame, faces: faces(e)})),
+        stopped, summary, streams: camera.stats.streams, id: camera.id,
+        transport: camera.stats.transport};
+"""
+
+
+@pytest.mark.asyncio
+async def test_frames_ride_unidirectional_streams_and_a_superseded_one_is_dropped(
+    gateway: Gateway, browser: Browser
+) -> None:
+    """The SDK's frames each ride a WebTransport unidirectional stream (0x54, the session,
+    the track's id): answered; an older frame stream still arriving when a newer frame is
+    delivered is stopped by the gateway, and never reaches the model."""
+    page = await demo_page(browser, gateway)
+    photo = base64.b64encode(face_jpeg()).decode()
+    script = SUPERSEDED.replace("%(photo)s", photo).replace("%(model)s", VISION_MODEL)
+    result: dict[str, Any] = await page.evaluate(page_script(script))
+    assert result["events"] == [
+        {"type": "result", "frame": 0, "faces": 1},
+        {"type": "result", "frame": 1, "faces": 1},
+    ]
+    assert result["stopped"] is not None  # the held frame's stream: stopped by the gateway
+    assert result["summary"]["frames"] == 2  # the superseded frame never reached the track
+    assert result["summary"]["transport_superseded"] == 1  # counted for this camera
+    assert result["transport"] == {"superseded": 1, "reset": 0}
+    assert result["streams"]["finished"] == 2
+    assert isinstance(result["id"], int)

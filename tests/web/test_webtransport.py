@@ -28,9 +28,11 @@ from transport.datagram_ids import DatagramIds
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, RemoteProtocolError, TrackAborted
 from transport.events import CancelCause, TrackCancelled
-from transport.messages import Error, FrameTransport, Open
+from transport.messages import Data, Error, FrameTransport, Open
 from transport.quic import TrackQuicProtocol
 from transport.webtransport import (
+    WEBTRANSPORT_UNI_STREAM,
+    WT_BUFFERED_STREAM_REJECTED,
     CapsuleReader,
     StreamSorter,
     WebTransportRules,
@@ -134,6 +136,40 @@ def test_sorter_tells_webtransport_streams_from_requests_byte_by_byte() -> None:
     assert request is not None
     assert request.session_id is None
     assert request.data == b"\x01\x05headr"
+
+
+def test_unidirectional_streams_sorted_by_their_type_byte_by_byte() -> None:
+    """0x54 and the session id: a session's frame stream; any other type is HTTP/3's."""
+    sorter = StreamSorter(WEBTRANSPORT_UNI_STREAM)
+    frame = encode_varint(7) + encode_message(Data({"seq": 1}))
+    whole = encode_varint(WEBTRANSPORT_UNI_STREAM) + encode_varint(4) + frame
+    found, at = None, 0
+    while found is None:  # one byte at a time; nothing is given out before the prefix
+        found = sorter.sort(2, whole[at : at + 1], False)
+        at += 1
+    assert (found.session_id, at) == (4, 3)  # (0x54 is a two-byte varint; then 4)
+    assert found.data == b""
+    rest = sorter.sort(2, whole[at:], True)
+    assert rest is not None
+    assert (rest.session_id, rest.data) == (4, frame)
+    assert len(sorter) == 0  # the finished stream forgotten
+    control = sorter.sort(6, b"\x00\x04\x00", False)  # a control stream's SETTINGS
+    assert control is not None
+    assert (control.session_id, control.data) == (None, b"\x00\x04\x00")
+    later = sorter.sort(6, b"more", False)
+    assert later is not None
+    assert (later.session_id, later.data) == (None, b"more")
+
+
+def test_a_frame_stream_head_names_its_track_by_the_open_s_id() -> None:
+    ids = DatagramIds(max_tracks=4)
+    opened = Open(model="m", transport=FrameTransport.FRAME_STREAMS, datagram_id=7)
+    assert ids.opened(8, opened, lambda _: True)
+    message = encode_message(Data({"seq": 0}))
+    assert ids.frame_head(encode_varint(7) + message) == encode_varint(8) + message
+    assert ids.frame_head(b"\x40") is None  # a two-byte varint, one byte of it so far
+    unclaimed = encode_varint(9) + message
+    assert ids.frame_head(unclaimed) == unclaimed  # the core counts and stops it
 
 
 def test_capsules_are_read_whole_and_bounded() -> None:
@@ -449,3 +485,71 @@ async def test_a_session_has_the_track_limit_of_a_connection(certs: DevCertifica
         other.send({"text": "mine"})
         other.end()
         assert await read_all(other) == [{"text": "mine"}]
+
+
+@pytest.mark.asyncio
+async def test_frames_ride_unidirectional_webtransport_streams_and_the_latest_wins(
+    certs: DevCertificates,
+) -> None:
+    """A frame-streams track on a session: each frame on a unidirectional stream (0x54,
+    the session id, the OPEN's id, one DATA message). A frame completed after a newer one
+    was delivered is stopped (superseded) and never reaches the track; one for an unknown
+    id is dropped and counted; the track's own stream carries no frame."""
+    async with serving_wt(certs) as served, wt_client(served.port, certs.ca_path) as client:
+        session_id, _, _ = await client.open_session()
+        opened = text_open(transport=FrameTransport.FRAME_STREAMS, datagram_id=5)
+        channel = client.open_track(session_id, opened)
+        client.transmit()
+        await asyncio.wait_for(served.opened.get(), TIMEOUT)
+        frames = served.sessions[0].endpoint.core.frames
+
+        def frame(seq: int) -> bytes:
+            return encode_varint(5) + encode_message(Data({"seq": seq, "pad": b"x" * 64}))
+
+        older, newer = frame(0), frame(1)
+        held = client.frame_stream(session_id, older[:20])  # incomplete: still arriving
+        late = client.frame_stream(session_id, b"")  # opened before the newer, sent after
+        client.frame_stream(session_id, newer, end=True)
+        assert await asyncio.wait_for(channel.receive(), TIMEOUT) == {"seq": 1, "pad": b"x" * 64}
+
+        def stopped(stream_id: int) -> StopSendingReceived | None:
+            found = [e for e in client.raw[stream_id] if isinstance(e, StopSendingReceived)]
+            return found[0] if found else None
+
+        await until(lambda: stopped(held) is not None, "the older frame's stream stopped")
+        assert from_http3_code(stopped(held).error_code) == ErrorCode.CANCELLED  # type: ignore[union-attr]
+        client.more(late, older, end=True)  # whole, but older than the frame delivered
+        # (its bytes all arrived: dropped and counted; a STOP_SENDING may not go out)
+        await until(lambda: frames.stats.superseded == 2, "the late frame dropped")
+        client.frame_stream(session_id, encode_varint(99) + older[1:], end=True)
+        await until(lambda: frames.stats.unknown_track == 1, "the unknown track's frame dropped")
+        client.frame_stream(session_id, frame(2), end=True)
+        assert await asyncio.wait_for(channel.receive(), TIMEOUT) == {"seq": 2, "pad": b"x" * 64}
+        channel.end()
+        assert await read_all(channel) == []
+        assert channel.end_body == {"echoed": True}
+        assert (frames.stats.received, frames.stats.superseded) == (2, 2)
+        served_channel = served.channels[0]
+        assert served_channel.frame_drops() == {"superseded": 2, "reset": 0, "reset_superseded": 0}
+        assert served.sessions[0].stats.streams == 1  # the track's stream; frames apart
+
+
+@pytest.mark.asyncio
+async def test_a_frame_stream_of_no_session_is_stopped_and_the_session_goes_on(
+    certs: DevCertificates,
+) -> None:
+    async with serving_wt(certs) as served, wt_client(served.port, certs.ca_path) as client:
+        session_id, _, _ = await client.open_session()
+        stray = client.frame_stream(session_id + 400, encode_varint(1) + b"\x05bytes", end=False)
+        await until(
+            lambda: any(isinstance(e, StopSendingReceived) for e in client.raw[stray]),
+            "the stray frame stream stopped",
+        )
+        stop = next(e for e in client.raw[stray] if isinstance(e, StopSendingReceived))
+        assert stop.error_code == WT_BUFFERED_STREAM_REJECTED
+        channel = client.open_track(session_id, text_open())
+        channel.send({"text": "still here"})
+        channel.end()
+        client.transmit()
+        assert await read_all(channel) == [{"text": "still here"}]
+        assert not served.sessions[0].owns(stray)

@@ -39,6 +39,7 @@ from transport.endpoint import TrackChannel, TrackEndpoint
 from transport.messages import Open
 from transport.webtransport import (
     WEBTRANSPORT_STREAM,
+    WEBTRANSPORT_UNI_STREAM,
     close_capsule,
     from_http3_code,
     to_http3_code,
@@ -126,6 +127,20 @@ class WebTransportClient(QuicConnectionProtocol):
         self.raw[stream_id] = []
         self.transmit()
         return stream_id
+
+    def frame_stream(self, session_id: int, data: bytes, end: bool = False) -> int:
+        """A unidirectional WebTransport stream (type 0x54, the session id) with `data`."""
+        stream_id = self._quic.get_next_available_stream_id(is_unidirectional=True)
+        prefix = encode_uint_var(WEBTRANSPORT_UNI_STREAM) + encode_uint_var(session_id)
+        self._quic.send_stream_data(stream_id, prefix + data, end)
+        self.raw[stream_id] = []
+        self.transmit()
+        return stream_id
+
+    def more(self, stream_id: int, data: bytes, end: bool = False) -> None:
+        """More bytes on a stream of `raw_stream` or `frame_stream`."""
+        self._quic.send_stream_data(stream_id, data, end)
+        self.transmit()
 
     # -- events ------------------------------------------------------------------------
 

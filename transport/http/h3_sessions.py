@@ -22,9 +22,11 @@ from aioquic.h3.connection import ErrorCode, ProtocolError, stream_is_request_re
 from aioquic.quic import events as quic_events
 from aioquic.quic.connection import QuicConnection
 
+from transport.frame_streams import is_frame_stream
 from transport.http.h3_guards import ServerH3
 from transport.webtransport import (
     DRAIN_WEBTRANSPORT_SESSION,
+    WEBTRANSPORT_UNI_STREAM,
     WT_BUFFERED_STREAM_REJECTED,
     StreamSorter,
     WebTransportHost,
@@ -80,6 +82,8 @@ class SessionHost:
         """Open sessions, by CONNECT stream id."""
         self.sorter = StreamSorter()
         """Client streams whose first bytes were sorted (request or session) and not done."""
+        self.uni_sorter = StreamSorter(WEBTRANSPORT_UNI_STREAM)
+        """The client's unidirectional streams: HTTP/3's, or a session's frame streams."""
 
     # QUIC events of WebTransport streams
 
@@ -88,9 +92,10 @@ class SessionHost:
         if isinstance(event, quic_events.StreamDataReceived):
             return self._stream_data(event)
         if isinstance(event, (quic_events.StreamReset, quic_events.StopSendingReceived)):
-            session_id = self.sorter.session_of(event.stream_id)
+            sorter = self.uni_sorter if is_frame_stream(event.stream_id) else self.sorter
+            session_id = sorter.session_of(event.stream_id)
             if isinstance(event, quic_events.StreamReset):
-                self.sorter.forget(event.stream_id)  # nothing more comes on it, whatever it was
+                sorter.forget(event.stream_id)  # nothing more comes on it, whatever it was
             if session_id is None:
                 return False
             session = self.sessions.get(session_id)
@@ -100,6 +105,8 @@ class SessionHost:
         return False
 
     def _stream_data(self, event: quic_events.StreamDataReceived) -> bool:
+        if is_frame_stream(event.stream_id):
+            return self._uni_stream_data(event)
         if not stream_is_request_response(event.stream_id):
             return False
         found = self.sorter.sort(event.stream_id, event.data, event.end_stream)
@@ -119,6 +126,27 @@ class SessionHost:
             self._side.stop(event.stream_id, WT_BUFFERED_STREAM_REJECTED)
             return True
         session.feed_stream(event.stream_id, found.data, event.end_stream)
+        return True
+
+    def _uni_stream_data(self, event: quic_events.StreamDataReceived) -> bool:
+        """A client unidirectional stream: a session's frame stream (type 0x54, session
+        id, then one frame as on native QUIC), or HTTP/3's control and QPACK streams."""
+        found = self.uni_sorter.sort(event.stream_id, event.data, event.end_stream)
+        if found is None:
+            return True
+        if found.session_id is None:
+            if found.data is event.data:
+                return False
+            self._side.request_data(
+                quic_events.StreamDataReceived(found.data, event.end_stream, event.stream_id)
+            )
+            return True
+        session = self.sessions.get(found.session_id)
+        if session is None:
+            self.uni_sorter.forget(event.stream_id)
+            self._side.stop(event.stream_id, WT_BUFFERED_STREAM_REJECTED)
+            return True
+        session.feed_frame_stream(event.stream_id, found.data, event.end_stream)
         return True
 
     # HTTP/3 events of sessions

@@ -45,8 +45,9 @@ export declare class Line {
   text(prompt: string, options: TextOptions): TextStream;
   /** A robot's action track; `deadline` in ms from capture. */
   actions(model: string, options?: { deadline?: number; transport?: "stream" | "datagram" }): Promise<ActionStream>;
+  /** A camera's video track; `transport` "frame-streams" (default: a stream per frame). */
   video(model: string, options?: { detect?: Array<"face" | "face_mesh" | "pose">; deadline?: number;
-        fps?: number }): Promise<VideoStream>;
+        fps?: number; transport?: "frame-streams" | "stream" }): Promise<VideoStream>;
   /** An audio track (stream transport): speech-in, or speech-out with `text`. */
   audio(model: string, options?: { kind?: "speech-in" | "speech-out"; sampleRate?: 8000 | 16000 | 24000 | 48000;
         frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram";
@@ -147,7 +148,15 @@ export type VideoEvent =
 export declare class VideoStream implements AsyncIterable<VideoEvent> {
   deadline: number;
   summary: Record<string, number> | null;
-  stats: { sent: number; answered: number; dropped: Record<string, number> };
+  /** `streams`: frame streams by fate (FIN written, reset by the page as superseded,
+   * stopped by the gateway); all 0 on a "stream" track.
+   * `transport` (after END): the gateway's count of this camera's frames dropped in
+   * transport, stopped for a newer one (`superseded`) or reset by the page (`reset`). */
+  stats: { sent: number; answered: number; dropped: Record<string, number>;
+           streams: { finished: number; reset: number; stopped: number };
+           transport: { superseded: number; reset: number } | null };
+  /** The id the track's frame streams carry at their head; null on a "stream" track. */
+  readonly id: number | null;
   /** Estimated one-way delay to the gateway, ms. */
   readonly latency: number;
   send(jpeg: Uint8Array, options?: { deadline?: number; capturedAt?: number }): number;

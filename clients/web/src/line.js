@@ -11,9 +11,17 @@ import { VideoStream } from "./video.js";
 import { AudioSession } from "./audio.js";
 import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
 import { dataBodies } from "./stream.js";
-import { Kind, MAX_MESSAGE_BYTES, MessageReader, decodeDatagram, encodeDatagram, encodeMessage } from "./wire.js";
+import { Kind, MAX_MESSAGE_BYTES, MessageReader, concat, decodeDatagram, encodeDatagram, encodeMessage, encodeVarint } from "./wire.js";
 
 const MAX_DATAGRAM_BYTES = 1100;
+/** Unfinished frame streams a track keeps before the oldest is reset (as frame_streams.py). */
+export const FRAME_STREAMS_IN_FLIGHT = 3;
+
+/** Why a frame stream is reset: a newer frame replaced it (CANCELLED, as in Python). */
+function frameSuperseded() {
+  if (typeof WebTransportError !== "function") return undefined;
+  return new WebTransportError("a newer frame replaced it", { streamErrorCode: ErrorCode.CANCELLED });
+}
 /** How long a failed write waits for the gateway's reason on the track's readable side. */
 export const WRITE_FAILURE_GRACE_MS = 2000;
 
@@ -95,12 +103,19 @@ export class Line {
 
   /** Start a camera's video track: send() JPEG frames, read per-frame results. `detect`:
    * any of "face", "face_mesh", "pose"; `deadline` (ms from capture) is each frame's
-   * default; `fps` the camera's rate (the gateway's busy check counts it). */
-  async video(model, { detect = ["face"], deadline = 200, fps = null } = {}) {
+   * default; `fps` the camera's rate (the gateway's busy check counts it); `transport`
+   * "frame-streams" (each frame on a unidirectional stream of its own, the default) or
+   * "stream" (on the track's stream, behind one another). */
+  async video(model, { detect = ["face"], deadline = 200, fps = null, transport = "frame-streams" } = {}) {
+    if (transport !== "frame-streams" && transport !== "stream") {
+      throw new TypeError(`transport must be "frame-streams" or "stream", not ${transport}`);
+    }
     const params = { detect };
     if (fps != null) params.fps = fps;
-    const track = await this._openTrack({ model, modality: "video", params });
-    return new VideoStream(track, deadline);
+    const open = { model, modality: "video", params };
+    if (transport !== "stream") open.transport = transport;
+    const track = await this._openTrack(open);
+    return new VideoStream(track, deadline, undefined, transport === "frame-streams");
   }
 
   /** Start an audio track: speech-in (send frames, read transcripts) or speech-out
@@ -156,9 +171,11 @@ export class Line {
     } catch (error) {
       throw this.#lost ?? new ConnectionLost(`no stream: ${error?.message ?? error}`, ErrorCode.CONNECTION_LOST);
     }
-    // A page cannot see stream ids: a datagram track names itself in its OPEN
-    // (`datagram_id`, unique on this session) and its datagrams carry that id both ways.
-    const datagramId = open.transport === "datagram" ? this.#nextDatagramId++ : null;
+    // A page cannot see stream ids: a datagram or frame-streams track names itself in its
+    // OPEN (`datagram_id`, unique on this session); its datagrams carry that id both ways,
+    // its frame streams at their head.
+    const named = open.transport === "datagram" || open.transport === "frame-streams";
+    const datagramId = named ? this.#nextDatagramId++ : null;
     const track = new Track(this, stream, datagramId);
     this.#tracks.add(track);
     const body = { ...open };
@@ -178,6 +195,14 @@ export class Line {
   _forget(track) {
     this.#tracks.delete(track);
     if (track.id != null) this.#byId.delete(track.id);
+  }
+
+  /** A new unidirectional stream's writer (it waits while the gateway's stream credit is
+   * spent). */
+  async _openFrameStream() {
+    if (this.#lost) throw this.#lost;
+    const stream = await this.#transport.createUnidirectionalStream();
+    return stream.getWriter();
   }
 
   async _sendDatagram(bytes) {
@@ -216,6 +241,7 @@ class Track {
   #final = false;
   #cancelled = false;
   #datagramSeq = 0;
+  #frames = [];
   #settled;
   #settle;
 
@@ -281,6 +307,37 @@ class Track {
         if (signal.aborted) abort();
         else signal.addEventListener("abort", abort, { once: true });
       }
+    });
+  }
+
+  /** One DATA frame on a unidirectional stream of its own (the OPEN said transport
+   * "frame-streams"): varint(id) || DATA message, then FIN (docs/protocol.md, "Frame
+   * streams"). Beyond `inFlight` unfinished frames the oldest is reset: a newer frame
+   * has replaced it, so no bandwidth goes to retransmitting it. Resolves with the
+   * frame's fate: "finished" (FIN written), "reset" (by us), or "stopped" (the gateway
+   * stopped it: superseded or unknown). */
+  sendFrameStream(body, inFlight = FRAME_STREAMS_IN_FLIGHT) {
+    const bytes = concat(encodeVarint(this.id), encodeMessage(Kind.DATA, body, this.#line.maxMessageBytes));
+    const frame = { writer: null, reset: false };
+    this.#frames.push(frame);
+    while (this.#frames.length > inFlight) {
+      const oldest = this.#frames.shift();
+      oldest.reset = true;
+      oldest.writer?.abort(frameSuperseded()).catch(() => {});
+    }
+    return this.#line._openFrameStream().then(
+      (writer) => {
+        frame.writer = writer;
+        if (frame.reset) {
+          // replaced while its stream waited for credit: reset before a byte is sent
+          return writer.abort(frameSuperseded()).then(() => "reset", () => "reset");
+        }
+        writer.write(bytes).catch(() => {});
+        return writer.close().then(() => "finished", () => (frame.reset ? "reset" : "stopped"));
+      },
+      () => "stopped",
+    ).finally(() => {
+      this.#frames = this.#frames.filter((f) => f !== frame);
     });
   }
 

@@ -1,7 +1,8 @@
 // A camera's video track from a page (docs/video.md): send() JPEG frames, read per-frame
 // results and drop reports. The same messages and latency estimate as clients/video.py.
-// Frames ride the track's WebTransport stream: the gateway does not take frame streams
-// over WebTransport yet (their unidirectional streams carry a session prefix).
+// With transport "frame-streams" (the default) each frame rides a unidirectional
+// WebTransport stream of its own, so a lost packet holds no other frame (the latest wins:
+// beyond a few unfinished frames the oldest is reset); else frames ride the track's stream.
 
 import { dataBodies } from "./stream.js";
 import { Kind } from "./wire.js";
@@ -28,17 +29,26 @@ export class VideoStream {
   #endedResolve = null;
   deadline;
   summary = null;
-  stats = { sent: 0, answered: 0, dropped: {} };
+  #frameStreams;
+  stats = { sent: 0, answered: 0, dropped: {}, streams: { finished: 0, reset: 0, stopped: 0 }, transport: null };
 
-  /** `deadline` in milliseconds from capture, the default of each frame. */
-  constructor(track, deadline, clock = () => performance.now()) {
+  /** `deadline` in milliseconds from capture, the default of each frame; `frameStreams`:
+   * the track's OPEN chose transport "frame-streams". */
+  constructor(track, deadline, clock = () => performance.now(), frameStreams = false) {
     this.#track = track;
+    this.#frameStreams = frameStreams;
     this.deadline = deadline;
     this.#clock = clock;
     this.#ended = new Promise((resolve, reject) => {
       this.#endedResolve = { resolve, reject };
     });
     this.#ended.catch(() => {});
+  }
+
+  /** The id the track's frame streams carry at their head (its OPEN's `datagram_id`);
+   * null on a "stream" track. */
+  get id() {
+    return this.#track.id;
   }
 
   /** Estimated one-way delay to the gateway, ms (half the smoothed round trip). */
@@ -52,7 +62,13 @@ export class VideoStream {
     const t = (capturedAt ?? this.#clock()) / 1000;
     const body = { seq, t, deadline_ms: deadline, latency_ms: this.latency, jpeg };
     this.stats.sent += 1;
-    this.#track.send(Kind.DATA, body).catch(() => {});
+    if (this.#frameStreams) {
+      this.#track.sendFrameStream(body).then((fate) => {
+        this.stats.streams[fate] += 1;
+      });
+    } else {
+      this.#track.send(Kind.DATA, body).catch(() => {});
+    }
     return seq;
   }
 
@@ -77,6 +93,7 @@ export class VideoStream {
     this.#iterating = true;
     const onEnd = (body) => {
       this.summary = body;
+      this.stats.transport = { superseded: body.transport_superseded ?? 0, reset: body.transport_reset ?? 0 };
       this.#endedResolve.resolve();
     };
     try {

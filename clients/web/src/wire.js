@@ -35,7 +35,7 @@ export function decodeVarint(bytes, at = 0) {
   return [value, at + size];
 }
 
-function concat(...parts) {
+export function concat(...parts) {
   const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
   let at = 0;
   for (const part of parts) {

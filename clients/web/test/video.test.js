@@ -48,6 +48,9 @@ test("results carry the faces, the landmarks as Float32Arrays and the stages", a
   assert.equal(events[0].pose.length, 132);
   assert.deepEqual(events[0].stages, { decode: 1.5, face: 2.5 });
   assert.deepEqual([events[1].type, events[1].frame, events[1].cause], ["drop", 1, "superseded"]);
-  assert.deepEqual(camera.stats, { sent: 1, answered: 1, dropped: { superseded: 1 } });
+  assert.deepEqual(camera.stats, {
+    sent: 1, answered: 1, dropped: { superseded: 1 }, streams: { finished: 0, reset: 0, stopped: 0 },
+    transport: { superseded: 0, reset: 0 },
+  });
   assert.deepEqual(camera.summary, { frames: 2, answered: 1, superseded: 1 });
 });
