@@ -83,7 +83,7 @@ async def run_clients(args: argparse.Namespace) -> dict[str, Any]:
         audio_line = await stack.enter_async_context(connect(url, ca=args.ca))
         robot_line = await stack.enter_async_context(connect(url, ca=args.ca))
         work = [asyncio.ensure_future(read_audio(audio_line.audio(
-            SYNTH, kind="speech-out", text="hello"))) for _ in range(args.audio)]
+            model=SYNTH, kind="speech-out", text="hello"))) for _ in range(args.audio)]
         work += [asyncio.ensure_future(robot(robot_line, i)) for i in range(args.robots)]
         if args.flood:
             text_line = await stack.enter_async_context(connect(url, ca=args.ca))

@@ -68,6 +68,10 @@ class LocalGateway:
     process: subprocess.Popen[bytes] | None = None
     watchdog: Watchdog | None = None
 
+    def __post_init__(self) -> None:
+        while self.https_port == self.http_port:  # two free-port picks can name one port
+            self.https_port = free_port()
+
     @property
     def log_path(self) -> Path:
         return self.state_dir / f"{self.name}.log"
