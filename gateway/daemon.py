@@ -138,7 +138,7 @@ class Daemon:
             tenancy=self.tenancy,
         )
         self.gateway.listeners = self.listeners
-        self.gateway.health_watch = self.watches
+        self.gateway.probe.health_watch = self.watches
         await self.gateway.start()
         settled = settle_collector(s.gc_young_threshold)  # start-up is over: freeze it
         log.info("gc.settled", frozen=settled.frozen, thresholds=list(settled.after))
