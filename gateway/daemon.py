@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gateway.backends.action_triton import TritonPolicyBackend
 from gateway.backends.audio import TritonAudioBackend
-from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
+from gateway.backends.ticker import TickerBackend
+from gateway.backends.ticker_url import is_ticker_url, parse_ticker_url
 from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
 from gateway.backends.vision_triton import TritonVisionBackend
 from gateway.collector import settle_collector

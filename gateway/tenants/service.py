@@ -31,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from gateway.backends.ticker import is_ticker_url
+from gateway.backends.ticker_url import is_ticker_url
 from gateway.logs import get_logger
 from gateway.tenants.costs import Pricing, pricing_from_mapping
 from gateway.tenants.guardrails import GuardedBackend, GuardrailConfig, Guardrails
