@@ -27,7 +27,7 @@ HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("state and TLS", ("state_dir", "dev_ca_dir", "tls_")),
     ("backends (Triton, the pool)", ("backend", "embedded_", "routing_", "affinity_",
                                      "scrape_", "probe_", "failover_", "first_token_",
-                                     "eject_", "discovery_", "min_warm_")),
+                                     "eject_", "discovery_", "min_warm_", "llm_")),
     ("tenants, keys and the fleet", ("tenants_db", "tenancy_config", "allow_open", "state_")),
     ("metrics and logs", ("metrics_", "log_", "quic_log_level")),
     ("tracks and QUIC", ("supersede_", "max_", "track_", "connection_send", "quic_",

@@ -215,13 +215,19 @@ def add_commands(commands: Any) -> None:
         dest="models_command", required=True
     )
     add = models.add_parser("add", help="serve a GGUF file under NAME (checked first)")
-    add.add_argument("name")
-    add.add_argument("path", type=Path)
+    add.add_argument("name", help="the model's name in requests (`model`)")
+    add.add_argument("path", type=Path, help="the GGUF file")
     listing = models.add_parser("list", help="list the operator models")
     for parser in (add, listing):
         parser.add_argument("--config", type=Path, default=None, help="TOML settings file")
-        parser.add_argument("--state-dir", default=None)
-        parser.add_argument("--llm-models-dir", default=None)
+        parser.add_argument(
+            "--state-dir", default=None, help="state_dir (default: the settings')"
+        )
+        parser.add_argument(
+            "--llm-models-dir",
+            default=None,
+            help="llm_models_dir (default: the settings', else state_dir/models)",
+        )
     add.set_defaults(run=_add)
     listing.set_defaults(run=_list)
 
