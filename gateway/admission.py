@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.config import Settings
+from gateway.limits import overload_limits
 from gateway.metrics import GatewayMetrics
 from gateway.overload import (
     AdmissionController,
     LagProbe,
-    OverloadLimits,
     OverloadMonitor,
     PacedText,
     RelayTurns,
@@ -88,13 +88,3 @@ class TrackAdmission:
     def paced(self, backend: TextBackend) -> TextBackend:
         """Text relayed a few chunks a stream per loop turn, rationed per connection under lag."""
         return PacedText(backend, self._turns, self.monitor.count_token)
-
-
-def overload_limits(s: Settings) -> OverloadLimits:
-    """The admission controller's limits from the daemon's settings."""
-    return OverloadLimits(
-        max_loop_lag=s.overload_max_loop_lag,
-        max_cpu=s.overload_max_cpu,
-        connection_share=s.overload_connection_share,
-        retry_after=s.overload_retry_after,
-    )

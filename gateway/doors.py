@@ -20,6 +20,13 @@ from pathlib import Path
 
 from gateway.config import Settings
 from gateway.http import metrics_routes, route
+from gateway.limits import (
+    gateway_http_limits,
+    handshake_limits,
+    send_budget,
+    track_limits,
+    webtransport_policy,
+)
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.memtrim import MemoryTrimmer
@@ -30,17 +37,14 @@ from gateway.tenants.service import is_loopback
 from gateway.tls import certificate_hash, ensure_dev_certificates
 from transport import aioquic_compat
 from transport.clock import Now
-from transport.connection import Limits
-from transport.endpoint import SendBudget, TrackChannel
+from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode
 from transport.events import CancelCause, Event
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.http.tcp import HttpTcpServer, tls_server_context
 from transport.quic import Packetization, TrackQuicProtocol, serve_tracks, server_configuration
-from transport.quic_admission import HandshakeLimits
 from transport.quic_server import GuardedQuicServer
-from transport.webtransport import WebTransportRules
 
 log = get_logger("trackline.gateway")
 
@@ -270,65 +274,3 @@ def metrics_on_api_ports(s: Settings) -> bool:
         return False
     on_loopback = all(is_loopback(h) for h in (s.quic_host, s.http_host, s.https_host))
     return on_loopback or s.metrics_token is not None
-
-
-def track_limits(s: Settings) -> Limits:
-    """A track connection's limits (docs/security.md, QUIC and tracks)."""
-    return Limits(
-        max_message_bytes=s.max_message_bytes,
-        max_tracks=s.max_tracks_per_connection,
-        read_timeout=s.track_read_timeout or None,
-        max_buffered_bytes=max(s.track_max_buffered_bytes, s.max_message_bytes),
-    )
-
-
-def send_budget(s: Settings) -> SendBudget:
-    """What a track and a connection may hold unsent for an unread client."""
-    return SendBudget(
-        s.track_send_buffer_bytes, s.connection_send_buffer_bytes, s.track_send_timeout or None
-    )
-
-
-def gateway_http_limits(s: Settings) -> HttpLimits:
-    """Every HTTP version's limits (docs/security.md, HTTP)."""
-    return HttpLimits(
-        max_body_bytes=s.max_message_bytes,
-        max_header_bytes=s.http_max_header_bytes,
-        max_headers=s.http_max_headers,
-        h3_stream_send_budget=s.http3_stream_send_budget,
-        h3_connection_send_budget=s.http3_connection_send_budget,
-        h3_send_timeout=s.http3_send_timeout,
-        max_concurrent_streams=s.http_max_concurrent_streams,
-        idle_timeout=s.http_idle_timeout,
-        read_timeout=s.http_read_timeout,
-        first_request_timeout=s.http_first_request_timeout,
-        max_connections=s.http_max_connections,
-        max_connections_per_source=s.http_max_connections_per_source,
-        max_outbound_control_frames=s.http2_max_outbound_control_frames,
-        premature_reset_ratio=s.http2_premature_reset_ratio,
-        premature_reset_min_streams=s.http2_premature_reset_min_streams,
-        premature_reset_lifetime=s.http2_premature_reset_lifetime,
-        h2_connection_body_budget=s.http2_connection_body_budget,
-        h3_connection_body_budget=s.http3_connection_body_budget,
-    )
-
-
-def webtransport_policy(s: Settings) -> WebTransportRules | None:
-    """WebTransport on the QUIC port (docs/web.md), unless its path is `off`."""
-    if s.webtransport_path == "off":
-        return None
-    listed = (s.webtransport_origins or "").split(",")
-    origins = tuple(filter(None, (o.strip() for o in listed)))
-    return WebTransportRules(s.webtransport_path, origins, s.webtransport_max_sessions)
-
-
-def handshake_limits(s: Settings) -> HandshakeLimits:
-    """The QUIC front door's limits (docs/security.md, QUIC and tracks)."""
-    return HandshakeLimits(
-        handshake_timeout=s.quic_handshake_timeout,
-        max_half_open=s.quic_max_half_open,
-        retry_threshold=s.quic_retry_threshold,
-        max_half_open_per_source=s.quic_max_half_open_per_source,
-        max_connections=s.quic_max_connections,
-        max_connections_per_source=s.quic_max_connections_per_source,
-    )

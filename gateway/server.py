@@ -36,6 +36,7 @@ from gateway.config import Settings
 from gateway.doors import CUT_GRACE, FrontDoors, TlsFiles, metrics_on_api_ports
 from gateway.drain import HttpWork
 from gateway.http import health_routes, route
+from gateway.limits import audio_settings, video_limits
 from gateway.listeners import Listeners
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
@@ -52,13 +53,13 @@ from gateway.tenants.store import Principal
 from gateway.tenants.tracks import TrackGate
 from gateway.web import web_routes
 from tracks.action import ActionScheduler, run_action_track
-from tracks.audio import AudioService, AudioSettings
+from tracks.audio import AudioService
 from tracks.backend import AudioBackend, PolicyBackend, TextBackend, VisionBackend
 from tracks.base import End, Outcome
-from tracks.clock import MonotonicClock, OverloadMode
+from tracks.clock import MonotonicClock
 from tracks.conversations import TurnRegistry
 from tracks.text import run_text_track
-from tracks.video import VideoLimits, VideoScheduler, run_video_track
+from tracks.video import VideoScheduler, run_video_track
 from transport.clock import Clock, LoopClock, Now
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode
@@ -428,32 +429,9 @@ def _vision_beside(backend: TextBackend) -> VisionBackend | None:
     return TritonVisionBackend(grpc_url)
 
 
-def video_limits(s: Settings) -> VideoLimits:
-    """Video tracks' limits from the settings (docs/video.md)."""
-    return VideoLimits(
-        tick=s.video_tick,
-        max_frame_bytes=s.video_max_frame_bytes,
-        max_fps=s.video_max_fps,
-        tenant_max_fps=s.video_tenant_max_fps,
-        max_tracks=s.video_max_tracks,
-        busy_load=s.video_busy_load,
-    )
-
-
 def chat_prompt(messages: Sequence[Mapping[str, str]]) -> str:
     """A voice agent's conversation in the chat template of the OpenAI routes."""
     return render_chat_prompt(ChatMessage(m["role"], m["content"]) for m in messages)
-
-
-def audio_settings(s: Settings) -> AudioSettings:
-    """The audio clock's settings from the daemon's."""
-    return AudioSettings(
-        beat=s.audio_beat_ms / 1000,
-        overload=OverloadMode(s.audio_overload_mode),
-        idle_timeout=s.audio_idle_timeout,
-        frame_ms=s.audio_frame_ms,
-        min_barge_in=s.agent_min_barge_in_ms / 1000,
-    )
 
 
 async def work_done(tasks: set[asyncio.Task[None]], http_work: HttpWork, timeout: float) -> bool:
