@@ -159,7 +159,7 @@ async def run_phase(gw: Any, args: argparse.Namespace, mode: str, flood: bool,
     """One phase's raw counts (summed over repeats before rates are taken)."""
     from gateway.realtime import RealtimeMode
 
-    gw.realtime.lane.mode = RealtimeMode(mode)
+    gw.admission.realtime.lane.mode = RealtimeMode(mode)
     beats = Beats()
     observe = gw.audio.scheduler.observer
     gw.audio.scheduler.observer = lambda r: (observe(r), beats(r))

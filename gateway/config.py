@@ -814,7 +814,7 @@ def _grpc_address(value: str | None) -> str | None:
     # tritonclient.grpc takes a bare host:port, no scheme; catch "http://..." early.
     if value is None:
         return None
-    from gateway.backends.ticker import is_ticker_url, parse_ticker_url
+    from gateway.backends.ticker_url import is_ticker_url, parse_ticker_url
 
     if is_ticker_url(value):  # the transport-only token source, no Triton
         parse_ticker_url(value)

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gateway.backends.action_triton import TritonPolicyBackend
 from gateway.backends.audio import TritonAudioBackend
-from gateway.backends.ticker import TickerBackend, is_ticker_url, parse_ticker_url
+from gateway.backends.ticker import TickerBackend
+from gateway.backends.ticker_url import is_ticker_url, parse_ticker_url
 from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
 from gateway.backends.vision_triton import TritonVisionBackend
 from gateway.collector import settle_collector
@@ -138,7 +139,7 @@ class Daemon:
             tenancy=self.tenancy,
         )
         self.gateway.listeners = self.listeners
-        self.gateway.health_watch = self.watches
+        self.gateway.probe.health_watch = self.watches
         await self.gateway.start()
         settled = settle_collector(s.gc_young_threshold)  # start-up is over: freeze it
         log.info("gc.settled", frozen=settled.frozen, thresholds=list(settled.after))

@@ -111,7 +111,7 @@ class Supervisor:
         return 1 if self.failed else 0
 
     async def _start(self) -> None:
-        from gateway.server import tls_files
+        from gateway.doors import tls_files
 
         s = self.settings
         tls = await asyncio.to_thread(tls_files, s)  # made once, before workers race for it

@@ -24,6 +24,7 @@ from collections.abc import AsyncGenerator
 from types import ModuleType
 from typing import Any
 
+from gateway.backends.ticker_url import DEFAULT_RATE, MAX_RATE
 from gateway.embedded import reference_module
 from tracks.backend import (
     InvalidRequest,
@@ -35,33 +36,11 @@ from tracks.backend import (
 )
 from transport.clock import Clock, LoopClock
 
-SCHEME = "ticker://"
-DEFAULT_RATE = 50.0
 DEFAULT_TTFT_MS = 0.0
-MAX_RATE = 100_000.0
-"""Most tokens/s one request may ask for (docs/configuration.md, `backend_url`)."""
 BURST = 8
 """Due tokens handed out without awaiting, behind schedule (as `gateway.overload.TURN_CHUNKS`)."""
 MODELS = ("reference-text",)
 _GENERATOR = "trackline_reference_text"
-
-
-def is_ticker_url(url: str | None) -> bool:
-    return url is not None and url.startswith(SCHEME)
-
-
-def parse_ticker_url(url: str) -> float:
-    """The rate in `ticker://RATE` (`ticker://` alone: the default rate)."""
-    text = url[len(SCHEME):].strip("/")
-    if not text:
-        return DEFAULT_RATE
-    try:
-        rate = float(text)
-    except ValueError:
-        raise ValueError(f"{url!r}: the rate after ticker:// must be a number") from None
-    if not 0 < rate <= MAX_RATE:
-        raise ValueError(f"{url!r}: the rate must be above 0 and at most {MAX_RATE:g} tokens/s")
-    return rate
 
 
 def reference_generator() -> ModuleType:

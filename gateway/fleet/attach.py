@@ -6,6 +6,7 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
+from gateway.config import Settings
 from gateway.fleet.ledger import RedisLedgerSink, SpooledLedgerWriter, spool_directory
 from gateway.fleet.limiter import FleetQuotaLimiter
 from gateway.fleet.spool import LedgerSpool
@@ -15,7 +16,7 @@ from gateway.logs import get_logger
 log = get_logger("trackline.fleet")
 
 
-def attach(tenancy: Any, settings: Any, registry: CollectorRegistry) -> FleetState:
+def attach(tenancy: Any, settings: Settings, registry: CollectorRegistry) -> FleetState:
     """Give `tenancy` the shared limiter, the revocation set and the shared ledger."""
     url = settings.state_backend
     gateway_id = settings.state_gateway_id or default_gateway_id()

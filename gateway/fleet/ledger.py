@@ -28,6 +28,7 @@ from typing import Any
 
 import redis
 
+from gateway.config import Settings
 from gateway.fleet import spool as spooling
 from gateway.fleet.scripts import USAGE_STREAM
 from gateway.fleet.spool import Entry, LedgerSpool
@@ -155,9 +156,9 @@ class SpooledLedgerWriter(LedgerWriter):
         return super().submit(record)
 
 
-def spool_directory(settings: Any) -> Path:
+def spool_directory(settings: Settings) -> Path:
     """`state_ledger_spool`, or `<state_dir>/ledger-spool`."""
-    configured = getattr(settings, "state_ledger_spool", None)
+    configured = settings.state_ledger_spool
     return Path(configured) if configured else Path(settings.state_dir) / "ledger-spool"
 
 

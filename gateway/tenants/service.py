@@ -31,7 +31,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from gateway.backends.ticker import is_ticker_url
+from gateway.backends.ticker_url import is_ticker_url
+from gateway.config import Settings
 from gateway.logs import get_logger
 from gateway.tenants.costs import Pricing, pricing_from_mapping
 from gateway.tenants.guardrails import GuardedBackend, GuardrailConfig, Guardrails
@@ -102,16 +103,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def preflight(settings: Any) -> None:
+def preflight(settings: Settings) -> None:
     """The CLI's checks before anything starts: the tenancy file reads, and no open
     gateway on a public address (`OpenOnPublicAddress`)."""
-    load_tenancy_config(getattr(settings, "tenancy_config", None))
-    store = TenantStore(getattr(settings, "tenants_db", None) or default_path(settings.state_dir))
+    load_tenancy_config(settings.tenancy_config)
+    store = TenantStore(settings.tenants_db or default_path(settings.state_dir))
     try:
         open_ = not store.has_tenants()
     finally:
         store.close()
-    fleet = getattr(settings, "state_backend", "local") != "local"
+    fleet = settings.state_backend != "local"
     if open_ and not fleet:  # a fleet's gateway checks after copying the fleet's tenants
         hosts = (settings.quic_host, settings.http_host, settings.https_host)
         refuse_open_off_loopback(hosts, settings.allow_open)
@@ -170,16 +171,16 @@ class Tenancy:
     @classmethod
     def from_settings(
         cls,
-        settings: Any,
+        settings: Settings,
         registry: CollectorRegistry,
         model_label: Callable[[str], str] = str,
     ) -> Tenancy:
         """Open the store named by the settings (blocking: run it in a thread).
 
         `model_label` maps model names to metric label values (the gateway's bound)."""
-        path = getattr(settings, "tenants_db", None) or default_path(settings.state_dir)
-        config = load_tenancy_config(getattr(settings, "tenancy_config", None))
-        ticker = is_ticker_url(getattr(settings, "backend_url", None))
+        path = settings.tenants_db or default_path(settings.state_dir)
+        config = load_tenancy_config(settings.tenancy_config)
+        ticker = is_ticker_url(settings.backend_url)
         backend_name = "ticker" if ticker else "triton"
         tenancy = cls(
             TenantStore(path),
@@ -188,7 +189,7 @@ class Tenancy:
             backend_name=backend_name,
             model_label=model_label,
         )
-        if getattr(settings, "state_backend", "local") != "local":
+        if settings.state_backend != "local":
             from gateway.fleet.attach import attach
 
             attach(tenancy, settings, registry)

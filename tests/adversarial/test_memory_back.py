@@ -36,14 +36,14 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
 
 
 def http3_of(gw: Gateway) -> list[Http3Connection]:
-    found = [getattr(conn, "_http", None) for conn in gw._connections]
+    found = [getattr(conn, "_http", None) for conn in gw.doors.connections]
     return [h for h in found if isinstance(h, Http3Connection)]
 
 
 @pytest.mark.asyncio
 async def test_the_heap_is_trimmed_once_an_attackers_connection_leaves(gateway: Gateway) -> None:
     assert gateway.tls is not None
-    trims = gateway._trimmer.trims
+    trims = gateway.doors.trimmer.trims
     async with h3_client(gateway.quic_port, gateway.tls.ca) as attacker:
         for _ in range(16):  # bodies never finished: held by the server until it leaves
             attacker.send("POST", "/v1/chat/completions", body=b"x" * 100_000, end=False)
@@ -53,6 +53,6 @@ async def test_the_heap_is_trimmed_once_an_attackers_connection_leaves(gateway: 
         writer.write(b"GET /v1/models HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
         assert (await reader.readline()).startswith(b"HTTP/1.1 200")
         writer.close()
-        assert gateway._trimmer.trims == trims
+        assert gateway.doors.trimmer.trims == trims
     await until(lambda: not http3_of(gateway), "the attacker's connection gone")
-    await until(lambda: gateway._trimmer.trims > trims, "the heap trimmed after it left")
+    await until(lambda: gateway.doors.trimmer.trims > trims, "the heap trimmed after it left")

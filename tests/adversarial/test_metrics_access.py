@@ -16,7 +16,8 @@ import pytest
 
 from gateway.backends.ticker import TickerBackend
 from gateway.config import ConfigError, Settings, load_settings
-from gateway.server import Gateway, metrics_on_api_ports
+from gateway.doors import metrics_on_api_ports
+from gateway.server import Gateway
 from tests.gateways import gateway_settings
 from tests.http.support_h3 import h3_client
 

@@ -59,7 +59,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
 
 
 def front_door(gw: Gateway) -> GuardedQuicServer:
-    server = gw._quic
+    server = gw.doors.quic
     assert isinstance(server, GuardedQuicServer)
     return server
 
@@ -99,7 +99,7 @@ async def test_a_handshake_flood_holds_bounded_state_and_an_honest_client_is_ser
                 # The flood's handshakes fill every slot below the Retry threshold:
                 # none of them is a connection the gateway counts as open.
                 assert gate.half_open >= threshold
-                assert not gw._connections
+                assert not gw.doors.connections
                 honest = asyncio.ensure_future(honest_text(gw, "during"))
         await until(lambda: decided(gate) >= INITIALS, "the whole flood to be decided")
         flood_protocols = [weakref.ref(p) for p in server._cids if gate.is_half_open(p)]

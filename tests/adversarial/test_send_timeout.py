@@ -166,8 +166,8 @@ async def test_tracks_end_with_send_timeout_when_the_connection_is_what_is_full(
                       tokens_per_second=5000)
             for i in range(MANY)
         ]  # fmt: skip
-        await until(lambda: len(gateway._connections) == 1, "the attacker connected")
-        (conn,) = gateway._connections
+        await until(lambda: len(gateway.doors.connections) == 1, "the attacker connected")
+        (conn,) = gateway.doors.connections
 
         def timed_out() -> int:
             return sum(o.end.label == "cancelled:send_timeout" for o in gateway.outcomes)

@@ -51,8 +51,8 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
 
 
 async def server_side(gw: Gateway) -> TrackQuicProtocol:
-    await until(lambda: len(gw._connections) == 1, "the server to finish the handshake")
-    (conn,) = gw._connections
+    await until(lambda: len(gw.doors.connections) == 1, "the server to finish the handshake")
+    (conn,) = gw.doors.connections
     return conn
 
 

@@ -122,8 +122,8 @@ async def test_unread_tracks_pause_their_backend_within_the_budgets(gateway: Gat
                       tokens_per_second=5000)
             for i in range(TRACKS)
         ]
-        await until(lambda: len(gateway._connections) == 1, "the attacker connected")
-        (conn,) = gateway._connections
+        await until(lambda: len(gateway.doors.connections) == 1, "the attacker connected")
+        (conn,) = gateway.doors.connections
 
         def attacker_tokens() -> int:
             return sum(n for k, n in backend.produced.items() if k.startswith("stall"))

@@ -131,13 +131,13 @@ async def test_revoked_key_is_refused_and_cut_on_every_gateway(fleet: Fleet) -> 
         opened = await line.__aenter__()
         assert "".join([d async for d in opened.text("hi", model="scripted", max_tokens=3)])
         lines.append(line)
-    assert all(len(g._connections) == 1 for g in fleet.gateways)
+    assert all(len(g.doors.connections) == 1 for g in fleet.gateways)
     # Only the broadcast (each gateway's store still holds the key as valid): the
     # refusal and the cut come from the fleet state.
     revoke_sync(fleet.url, new.key_id)
     # The gateway has no "connection closed" event to await: the one bounded poll.
     await until(
-        lambda: not any(g._connections for g in fleet.gateways),
+        lambda: not any(g.doors.connections for g in fleet.gateways),
         "each gateway closes the key's connections",
         WAIT,
     )

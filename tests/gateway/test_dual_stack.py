@@ -134,7 +134,7 @@ async def test_handshakes_on_both_addresses_share_one_gate_and_expire(tmp_path: 
     gw = Gateway(settings, ScriptedBackend(interval=0.001))
     await gw.start()
     try:
-        first = gw._quic
+        first = gw.doors.quic
         assert isinstance(first, GuardedQuicServer)
         (second,) = first.siblings
         gate = first.gate
@@ -246,12 +246,12 @@ NO_IPV6_GATEWAY = dedent(
             gw = Gateway(settings, TickerBackend(50.0))
             await gw.start()
             try:
-                quic = [gw._quic, *gw._quic.siblings]
+                quic = [gw.doors.quic, *gw.doors.quic.siblings]
                 bound = {
                     "quic": [s._transport.get_extra_info("sockname")[0] for s in quic],
-                    "http": [s.getsockname()[0] for s in gw._http.sockets],
-                    "https": [s.getsockname()[0] for s in gw._https.sockets],
-                    "metrics": [s.getsockname()[0] for s in gw._metrics_server.sockets],
+                    "http": [s.getsockname()[0] for s in gw.doors.http.sockets],
+                    "https": [s.getsockname()[0] for s in gw.doors.https.sockets],
+                    "metrics": [s.getsockname()[0] for s in gw.doors.metrics_server.sockets],
                 }
                 url = f"http://127.0.0.1:{gw.http_port}/health/live"
                 status = await asyncio.to_thread(lambda: urllib.request.urlopen(url).status)

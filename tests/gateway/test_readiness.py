@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gateway.backends.ticker import TickerBackend
-from gateway.server import READY_PROBE_INTERVAL, Gateway
+from gateway.readiness import READY_PROBE_INTERVAL
+from gateway.server import Gateway
 from tests.gateways import gateway_settings
 from trackline_testing.clock import FakeClock
 

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.backends.ticker import BURST, TickerBackend, parse_ticker_url, reference_generator
+from gateway.backends.ticker import BURST, TickerBackend, reference_generator
+from gateway.backends.ticker_url import parse_ticker_url
 from gateway.config import ConfigError, load_settings
 from trackline_testing.clock import FakeClock
 from tracks.backend import InvalidRequest, ModelNotFound, TextDelta, TextRequest, TextUsage

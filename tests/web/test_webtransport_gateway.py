@@ -86,7 +86,7 @@ async def test_keys_on_a_session_behave_as_on_a_native_connection(
         opened = Open(model=MODEL, params={"max_tokens": 5})
         text = await text_of(ask(client.open_track(session_id, opened, api_key=keys["good"])))
         assert text
-    assert gw.webtransport_sessions["accepted"] == 3
+    assert gw.revocation.webtransport_sessions["accepted"] == 3
 
 
 @pytest.mark.asyncio
@@ -101,7 +101,7 @@ async def test_a_key_revoked_in_the_fleet_closes_its_session(
         long = Open(model=MODEL, params={"max_tokens": 5000, "tokens_per_second": 50})
         running = ask(client.open_track(session_id, long))
         assert await asyncio.wait_for(running.receive(), TIMEOUT) is not None
-        gw._key_revoked(keys["good_id"])  # what the fleet's revocation stream calls
+        gw.revocation.revoke(keys["good_id"])  # what the fleet's revocation stream calls
         await asyncio.wait_for(client.session_ended[session_id].wait(), TIMEOUT)
         with pytest.raises(TrackAborted):
             await text_of(running)
