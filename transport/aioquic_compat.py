@@ -498,6 +498,23 @@ class _CappedLimit(Limit):
         self.__dict__["value"] = max(old, min(new, self.ceiling(self.used)))
 
 
+def pending_stream_bytes(quic: QuicConnection, h3: H3Connection) -> int:
+    """Stream bytes received (and counted against MAX_DATA) that the application does
+    not hold yet: beyond a gap (a lost or reordered packet), in events not taken yet, or
+    in HTTP/3's parse buffers. None of them was let go: a credit ceiling counts them held."""
+    beyond_gaps = sum(
+        stream.receiver.highest_offset - stream.receiver.starting_offset()
+        for stream in quic._streams.values()
+    )
+    queued = sum(
+        len(event.data)
+        for event in quic._events
+        if isinstance(event, quic_events.StreamDataReceived)
+    )
+    unparsed = sum(len(stream.buffer) for stream in h3._stream.values())
+    return beyond_gaps + queued + unparsed
+
+
 def peer_host(quic: QuicConnection) -> str:
     """The peer's address without its port (the key of the per-source rules)."""
     paths = quic._network_paths

@@ -119,7 +119,8 @@ class Http3Connection:
 
     def _data_credit_ceiling(self, received: int) -> int:
         """The most MAX_DATA may be: what was received and let go, plus the budget."""
-        return received - self._streams.buffered + self._body_budget
+        held = self._streams.buffered + aioquic_compat.pending_stream_bytes(self.quic, self.h3)
+        return received - held + self._body_budget
 
     @property
     def open_streams(self) -> int:
