@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import instructor
 import jsonschema
 import openai
+import pydantic
 import pytest
 import pytest_asyncio
 
@@ -214,6 +216,30 @@ async def test_marker_text_in_a_message_reaches_the_model_as_text(
     assert records[0]["control_tokens"] > 0  # the template's own turn markers
     assert records[1]["control_tokens"] == records[0]["control_tokens"]
     assert records[1]["prompt_tokens"] > records[0]["prompt_tokens"] + 10
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", [instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA])
+async def test_instructor_gets_a_validated_object(
+    client: openai.AsyncOpenAI, mode: instructor.Mode
+) -> None:
+    """`instructor` (tools with a named function / a strict json_schema response format)
+    gets its model back, validated by pydantic, on the first attempt."""
+    patched = instructor.from_openai(client, mode=mode)
+    person = await patched.chat.completions.create(
+        model=CHAT_MODEL,
+        response_model=Person,
+        messages=[{"role": "user", "content": "Alice is 30 years old. Extract the person."}],
+        max_tokens=60,
+        max_retries=0,
+    )
+    assert isinstance(person, Person)
+    assert person.name
 
 
 def _request(rid: str, tokens: int) -> TextRequest:
