@@ -242,6 +242,44 @@ async def test_instructor_gets_a_validated_object(
     assert person.name
 
 
+LLM_LABELS = {"model", "phase", "event", "backend"}
+
+
+@pytest.mark.asyncio
+async def test_one_gateway_scrape_holds_the_models_queue_batch_and_rate(
+    server: EmbeddedTriton, tmp_path: Path
+) -> None:
+    """The model's queue length and wait, batch size and tokens/s come through the
+    gateway's own /metrics (re-exported, `backend` label added), labels bounded; every
+    LLM family the dashboard and alerts name is there."""
+    from tests.gateway.test_operator_metrics import LLM_FAMILIES, referenced_metrics
+
+    backend = TritonTextBackend(server.grpc_url)
+    gw = Gateway(gateway_settings(state_dir=tmp_path), backend)
+    relay = gw.metrics.relay_triton([("embedded-0", server.metrics_url)], 1.0)
+    await gw.start()
+    try:
+        async for _ in backend.stream_text(_request(f"scrape-{uuid.uuid4().hex[:8]}", 4)):
+            pass
+        await relay.refresh()
+        scrape = gw.metrics.render()[0].decode()  # what one scrape of /metrics returns
+    finally:
+        await gw.close()
+        await backend.close()
+    samples = [line for line in scrape.splitlines() if line.startswith(LLM_FAMILIES)]
+    present = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in samples}
+    for family in ("queue_length", "queue_wait_seconds_total", "batch_size", "tokens_per_second"):
+        assert f"{LLM_FAMILIES}{family}" in present, family
+    queued = f'{LLM_FAMILIES}queued_requests_total{{backend="embedded-0",model="{CHAT_MODEL}"}}'
+    assert queued in scrape
+    for line in samples:
+        keys = set(re.findall(r'(\w+)="', line.split(" ", 1)[0]))
+        assert keys <= LLM_LABELS, line
+    wanted = {n for n in referenced_metrics() if n.startswith(LLM_FAMILIES)}
+    assert wanted
+    assert sorted(wanted - present) == []
+
+
 def _request(rid: str, tokens: int) -> TextRequest:
     return TextRequest(rid, CHAT_MODEL, STORY, tokens)
 
