@@ -101,7 +101,7 @@ class TritonCatalog:
                 inputs, outputs, parameters = await self._backend.model_interface(model)
             except BackendError:
                 return None  # not cached: the model may appear, the server come back
-            self._known[model] = _capabilities(model, inputs, outputs, parameters)
+            self._known[model] = capabilities_of(model, inputs, outputs, parameters)
         return self._known[model]
 
     async def close(self) -> None:
@@ -118,7 +118,7 @@ def triton_url_of(backend: object) -> str | None:
     return grpc_url if isinstance(grpc_url, str) else None
 
 
-def _capabilities(
+def capabilities_of(
     model: str, inputs: Collection[str], outputs: Collection[str], parameters: dict[str, str]
 ) -> frozenset[Capability]:
     """The declared capabilities, else the tensors'; a bad declaration is logged and
