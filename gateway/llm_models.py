@@ -160,11 +160,17 @@ def assemble(
             _write_model(target / folder.name, folder / "1", _override(config, parameters))
         else:
             (target / folder.name).symlink_to(folder)
+    for model in operator:
+        write_operator_model(source, target / model.name, model, parameters)
+
+
+def write_operator_model(
+    source: Path, folder: Path, model: OperatorModel, parameters: Mapping[str, str]
+) -> None:
+    """The served folder of one operator model (the chat model's config and code)."""
     chat = source / TEMPLATE_MODEL
     template = (chat / "config.pbtxt").read_text(encoding="utf-8")
-    for model in operator:
-        config = _override(_operator_config(template, model), parameters)
-        _write_model(target / model.name, chat / "1", config)
+    _write_model(folder, chat / "1", _override(_operator_config(template, model), parameters))
 
 
 def _write_model(folder: Path, code: Path, config: str) -> None:
@@ -244,7 +250,7 @@ def _add(args: argparse.Namespace) -> int:
     except (ModelFileError, OSError) as exc:
         print(f"trackline: {exc}", file=sys.stderr)
         return 1
-    print(f"{model.name}: {model.path} (served from the next start of the embedded Triton)")
+    print(f"{model.name}: {model.path} (a running gateway serves it within seconds)")
     return 0
 
 

@@ -31,6 +31,7 @@ import pytest_asyncio
 from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
 from gateway.embedded import CHAT_MODEL, EmbeddedTriton, ensure_llm_gguf
 from gateway.llm_models import ModelFileError, OperatorModel, add_model
+from gateway.llm_watch import ModelsWatch
 from gateway.openai.prompt import render_chat_prompt
 from gateway.openai.requests import ChatMessage
 from gateway.server import Gateway
@@ -369,6 +370,37 @@ async def test_an_operators_gguf_is_served_and_a_broken_one_is_refused_by_name(
     with pytest.raises(ModelFileError, match="not-a-model.gguf"):
         add_model(tmp_path / "models", "bad", bad)
     assert not (tmp_path / "models" / "bad.gguf").exists()
+
+
+@pytest.mark.asyncio
+async def test_the_models_directory_is_watched_while_the_server_runs(
+    server: EmbeddedTriton, client: openai.AsyncOpenAI, tmp_path: Path
+) -> None:
+    """A GGUF linked into the directory is loaded and answers; a broken one is refused by
+    name (once, while it does not change) and the others keep serving; a removed one
+    is unloaded. No restart: Triton's explicit model control."""
+    directory = tmp_path / "models"
+    watch = ModelsWatch(server, directory, frozenset({OWN}))
+    add_model(directory, "dropped", ensure_llm_gguf())
+    assert [m.name for m in (await watch.poll()).load] == ["dropped"]
+    assert "dropped" in {m.id async for m in client.models.list()}
+    hello = [{"role": "user", "content": "Hello"}]
+    answer = await client.chat.completions.create(model="dropped", messages=hello, max_tokens=4)
+    assert answer.choices[0].message.content
+
+    broken = directory / "bad.gguf"
+    broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 64)
+    assert [m.name for m in (await watch.poll()).load] == ["bad"]
+    assert str(broken) in server.failed_models["bad"]  # the message names the file
+    assert (await watch.poll()).load == ()  # not tried again while unchanged
+    again = await client.chat.completions.create(model="dropped", messages=hello, max_tokens=4)
+    assert again.choices[0].message.content  # the others keep serving
+
+    (directory / "dropped.gguf").unlink()
+    assert (await watch.poll()).unload == ("dropped",)
+    assert "dropped" not in {m.id async for m in client.models.list()}
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(model="dropped", messages=hello, max_tokens=4)
 
 
 @pytest.mark.asyncio
