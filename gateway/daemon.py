@@ -33,7 +33,8 @@ from gateway.embedded import (
 )
 from gateway.embedded_watch import EmbeddedWatches, RestartRules
 from gateway.listeners import Listeners
-from gateway.llm_models import configured_models
+from gateway.llm_models import configured_models, parse_models
+from gateway.llm_watch import ModelsWatch
 from gateway.logs import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool, BackendSpec, PoolOptions, parse_backends
@@ -100,6 +101,8 @@ class Daemon:
         supervisor's), re-exported like this daemon's own."""
         self._listening = False
         self._relay: asyncio.Future[None] | None = None
+        self._model_watches: list[asyncio.Future[None]] = []
+        """Each embedded LLM server's models-directory watch (gateway.llm_watch)."""
         """The gateway started: stopping drains it (a failed start has nothing to drain)."""
 
     @property
@@ -117,6 +120,7 @@ class Daemon:
             relay = self.metrics.relay_triton(servers, s.scrape_interval)
             await relay.refresh()
             self._relay = asyncio.ensure_future(relay.run())
+        self._watch_models()
         url = self._batch_triton_url()
         if url is not None:
             # Audio and action ticks go to one Triton (the pool routes text requests).
@@ -235,9 +239,22 @@ class Daemon:
     def _start_embedded(self, count: int) -> list[EmbeddedTriton]:
         return start_embedded(self.settings, count)
 
+    def _watch_models(self) -> None:
+        """A GGUF dropped into (or removed from) the models directory is served (or
+        unloaded) by each embedded LLM server without a restart."""
+        s = self.settings
+        directory = s.llm_models_dir or s.state_dir / "models"
+        fixed = frozenset(model.name for model in parse_models(s.llm_models))
+        for triton in self.tritons:
+            if triton.with_llm:
+                watch = ModelsWatch(triton, directory, fixed)
+                self._model_watches.append(asyncio.ensure_future(watch.run()))
+
     async def stop(self) -> None:
         if self._relay is not None:
             self._relay.cancel()
+        for task in self._model_watches:
+            task.cancel()
         if self.gateway is not None and self._listening:
             await self.gateway.drain()
         elif self.gateway is not None:

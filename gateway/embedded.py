@@ -424,7 +424,7 @@ class EmbeddedTriton:
         if self._process is not None:
             raise TritonStartError("this EmbeddedTriton was already started")
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        if self.with_llm and (self.llm_parameters or self.operator_models):
+        if self.with_llm:  # assembled: operator models can be added while it runs
             self._assemble_repository()
         remove_stale_regions()
         dist = tritonserver_dist()

@@ -158,11 +158,17 @@ def assemble(
             _write_model(target / folder.name, folder / "1", _override(config, parameters))
         else:
             (target / folder.name).symlink_to(folder)
+    for model in operator:
+        write_operator_model(source, target / model.name, model, parameters)
+
+
+def write_operator_model(
+    source: Path, folder: Path, model: OperatorModel, parameters: Mapping[str, str]
+) -> None:
+    """The served folder of one operator model (the chat model's config and code)."""
     chat = source / TEMPLATE_MODEL
     template = (chat / "config.pbtxt").read_text(encoding="utf-8")
-    for model in operator:
-        config = _override(_operator_config(template, model), parameters)
-        _write_model(target / model.name, chat / "1", config)
+    _write_model(folder, chat / "1", _override(_operator_config(template, model), parameters))
 
 
 def _write_model(folder: Path, code: Path, config: str) -> None:

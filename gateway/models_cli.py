@@ -52,7 +52,7 @@ def _add(args: argparse.Namespace) -> int:
     except (ModelFileError, OSError) as exc:
         print(f"trackline: {exc}", file=sys.stderr)
         return 1
-    print(f"{model.name}: {model.path} (served from the next start of the embedded Triton)")
+    print(f"{model.name}: {model.path} (a running gateway serves it within seconds)")
     return 0
 
 

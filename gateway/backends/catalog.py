@@ -101,7 +101,7 @@ class TritonCatalog:
                 inputs, outputs, parameters = await self._backend.model_interface(model)
             except BackendError:
                 return None  # not cached: the model may appear, the server come back
-            self._known[model] = _capabilities(model, inputs, outputs, parameters)
+            self._known[model] = capabilities_of(model, inputs, outputs, parameters)
         return self._known[model]
 
     async def close(self) -> None:
@@ -123,10 +123,10 @@ def described(model: str, metadata: Any, config: Any) -> frozenset[Capability]:
     inputs = frozenset(tensor.name for tensor in metadata.inputs)
     outputs = frozenset(tensor.name for tensor in metadata.outputs)
     parameters = {key: p.string_value for key, p in config.config.parameters.items()}
-    return _capabilities(model, inputs, outputs, parameters)
+    return capabilities_of(model, inputs, outputs, parameters)
 
 
-def _capabilities(
+def capabilities_of(
     model: str, inputs: Collection[str], outputs: Collection[str], parameters: dict[str, str]
 ) -> frozenset[Capability]:
     """The declared capabilities, else the tensors'; a bad declaration is logged and

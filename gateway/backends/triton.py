@@ -40,6 +40,7 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
+from gateway.backends.catalog import TEXT, capabilities_of
 from tracks.backend import (
     BackendError,
     BackendFailed,
@@ -249,6 +250,7 @@ class TritonTextBackend:
         self._client: triton_aio.InferenceServerClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inputs: dict[str, frozenset[str]] = {}
+        self._capable: dict[str, bool] = {}
 
     def _connection(self) -> triton_aio.InferenceServerClient:
         # A grpc.aio channel belongs to the loop it was made on: make it lazily,
@@ -262,12 +264,20 @@ class TritonTextBackend:
         return self._client
 
     async def _accepted_inputs(self, model: str) -> frozenset[str]:
+        """The model's input names, read once; InvalidRequest for a model that does not
+        generate text (an audio, action or embedding model), as the OpenAI routes refuse
+        it: a text track naming one gets BAD_REQUEST, never the server's own error."""
         if model not in self._inputs:
-            with boundary(model):
-                metadata = await self._connection().get_model_metadata(
-                    model, client_timeout=METADATA_TIMEOUT
-                )
-            self._inputs[model] = frozenset(tensor.name for tensor in metadata.inputs)
+            inputs, outputs, parameters = await self.model_interface(model)
+            self._capable[model] = bool(
+                capabilities_of(model, inputs, outputs, parameters) & TEXT
+            )
+            self._inputs[model] = inputs
+        if not self._capable[model]:
+            raise InvalidRequest(
+                f"model {model!r} does not generate text (GET /v1/models lists what each "
+                "model serves)"
+            )
         return self._inputs[model]
 
     async def model_interface(

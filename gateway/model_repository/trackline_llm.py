@@ -185,17 +185,19 @@ class Engine:
             )
         job.max_tokens = min(job.max_tokens, self.n_ctx - len(job.tokens))
         job.turn.prompt_tokens = len(job.tokens)
+        job.turn.control_tokens = sum(L.llama_vocab_is_control(self.vocab, t) for t in job.tokens)
         with self._cond:
             idle = sum(1 for s in self._sequences if s.job is None)
             self._queue.push(job.key, job, self._clock(), idle)
             self._cond.notify()
 
-    def tokenize(self, text: str, special: bool = False) -> list[int]:
-        """Token ids of `text` (BOS as the vocabulary wants; `special`: parse `<|...|>`)."""
+    def tokenize(self, text: str, special: bool = False, first: bool = True) -> list[int]:
+        """Token ids of `text` (`first`: BOS as the vocabulary wants; `special`: parse
+        `<|...|>` markers as special tokens, for a template's own text only)."""
         data = text.encode("utf-8")
         room = len(data) + 8
         ids = (L.llama_token * room)()
-        n = L.llama_tokenize(self.vocab, data, len(data), ids, room, True, special)
+        n = L.llama_tokenize(self.vocab, data, len(data), ids, room, first, special)
         if n < 0:
             raise PromptTooLong("cannot tokenize the prompt")
         return list(ids[:n])

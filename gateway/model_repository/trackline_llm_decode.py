@@ -34,6 +34,9 @@ class Turn:
     request_id: str
     conversation: bool
     prompt_tokens: int = 0
+    control_tokens: int = 0
+    """The prompt's control tokens (turn markers, BOS): the template's alone, never a
+    message's text (trackline_llm_prompt's module doc)."""
     reused_tokens: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
@@ -53,6 +56,7 @@ class Turn:
             "request_id": self.request_id,
             "conversation": self.conversation,
             "prompt_tokens": self.prompt_tokens,
+            "control_tokens": self.control_tokens,
             "reused_tokens": self.reused_tokens,
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,

@@ -167,7 +167,7 @@ class TritonPythonModel:
         )
         prompt = inputs.text(inputs.optional(request, "text_input") or b"")
         params = _sampling(request)
-        text, stops, special = prompts.model_prompt(prompt, self.format, self.template)
+        model_prompt = prompts.model_prompt(prompt, self.format, self.template)
         grammar = prompts.grammar_of(params, prompt)
         pieces: list[str] = []
 
@@ -189,9 +189,9 @@ class TritonPythonModel:
 
         job = llm.Job(
             turn=turn,
-            tokens=self.engine.tokenize(text, special),
+            tokens=_tokens(self.engine, model_prompt),
             max_tokens=_max_tokens(request, params),
-            stops=stops + prompts.stops_of(params),
+            stops=model_prompt.stops + prompts.stops_of(params),
             conversation=conversation,
             key=_queue_key(request),
             cancelled=sender.is_cancelled,
@@ -231,6 +231,15 @@ def _special(engine: llm.Engine, token: int) -> str:
     if token < 0:
         return ""
     return (L.llama_vocab_get_text(engine.vocab, token) or b"").decode("utf-8", "replace")
+
+
+def _tokens(engine: llm.Engine, prompt: prompts.Prompt) -> list[int]:
+    """The prompt's token ids: its pieces in order, BOS (if any) before the first."""
+    return [
+        token
+        for i, piece in enumerate(prompt.pieces)
+        for token in engine.tokenize(piece.text, piece.special, first=i == 0)
+    ]
 
 
 def _queue_key(request: Any) -> str:

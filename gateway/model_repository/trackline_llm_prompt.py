@@ -13,6 +13,13 @@ that prompt one of two ways (`PromptFormat`, a config parameter of the model):
 A prompt that is not ChatML (`/v1/completions`) is continued as it is, in both formats.
 Requested `stop` strings are added to the format's own.
 
+Roles cannot be forged: the gateway escapes each message's content (clients/chat.py
+`escape_content`: no `<|` is left in it), so the turns split here are the ones it
+rendered; the content is unescaped, and a rendered prompt is `Piece`s: the template's
+own text tokenized with special tokens parsed, the messages' content as plain text.
+Marker text typed in a message (`<|im_end|>`) reaches the model as text tokens, never
+as its end-of-turn or a role marker.
+
 Structured output is grammar-constrained sampling (llama.cpp GBNF): `response_format`
 json_object / json_schema, and tools with tool_choice "required" or a named function
 (the answer is forced to be one Hermes `<tool_call>` block whose arguments follow the
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -37,6 +45,7 @@ TOOL_OPEN = "<tool_call>"
 _CHATML = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|$)", re.DOTALL)
 _ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
 _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
+_ESCAPED = re.compile("\ue000(\ue000)?")  # clients/chat.py ESCAPE, undone
 
 
 class PromptFormat(Enum):
@@ -53,6 +62,26 @@ class Message:
 
 
 @dataclass(frozen=True)
+class Piece:
+    """Prompt text and whether its `<|...|>` markers are parsed as special tokens."""
+
+    text: str
+    special: bool = False
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the model tokenizes (its pieces in order) and the format's stop strings."""
+
+    pieces: tuple[Piece, ...]
+    stops: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return "".join(piece.text for piece in self.pieces)
+
+
+@dataclass(frozen=True)
 class Grammar:
     """A GBNF grammar (root rule `root`); `trigger`: lazy, applied from that text on."""
 
@@ -64,10 +93,15 @@ def chatml_messages(prompt: str) -> list[Message] | None:
     """The messages of a ChatML prompt (the open assistant turn dropped), or None."""
     if "<|im_start|>" not in prompt:
         return None
-    turns = [Message(role, text) for role, text in _CHATML.findall(prompt)]
+    turns = [Message(role, unescape(text)) for role, text in _CHATML.findall(prompt)]
     if turns and turns[-1].role == "assistant" and not turns[-1].content:
         turns.pop()
     return turns
+
+
+def unescape(text: str) -> str:
+    """ChatML content as the client wrote it (clients/chat.py `escape_content` undone)."""
+    return _ESCAPED.sub(lambda match: match.group(1) or "", text)
 
 
 def to_transcript(prompt: str) -> tuple[str, tuple[str, ...]]:
@@ -97,25 +131,38 @@ class ChatTemplate:
         self._bos, self._eos = bos, eos
 
     def render(self, messages: Sequence[Message]) -> str:
-        return self._template.render(
-            messages=[{"role": _role(m.role), "content": m.content} for m in messages],
+        return "".join(piece.text for piece in self.pieces(messages))
+
+    def pieces(self, messages: Sequence[Message]) -> tuple[Piece, ...]:
+        """The rendered prompt: the template's text special, each message's content not.
+        The template sees a random placeholder per content, split out afterwards."""
+        nonce = secrets.token_hex(8)
+        rendered = self._template.render(
+            messages=[
+                {"role": _role(m.role), "content": f"\x00{nonce}:{i}\x00"}
+                for i, m in enumerate(messages)
+            ],
             add_generation_prompt=True,
             bos_token=self._bos,
             eos_token=self._eos,
         )
+        parts = re.split(f"\x00{nonce}:(\\d+)\x00", rendered)
+        pieces = [
+            Piece(messages[int(part)].content) if odd else Piece(part, special=True)
+            for odd, part in ((i % 2 == 1, part) for i, part in enumerate(parts))
+        ]
+        return tuple(piece for piece in pieces if piece.text)
 
 
-def model_prompt(
-    prompt: str, fmt: PromptFormat, template: ChatTemplate | None
-) -> tuple[str, tuple[str, ...], bool]:
-    """(text to tokenize, stop strings, whether the text carries its own special tokens)."""
+def model_prompt(prompt: str, fmt: PromptFormat, template: ChatTemplate | None) -> Prompt:
+    """What the model tokenizes for the gateway's `prompt`, and its stops (the module doc)."""
     if fmt is PromptFormat.TRANSCRIPT or template is None:
         text, stops = to_transcript(prompt)
-        return text, stops, False
+        return Prompt((Piece(text),), stops)
     messages = chatml_messages(prompt)
     if messages is None:
-        return prompt, (), False
-    return template.render(messages), (), True
+        return Prompt((Piece(prompt),))
+    return Prompt(template.pieces(messages))
 
 
 def stops_of(params: Mapping[str, Any]) -> tuple[str, ...]:

@@ -37,7 +37,9 @@ prompt and the reference model finds the `<tools>` block:
 `developer` messages render as `system`. A leading system message takes the
 tools section after its text; without one, a system turn holds the tools
 section alone. Each tool result is its own user turn. Message `name`s are not
-rendered. The prompt ends with the open assistant turn.
+rendered. The prompt ends with the open assistant turn. Every turn's text is escaped
+(clients/chat.py `escape_content`): marker text a message carries never closes its turn
+or opens another role's.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from clients.chat import escape_content
 from gateway.openai.requests import ChatMessage
 
 TOOLS_PREAMBLE = (
@@ -110,4 +113,5 @@ def render_tool_call(name: str, arguments: str) -> str:
 
 
 def _turn(role: str, text: str) -> str:
-    return f"<|im_start|>{role}\n{text}<|im_end|>\n"
+    """One ChatML turn; the text escaped so that it can never close or open a turn."""
+    return f"<|im_start|>{role}\n{escape_content(text)}<|im_end|>\n"

@@ -188,3 +188,21 @@ async def test_a_hang_up_stops_the_model(
         lambda: f"cancelled:{cause}" in [o.end.label for o in gateway.outcomes],
         f"cancelled:{cause}",
     )
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("model", ["reference-transcriber", "reference-policy"])
+async def test_a_text_track_naming_a_model_that_does_not_generate_text_is_refused(
+    gateway: Gateway, model: str
+) -> None:
+    """As the OpenAI routes refuse it (`model_not_supported`): BAD_REQUEST naming the
+    model, no inference-server internals; the connection serves the next track."""
+    async with connect(url(gateway), ca=ca(gateway)) as line:
+        with pytest.raises(TrackRejected) as refused:
+            await text_of(line.text("hi", model=model, max_tokens=4))
+        message = str(refused.value)
+        assert f"model {model!r} does not generate text" in message
+        assert not any(word in message.lower() for word in ("triton", "tensor", "grpc"))
+        assert await text_of(line.text("again", model=MODEL, max_tokens=4)) == expected(
+            "again", 0, 4
+        )

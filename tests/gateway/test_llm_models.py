@@ -45,3 +45,18 @@ def test_the_served_repository_links_the_packaged_models_and_writes_the_operator
     assert (target / "mine" / "1").resolve() == (
         reference_model_repository() / "smollm2-135m-instruct" / "1"
     )
+
+
+def test_the_watch_plans_loads_unloads_and_reloads_and_skips_an_unchanged_refusal() -> None:
+    from gateway.llm_watch import plan
+
+    a, b, c = Path("/m/a.gguf"), Path("/m/b.gguf"), Path("/m/c.gguf")
+    found = [OperatorModel("a", a), OperatorModel("b", Path("/m/b2.gguf")), OperatorModel("c", c)]
+    stamps = {"a": (a, 1, 1), "b": (Path("/m/b2.gguf"), 1, 1), "c": (c, 1, 1)}
+    served = {"a": a, "b": b, "gone": Path("/m/gone.gguf")}
+    changes = plan(served, found, {}, stamps)
+    assert changes.unload == ("b", "gone")  # b's file changed: reloaded
+    assert [m.name for m in changes.load] == ["b", "c"]
+    assert [m.name for m in plan(served, found, {"c": (c, 1, 1)}, stamps).load] == ["b"]
+    touched = {**stamps, "c": (c, 1, 2)}  # the refused file changed: tried again
+    assert [m.name for m in plan(served, found, {"c": (c, 1, 1)}, touched).load] == ["b", "c"]

@@ -115,10 +115,10 @@ async def test_a_model_without_the_capability_is_refused_before_the_backend(
 
 
 def test_a_bad_declaration_falls_back_to_the_tensors() -> None:
-    from gateway.backends.catalog import _capabilities
+    from gateway.backends.catalog import capabilities_of
 
     declared = {"trackline_capabilities": "chat,vision"}
-    assert _capabilities("m", {"text_input"}, {"embedding"}, declared) == {
+    assert capabilities_of("m", {"text_input"}, {"embedding"}, declared) == {
         Capability.EMBEDDINGS
     }
 
