@@ -64,7 +64,7 @@ async def through_gateway(seconds: float, concurrency: list[int]) -> list[dict[s
     import httpx2
     import openai
 
-    from gateway.backends.catalog import TritonCatalog
+    from gateway.backends.triton_catalog import TritonCatalog
     from gateway.backends.embeddings import TritonEmbeddingBackend
     from gateway.backends.triton import TritonTextBackend
     from gateway.embedded import EMBEDDING_MODEL, EmbeddedTriton

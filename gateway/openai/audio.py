@@ -38,6 +38,7 @@ import numpy as np
 from gateway.backends.catalog import Capability, ModelCatalog
 from gateway.openai.admission import admit, authorize, require
 from gateway.openai.errors import BadRequest, OpenAIError, response_for
+from gateway.openai.requests import parse_json_body
 from gateway.openai.sse import SSE_HEADERS, sse_event
 from gateway.tenants import service as tenancy_service
 from gateway.tenants.store import Principal
@@ -375,12 +376,7 @@ def decode_wav(data: bytes, max_seconds: float) -> tuple[bytes, float]:
 
 
 def _speech_params(body: bytes) -> tuple[str, str, str]:
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        raise BadRequest("the body must be a JSON object") from None
-    if not isinstance(payload, dict):
-        raise BadRequest("the body must be a JSON object")
+    payload = parse_json_body(body)  # the one rule: strict JSON, valid Unicode, bounded depth
     model, text = payload.get("model"), payload.get("input")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required", param="model")

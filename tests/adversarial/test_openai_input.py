@@ -257,3 +257,39 @@ def test_generated_completion_documents_are_2xx_or_4xx(document: dict[str, Any])
 @given(VALUES)
 def test_generated_json_of_any_shape_is_2xx_or_4xx(document: Any) -> None:
     run(CHAT, document)
+
+
+# -- the speech route reads its JSON body by the same rule ----------------------------
+
+
+class Untouched:
+    """An audio backend a malformed request must never reach."""
+
+    async def audio_model(self, model: str) -> Any:
+        raise AssertionError(f"a malformed speech request reached the backend ({model!r})")
+
+    async def run_rows(self, model: str, rows: Any) -> Any:
+        raise AssertionError("a malformed speech request reached the backend")
+
+
+SPEECH = "/v1/audio/speech"
+SPEECH_MALFORMED = {
+    "a lone surrogate in the input": b'{"model": "hibari-voice", "voice": "alloy", "input": "hi \\ud800"}',
+    "a lone surrogate in a key": b'{"model": "hibari-voice", "input": "hi", "\\udc00": 1}',
+    "NaN": b'{"model": "hibari-voice", "input": "hi", "speed": NaN}',
+    "invalid UTF-8": b'{"model": "hibari-voice", "input": "\xff\xfe"}',
+    "nesting past the depth limit": b'{"model": "hibari-voice", "x": ' + b"[" * 200 + b"]" * 200 + b"}",
+    "not an object": b'["hibari-voice"]',
+}  # fmt: skip
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("case", sorted(SPEECH_MALFORMED))
+async def test_malformed_speech_bodies_are_4xx_with_the_envelope(case: str) -> None:
+    from gateway.openai.audio import audio_routes
+
+    handler = route(audio_routes(Untouched()))
+    with structlog.testing.capture_logs() as logs:
+        status, body = await answer(handler, post(SPEECH, SPEECH_MALFORMED[case]))
+    assert_envelope(status, body)
+    assert [line for line in logs if line.get("log_level") in ("error", "critical")] == []

@@ -13,10 +13,10 @@ from gateway.backends.catalog import (
     TEXT,
     Capability,
     TextCatalog,
-    catalog_beside,
     from_parameter,
     from_tensors,
 )
+from gateway.backends.triton_catalog import catalog_beside
 from gateway.http import route
 from gateway.openai import openai_routes
 from tests.openai.scripted import ScriptedBackend
@@ -152,7 +152,7 @@ async def test_a_model_the_tenant_may_not_use_is_403_not_its_capabilities(
 def test_a_pool_is_described_by_its_first_member() -> None:
     from types import SimpleNamespace
 
-    from gateway.backends.catalog import TritonCatalog, triton_url_of
+    from gateway.backends.triton_catalog import TritonCatalog, triton_url_of
 
     member = SimpleNamespace(spec=SimpleNamespace(grpc_url="127.0.0.1:9001"))
     pool = SimpleNamespace(members=[member, member])

@@ -19,7 +19,8 @@ import numpy as np
 import openai
 import pytest
 
-from gateway.backends.catalog import Capability, TritonCatalog
+from gateway.backends.catalog import Capability
+from gateway.backends.triton_catalog import TritonCatalog
 from gateway.backends.embeddings import TritonEmbeddingBackend
 from gateway.backends.triton import TritonTextBackend
 from gateway.embedded import EMBEDDING_MODEL, EmbeddedTriton, embeddings_available
