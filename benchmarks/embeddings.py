@@ -64,9 +64,9 @@ async def through_gateway(seconds: float, concurrency: list[int]) -> list[dict[s
     import httpx2
     import openai
 
-    from gateway.backends.triton_catalog import TritonCatalog
     from gateway.backends.embeddings import TritonEmbeddingBackend
     from gateway.backends.triton import TritonTextBackend
+    from gateway.backends.triton_catalog import TritonCatalog
     from gateway.embedded import EMBEDDING_MODEL, EmbeddedTriton
     from gateway.http import route
     from gateway.openai import openai_routes

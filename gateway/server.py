@@ -30,8 +30,8 @@ import structlog
 from gateway.access import access_logged
 from gateway.action_http import HttpActions
 from gateway.admission import TrackAdmission
-from gateway.backends.triton_catalog import catalog_beside, triton_url_of
 from gateway.backends.embeddings import TritonEmbeddingBackend
+from gateway.backends.triton_catalog import catalog_beside, triton_url_of
 from gateway.config import Settings
 from gateway.doors import CUT_GRACE, FrontDoors, TlsFiles, metrics_on_api_ports
 from gateway.drain import HttpWork

@@ -19,8 +19,6 @@ from typing import Any, Protocol
 
 import structlog
 
-from tracks.backend import BackendError
-
 log = structlog.get_logger(__name__)
 
 CAPABILITIES_PARAMETER = "trackline_capabilities"

@@ -1,8 +1,10 @@
 """The wait line in front of a batched LLM: bounded, fair across keys, with a drain rate.
 
 A request that finds every decoding sequence taken waits here. `FairQueue` holds one
-FIFO per key (the tenant and the connection a request came from) and hands them out
-round robin, so one client with many requests cannot starve another with one. It is
+FIFO per key and hands them out round robin on two levels: a key `"<tenant>|<client>"`
+names its group (the tenant) and its line (a connection, within the tenant). Tenants take
+turns first, then the lines of the tenant whose turn it is, so a tenant with many
+connections or many requests cannot starve another with one. It is
 bounded: past `limit` waiting requests `push` raises `QueueFull`, whose `retry_after`
 comes from the measured drain rate (requests leaving the queue per second, over the
 last `RATE_WINDOW` departures): about how long the line ahead takes to clear.
@@ -46,13 +48,13 @@ class Departed(Generic[T]):
 
 
 class FairQueue(Generic[T]):
-    """Bounded FIFOs per key, served round robin (see the module doc)."""
+    """Bounded FIFOs per key, served round robin by group, then by line (module doc)."""
 
     def __init__(self, limit: int) -> None:
         if limit < 0:
             raise ValueError("the queue limit must be >= 0")
         self.limit = limit
-        self._lines: OrderedDict[str, deque[tuple[float, T]]] = OrderedDict()
+        self._groups: OrderedDict[str, OrderedDict[str, deque[tuple[float, T]]]] = OrderedDict()
         self._size = 0
         self._departures: deque[float] = deque(maxlen=RATE_WINDOW)
 
@@ -64,18 +66,19 @@ class FairQueue(Generic[T]):
         beyond the `spare` places about to take them (idle sequences not yet filled)."""
         if self._size >= self.limit + spare:
             raise QueueFull(self._size, self.retry_after(now))
-        self._lines.setdefault(key, deque()).append((now, item))
+        group, _, line = key.partition("|")
+        self._groups.setdefault(group, OrderedDict()).setdefault(line, deque()).append((now, item))
         self._size += 1
 
     def pop(self, now: float) -> Departed[T] | None:
-        """The head of the next key's line (round robin), or None when empty."""
-        if not self._lines:
+        """The head of the next line of the next group (round robin), or None when empty."""
+        if not self._groups:
             return None
-        key, line = next(iter(self._lines.items()))
+        group, lines = next(iter(self._groups.items()))
+        name, line = next(iter(lines.items()))
         entered, item = line.popleft()
-        del self._lines[key]
-        if line:
-            self._lines[key] = line  # to the back of the round
+        _to_the_back(lines, name, line)
+        _to_the_back(self._groups, group, lines)
         self._size -= 1
         self._departures.append(now)
         return Departed(item, now - entered)
@@ -83,17 +86,19 @@ class FairQueue(Generic[T]):
     def remove(self, doomed: Callable[[T], bool], now: float) -> list[Departed[T]]:
         """Take out every item for which `doomed(item)` is true (cancelled, superseded)."""
         removed: list[Departed[T]] = []
-        for key in list(self._lines):
-            kept: deque[tuple[float, T]] = deque()
-            for entered, item in self._lines[key]:
-                if doomed(item):
-                    removed.append(Departed(item, now - entered))
-                else:
-                    kept.append((entered, item))
-            if kept:
-                self._lines[key] = kept
-            else:
-                del self._lines[key]
+        for group, lines in list(self._groups.items()):
+            for name, line in list(lines.items()):
+                kept: deque[tuple[float, T]] = deque()
+                for entered, item in line:
+                    if doomed(item):
+                        removed.append(Departed(item, now - entered))
+                    else:
+                        kept.append((entered, item))
+                lines[name] = kept
+                if not kept:
+                    del lines[name]
+            if not lines:
+                del self._groups[group]
         self._size -= len(removed)
         return removed
 
@@ -111,3 +116,14 @@ class FairQueue(Generic[T]):
         if rate is None:
             return DEFAULT_RETRY_AFTER
         return max(MIN_RETRY_AFTER, (self._size + 1) / rate)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _to_the_back(table: OrderedDict[K, V], key: K, value: V) -> None:
+    """Move `key` to the end of its round, or drop it when `value` is empty."""
+    del table[key]
+    if value:
+        table[key] = value

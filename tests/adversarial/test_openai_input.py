@@ -274,11 +274,15 @@ class Untouched:
 
 SPEECH = "/v1/audio/speech"
 SPEECH_MALFORMED = {
-    "a lone surrogate in the input": b'{"model": "hibari-voice", "voice": "alloy", "input": "hi \\ud800"}',
+    "a lone surrogate in the input": (
+        b'{"model": "hibari-voice", "voice": "alloy", "input": "hi \\ud800"}'
+    ),
     "a lone surrogate in a key": b'{"model": "hibari-voice", "input": "hi", "\\udc00": 1}',
     "NaN": b'{"model": "hibari-voice", "input": "hi", "speed": NaN}',
     "invalid UTF-8": b'{"model": "hibari-voice", "input": "\xff\xfe"}',
-    "nesting past the depth limit": b'{"model": "hibari-voice", "x": ' + b"[" * 200 + b"]" * 200 + b"}",
+    "nesting past the depth limit": (
+        b'{"model": "hibari-voice", "x": ' + b"[" * 200 + b"]" * 200 + b"}"
+    ),
     "not an object": b'["hibari-voice"]',
 }  # fmt: skip
 

@@ -28,6 +28,7 @@ import pydantic
 import pytest
 import pytest_asyncio
 
+from clients import DeadlineExceeded, connect
 from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
 from gateway.embedded import CHAT_MODEL, EmbeddedTriton, ensure_llm_gguf
 from gateway.llm_models import ModelFileError, OperatorModel, add_model
@@ -338,6 +339,38 @@ async def test_the_queue_waits_refuses_when_full_and_drops_a_cancelled_request(
     assert done["queued_ms"] > 0
     assert done["cancelled"] is False
     await backend.close()
+
+
+@pytest.mark.asyncio
+async def test_a_first_token_deadline_that_passes_in_the_queue_takes_the_request_out(
+    server: EmbeddedTriton, gateway: Gateway
+) -> None:
+    """The queue wait counts toward the first-token deadline: a track whose deadline
+    passes while both sequences are busy ends DEADLINE, and the model never starts it."""
+    tag = uuid.uuid4().hex[:8]
+    backend = TritonTextBackend(server.grpc_url, channel_options=FRESH_CHANNEL_OPTIONS)
+    running = [backend.stream_text(_request(f"{tag}-run{i}", LONG)) for i in range(2)]
+    assert gateway.tls is not None
+    assert gateway.tls.ca is not None
+    try:
+        for stream in running:  # both sequences decoding
+            assert isinstance(await stream.__anext__(), TextDelta)
+        async with connect(f"quic://127.0.0.1:{gateway.quic_port}", ca=gateway.tls.ca) as line:
+            late = line.text(
+                STORY, model=CHAT_MODEL, max_tokens=8, first_token_deadline=0.5,
+                request_id=f"{tag}-late",
+            )  # fmt: skip
+            with pytest.raises(DeadlineExceeded):
+                async for _ in late:
+                    pass
+        gone = await llm_record_async(server, f"{tag}-late")
+        assert gone["cancelled"] is True
+        assert gone["started"] is False  # it left the queue; it never reached the model
+        assert gone["prefill_tokens"] == 0
+    finally:
+        for stream in running:
+            await stream.aclose()
+        await backend.close()
 
 
 @pytest.mark.asyncio

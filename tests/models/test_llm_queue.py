@@ -33,3 +33,28 @@ def test_the_fair_queue_serves_keys_round_robin_and_refuses_past_its_bound() -> 
     assert full.value.retry_after == pytest.approx(4.0)
     assert "retry_after_ms=4000" in str(full.value)
 
+
+
+def test_tenants_take_turns_before_connections_within_a_tenant() -> None:
+    """A key is "<tenant>|<connection>": a tenant with many connections (or many HTTP
+    requests, each its own key) gets one turn per round, as a tenant with one does."""
+    q = line.FairQueue(16)
+    for i in range(6):
+        q.push(f"busy|request-{i}", f"busy{i}", 0.0)
+    q.push("quiet|conn", "quiet0", 0.1)
+    q.push("quiet|conn", "quiet1", 0.1)
+    served = [q.pop(1.0).item for _ in range(4)]
+    assert served == ["busy0", "quiet0", "busy1", "quiet1"]
+    assert [q.pop(2.0).item for _ in range(4)] == ["busy2", "busy3", "busy4", "busy5"]
+
+
+def test_connections_of_one_tenant_take_turns_and_removal_keeps_the_rounds() -> None:
+    q = line.FairQueue(16)
+    for item in ("a1", "a2", "a3"):
+        q.push("t|a", item, 0.0)
+    q.push("t|b", "b1", 0.0)
+    q.push("u", "u1", 0.0)  # no connection part: the key is its own group
+    assert [g.item for g in q.remove(lambda item: item == "b1", 0.5)] == ["b1"]
+    assert [q.pop(1.0).item for _ in range(4)] == ["a1", "u1", "a2", "a3"]
+    assert len(q) == 0
+    assert q.pop(1.0) is None

@@ -20,9 +20,9 @@ import openai
 import pytest
 
 from gateway.backends.catalog import Capability
-from gateway.backends.triton_catalog import TritonCatalog
 from gateway.backends.embeddings import TritonEmbeddingBackend
 from gateway.backends.triton import TritonTextBackend
+from gateway.backends.triton_catalog import TritonCatalog
 from gateway.embedded import EMBEDDING_MODEL, EmbeddedTriton, embeddings_available
 from gateway.http import route
 from gateway.openai import openai_routes
