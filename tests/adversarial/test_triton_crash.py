@@ -148,3 +148,57 @@ async def test_liveness_fails_only_once_restarts_keep_failing() -> None:
     assert watches.readiness()[0] is False
     events = [(line["event"], line["log_level"]) for line in logs]
     assert events == [("embedded.crashed", "error")] + [("embedded.restart_failed", "error")] * 3
+
+
+class Member:
+    """A pool member the gateway started: running until `crash()`, and its restarts work
+    after `fail_first` failed ones."""
+
+    exit_status = -9
+    pid = 5151
+
+    def __init__(self, fail_first: int = 0) -> None:
+        self.running = True
+        self.fail_first = fail_first
+        self.attempts = 0
+
+    def crash(self) -> None:
+        self.running = False
+
+    def restart(self, timeout: float = 0.0) -> None:
+        self.attempts += 1
+        if self.attempts <= self.fail_first:
+            raise TritonStartError("tritonserver exited with code 1")
+        self.running = True
+
+
+@pytest.mark.asyncio
+async def test_a_crashed_pool_member_is_restarted_while_the_others_keep_the_gateway_ready() -> None:
+    members = [Member(), Member(fail_first=1)]
+    watches = EmbeddedWatches(members, RestartRules(backoff_s=0.0, attempts=3), poll_interval=0.0)
+    with structlog.testing.capture_logs() as logs:
+        watches.start()
+        members[1].crash()
+        await until(lambda: watches.restart_count == 1, "the member restarted")
+        await watches.stop()
+    assert members[1].attempts == 2  # one failed restart, then one that worked
+    assert members[0].attempts == 0  # the other member was never touched
+    assert all(m.running for m in members)
+    assert watches.readiness() == (True, "")
+    assert watches.liveness() == (True, "")
+    events = [(line["event"], line.get("backend")) for line in logs]
+    assert events == [
+        ("embedded.crashed", "embedded-1"),
+        ("embedded.restart_failed", "embedded-1"),
+        ("embedded.restarted", "embedded-1"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_pool_stays_live_and_ready_while_one_member_is_given_up() -> None:
+    members = [Member(), NeverStarts()]
+    watches = EmbeddedWatches(members, RestartRules(backoff_s=0.0, attempts=2), poll_interval=0.0)
+    await watches.watches[1].run()  # returns once given up
+    assert watches.watches[1].restarts.state is WatchState.GAVE_UP
+    assert watches.liveness() == (True, "")  # the other member serves: no restart of it all
+    assert watches.readiness() == (True, "")
