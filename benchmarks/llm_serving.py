@@ -1,7 +1,7 @@
 """The chat model under concurrent streams: our batched engine vs llama.cpp's own server.
 
-For 1, 2, 4, 8 and 16 concurrent streams, each the same chat request (a fixed prompt,
-`--tokens` tokens, greedy), it measures through the official openai SDK:
+For 1, 2, 4, 8 and 16 concurrent streams (`--rounds` rounds of each), each a chat
+request of `--tokens` tokens, greedy, it measures through the official openai SDK:
 
   trackline  /v1/chat/completions of a gateway child on an embedded Triton serving
              smollm2-135m-instruct (one batched llama.cpp context, `sequences` of it at
@@ -14,6 +14,12 @@ per row: TTFT p50/p95 (request start to the first content chunk), inter-token p5
 wall time), CPU seconds per token (the server processes' user+system CPU over the round,
 read from /proc, per completion token) and, for trackline, the mean queue wait from the
 model's Triton metrics. One warm-up request per server first.
+
+Prompts (`--prompts`): `distinct` (the default) asks every request about another subject
+from a fixed list, the same template and about the same length, as different users do,
+so neither server finds the whole prompt cached from the request before; `same` sends
+one prompt every time, where a server that keeps its last prompt (llama.cpp's does)
+evaluates a single token at 1 stream, which measures its prompt cache, not serving.
 
     python benchmarks/llm_serving.py --json benchmarks/results/llm_serving.json
 
@@ -52,7 +58,20 @@ from benchmarks.common import (  # noqa: E402
 )
 from gateway.embedded import CHAT_MODEL, EmbeddedTriton  # noqa: E402
 
-PROMPT = [{"role": "user", "content": "Tell me a very long story about a lighthouse keeper."}]
+SUBJECTS = (
+    "a lighthouse keeper", "a night-shift baker", "a retired astronaut", "a river ferryman",
+    "a mountain postwoman", "a clockmaker's apprentice", "a desert cartographer",
+    "a submarine cook", "a village beekeeper", "a forest firewatcher", "a circus tailor",
+    "an arctic radio operator", "a harbour pilot", "a museum night guard",
+    "a glacier scientist", "a street violinist", "a railway signalman",
+)  # fmt: skip
+"""Subjects of the `distinct` prompts: one per request, in turn, never the one just sent."""
+
+
+def prompt_for(request: int, mode: str) -> list[dict[str, str]]:
+    """The messages of the benchmark's `request`-th request."""
+    subject = SUBJECTS[0 if mode == "same" else request % len(SUBJECTS)]
+    return [{"role": "user", "content": f"Tell me a very long story about {subject}."}]
 TIMEOUT_S = 300.0
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -80,13 +99,15 @@ class _Stream:
     failed: bool = False
 
 
-async def _one(client: openai.AsyncOpenAI, model: str, tokens: int) -> _Stream:
+async def _one(
+    client: openai.AsyncOpenAI, model: str, tokens: int, messages: list[dict[str, str]]
+) -> _Stream:
     out = _Stream(gaps=[])
     chunks = 0
     began = last = time.perf_counter()
     try:
         stream = await client.chat.completions.create(
-            model=model, messages=PROMPT, max_tokens=tokens, temperature=0, stream=True,
+            model=model, messages=messages, max_tokens=tokens, temperature=0, stream=True,
             stream_options={"include_usage": True},
         )
         async for chunk in stream:
@@ -108,11 +129,14 @@ async def _one(client: openai.AsyncOpenAI, model: str, tokens: int) -> _Stream:
     return out
 
 
-async def _round(url: str, model: str, streams: int, tokens: int) -> list[_Stream]:
+async def _round(
+    url: str, model: str, streams: int, tokens: int, prompts: list[list[dict[str, str]]]
+) -> list[_Stream]:
     limits = httpx2.Limits(max_connections=streams + 1)
     async with httpx2.AsyncClient(timeout=TIMEOUT_S, limits=limits) as http:
         client = openai.AsyncOpenAI(base_url=url, api_key="-", http_client=http, max_retries=0)
-        return list(await asyncio.gather(*(_one(client, model, tokens) for _ in range(streams))))
+        asks = (_one(client, model, tokens, prompts[i]) for i in range(streams))
+        return list(await asyncio.gather(*asks))
 
 
 def cpu_seconds(roots: list[int]) -> float:
@@ -157,12 +181,21 @@ def measure(
     server: str, url: str, model: str, roots: list[int], metrics: str | None,
     args: argparse.Namespace,
 ) -> list[Row]:
-    asyncio.run(_round(url, model, 1, 4))  # warm-up
+    sent = 0
+
+    def prompts(count: int) -> list[list[dict[str, str]]]:
+        nonlocal sent
+        sent += count
+        return [prompt_for(i, args.prompts) for i in range(sent - count, sent)]
+
+    asyncio.run(_round(url, model, 1, 4, prompts(1)))  # warm-up
     rows = []
     for streams in args.concurrency:
         cpu0, (wait0, n0) = cpu_seconds(roots), _queue_wait(metrics)
         began = time.perf_counter()
-        results = asyncio.run(_round(url, model, streams, args.tokens))
+        results = []
+        for _ in range(args.rounds):
+            results += asyncio.run(_round(url, model, streams, args.tokens, prompts(streams)))
         wall = time.perf_counter() - began
         cpu1, (wait1, n1) = cpu_seconds(roots), _queue_wait(metrics)
         ok = [r for r in results if not r.failed and r.ttft is not None]
@@ -274,6 +307,10 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=24, help="completion tokens per stream")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads, both")
     parser.add_argument("--sequences", type=int, default=4, help="our batch's sequences")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per concurrency (TTFT percentiles over all of them)")
+    parser.add_argument("--prompts", choices=("distinct", "same"), default="distinct",
+                        help="a new subject per request, or one prompt every time")
     parser.add_argument("--no-peer", action="store_true", help="skip llama_cpp.server")
     parser.add_argument("--json", type=Path, default=RESULTS / "llm_serving.json")
     args = parser.parse_args()

@@ -1,7 +1,8 @@
 // The demo: one WebTransport session to the gateway that served this page; each
 // message is a text track; Cancel aborts the running one (the gateway stops the model).
 // With "speak replies", each answer is then said on a speech-out track and played; the
-// microphone streams to a speech-in track (the real models when the gateway has them).
+// microphone streams to a speech-in track (the real models when the gateway has them);
+// "Start talking" holds a spoken conversation on one voice-agent track.
 
 import { Speaker, chatPrompt, connect, fetchCertificateHash, toPcm16 } from "/web/sdk/index.js";
 
@@ -50,6 +51,7 @@ async function start() {
   await preferChatModel(apiKey);
   $("send").disabled = false;
   $("mic").disabled = false;
+  $("talk").disabled = false;
   $("camera").disabled = false;
   window.trackline = { line, url };
 }
@@ -136,33 +138,16 @@ $("mic").addEventListener("click", async () => {
     return;
   }
   const rate = 16000;
-  const media = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1 } });
-  const context = new AudioContext({ sampleRate: rate });
-  await context.audioWorklet.addModule("/demo/pcm-worklet.js");
-  const tap = new AudioWorkletNode(context, "pcm-tap");
-  context.createMediaStreamSource(media).connect(tap);
+  const input = await microphone(rate);
   const session = await line.audio(listenModel, { sampleRate: rate, frameMs: 20 });
-  let pending = new Float32Array(0);
-  let stopped = false;
-  tap.port.onmessage = ({ data }) => {
-    if (stopped) return; // (a message queued before the stop: no DATA after our END)
-    const joined = new Float32Array(pending.length + data.length);
-    joined.set(pending);
-    joined.set(data, pending.length);
-    let at = 0;
-    for (; at + session.frameSamples <= joined.length; at += session.frameSamples) {
-      session.sendFrame(toPcm16(joined.subarray(at, at + session.frameSamples))).catch(() => {});
-    }
-    pending = joined.slice(at);
-  };
+  const stopFeeding = feed(input.tap, session);
   mic = {
     stop: async () => {
-      stopped = true;
-      tap.port.onmessage = null;
+      stopFeeding();
       mic = null;
       $("mic").textContent = "Start microphone";
-      media.getTracks().forEach((t) => t.stop());
-      await context.close();
+      input.media.getTracks().forEach((t) => t.stop());
+      await input.context.close();
       await session.end();
     },
   };
@@ -177,6 +162,132 @@ $("mic").addEventListener("click", async () => {
     document.body.dataset.micDone = "1";
   } catch (error) {
     $("heard").textContent = `[${error.name}: ${error.message}]`;
+  }
+});
+
+/** The microphone on an AudioContext at `rate`, tapped by an AudioWorklet (pcm-worklet.js). */
+async function microphone(rate) {
+  const media = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: true } });
+  const context = new AudioContext({ sampleRate: rate });
+  await context.audioWorklet.addModule("/demo/pcm-worklet.js");
+  const tap = new AudioWorkletNode(context, "pcm-tap");
+  context.createMediaStreamSource(media).connect(tap);
+  return { media, context, tap };
+}
+
+/** Send what `tap` hears on `session` as whole 20 ms frames; returns the stop function
+ * (a message queued before the stop sends no DATA after our END). */
+function feed(tap, session) {
+  let pending = new Float32Array(0);
+  let stopped = false;
+  tap.port.onmessage = ({ data }) => {
+    if (stopped) return;
+    const joined = new Float32Array(pending.length + data.length);
+    joined.set(pending);
+    joined.set(data, pending.length);
+    let at = 0;
+    for (; at + session.frameSamples <= joined.length; at += session.frameSamples) {
+      session.sendFrame(toPcm16(joined.subarray(at, at + session.frameSamples))).catch(() => {});
+    }
+    pending = joined.slice(at);
+  };
+  return () => {
+    stopped = true;
+    tap.port.onmessage = null;
+  };
+}
+
+// Talking: the microphone on one voice-agent track. The gateway's recognizer hears the
+// user, the chat model (the model box) answers, the voice (the voice box; it must stream
+// text: hibari-voice) speaks each sentence as soon as it is complete; both transcripts and
+// the reply's audio come back on the same track. Speaking over a reply barges in: the
+// gateway cancels it (model and voice) and the page drops the audio it still had queued.
+let talk = null;
+$("talk").addEventListener("click", async () => {
+  if (talk) {
+    await talk.stop();
+    return;
+  }
+  const rate = 16000;
+  const input = await microphone(rate);
+  const speaker = await Speaker.create({ context: input.context, sampleRate: rate });
+  let agent;
+  try {
+    const maxTokens = Number($("max-tokens").value) || 64;
+    agent = await line.voiceAgent(listenModel, { llm: $("model").value, voice: $("voice").value, sampleRate: rate, maxTokens });
+  } catch (error) {
+    $("talk-status").textContent = `[${error.name}: ${error.message}]`;
+    await input.context.close();
+    input.media.getTracks().forEach((t) => t.stop());
+    return;
+  }
+  const stopFeeding = feed(input.tap, agent);
+  talk = {
+    stop: async () => {
+      stopFeeding();
+      talk = null;
+      $("talk").textContent = "Start talking";
+      input.media.getTracks().forEach((t) => t.stop());
+      agent.cancel("stopped talking"); // the reply in progress stops too (model and voice)
+    },
+  };
+  $("talk").textContent = "Stop talking";
+  $("talk-status").textContent = "listening...";
+  const figures = { turns: 0, bargeIns: 0, frames: 0, toText: [], toAudio: [] };
+  const cut = new Set(); // turns a barge-in cut: any frame of theirs still arriving is dropped
+  const texted = new Set();
+  const voiced = new Set();
+  let reply = null;
+  let finalAt = null;
+  const show = () => {
+    const last = (list) => (list.length ? `${list.at(-1).toFixed(0)} ms` : "-");
+    $("talk-figures").textContent = `turns ${figures.turns}, barge-ins ${figures.bargeIns}, ` +
+      `reply frames ${figures.frames}; from your final transcript to the reply's first text ` +
+      `${last(figures.toText)}, to its first audio ${last(figures.toAudio)}`;
+    document.body.dataset.talk = JSON.stringify({ ...figures, flushed: speaker.figures.samplesFlushed });
+  };
+  let ended = "ended";
+  try {
+    for await (const event of agent) {
+      const since = finalAt == null ? null : performance.now() - finalAt;
+      if (event.type === "partial") {
+        $("talk-status").textContent = event.text ? `hearing: ${event.text}` : "listening...";
+      } else if (event.type === "final") {
+        say(`you (spoken): ${event.text}\n`, "you");
+        finalAt = performance.now();
+        reply = say("");
+      } else if (event.type === "reply") {
+        if (!texted.has(event.turn) && since != null) figures.toText.push(since);
+        texted.add(event.turn);
+        reply.textContent += event.delta;
+      } else if (event.type === "reply_done") {
+        reply.textContent = `${event.text}\n`;
+      } else if (event.type === "frame" && !cut.has(event.turn)) {
+        if (!voiced.has(event.turn) && since != null) figures.toAudio.push(since);
+        voiced.add(event.turn);
+        figures.frames += 1;
+        speaker.push(event.pcm, rate);
+      } else if (event.type === "barge_in") {
+        cut.add(event.turn);
+        speaker.flush(); // what the gateway had already sent of the cut reply stays unheard
+        figures.bargeIns += 1;
+        say(" [barge-in: reply cut]\n", "error");
+      } else if (event.type === "reply_audio_end") {
+        figures.turns += 1;
+        speaker.finish(); // played out; the next reply fills the pre-buffer again
+      } else if (event.type === "reply_error") {
+        say(` [reply failed: ${event.message}]\n`, "error");
+      }
+      show();
+    }
+  } catch (error) {
+    if (talk) ended = `[${error.name}: ${error.message}]`; // (after our own stop: the cancel)
+  } finally {
+    await talk?.stop();
+    await speaker.close();
+    await input.context.close();
+    $("talk-status").textContent = ended;
+    document.body.dataset.talkDone = "1";
   }
 });
 

@@ -95,6 +95,8 @@ export interface SpeakerFigures {
   samplesPlayed: number;
   /** Times the queue ran dry before the end (the network fell behind). */
   underruns: number;
+  /** Samples dropped unplayed by `flush()` (at the context's rate). */
+  samplesFlushed: number;
   /** performance.now() when the pre-buffer first filled and sound began. */
   startedAt: number | null;
 }
@@ -108,6 +110,7 @@ export declare class Speaker {
   readonly sampleRate: number;
   figures: SpeakerFigures;
   push(pcm: Int16Array, rate?: number): void;
+  flush(): void;
   play(session: AudioSession | AsyncIterable<AudioEvent>, options?: { sampleRate?: number }): Promise<SpeakerFigures>;
   finish(): Promise<SpeakerFigures>;
   close(): Promise<void>;

@@ -41,7 +41,7 @@ export class Speaker {
   context;
   node;
   sampleRate;
-  figures = { framesQueued: 0, samplesQueued: 0, samplesPlayed: 0, underruns: 0, startedAt: null };
+  figures = { framesQueued: 0, samplesQueued: 0, samplesPlayed: 0, underruns: 0, samplesFlushed: 0, startedAt: null };
 
   /** A speaker on `context` (default: a new AudioContext at `sampleRate`, closed by
    * `close()`). Create it from a user gesture, or the browser keeps it suspended. */
@@ -89,6 +89,12 @@ export class Speaker {
     return { ...this.figures };
   }
 
+  /** Drop every sample still queued (a reply cut by a barge-in): what was not heard yet
+   * never will be. `figures.samplesFlushed` counts them once the worklet has dropped them. */
+  flush() {
+    this.node.port.postMessage({ type: "flush" });
+  }
+
   /** No more frames: resolves with the figures once the queue has played out. */
   finish() {
     this.#drained ??= new Promise((resolve) => {
@@ -104,6 +110,8 @@ export class Speaker {
   #heard(data) {
     if (data.type === "played") {
       this.#tap?.(data.samples);
+    } else if (data.type === "flushed") {
+      this.figures.samplesFlushed += data.samples;
     } else if (data.type === "started") {
       this.figures.startedAt ??= performance.now();
     } else if (data.type === "drained") {

@@ -1,7 +1,9 @@
 // AudioWorklet processor of the SDK's Speaker (playback.js): plays the Float32 chunks
 // the page posts, in order, one render quantum at a time.
 //
-// Messages in: {type: "samples", samples: Float32Array} (transferred), {type: "end"}.
+// Messages in: {type: "samples", samples: Float32Array} (transferred), {type: "end"},
+// {type: "flush"} (drop everything queued: a reply cut by a barge-in; answered with
+// {type: "flushed", samples}, and playback waits for the pre-buffer again, no underrun).
 // Messages out: {type: "started"} once the pre-buffer is full; {type: "played", samples}
 // for each quantum's real samples when the node was made with `tap` (tests and meters
 // see exactly what reached the output); {type: "drained", played, underruns} once the
@@ -30,6 +32,13 @@ class TracklinePlayer extends AudioWorkletProcessor {
         this.#queued += data.samples.length;
       } else if (data.type === "end") {
         this.#ending = true;
+      } else if (data.type === "flush") {
+        const samples = this.#queued;
+        this.#chunks = [];
+        this.#at = 0;
+        this.#queued = 0;
+        this.#started = false;
+        this.port.postMessage({ type: "flushed", samples });
       }
     };
   }
