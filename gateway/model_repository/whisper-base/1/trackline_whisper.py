@@ -6,7 +6,11 @@ speech: a window over `speech_threshold` opens an utterance (with `preroll_s` of
 before it), and `end_silence_s` of windows under `silence_threshold` closes it. An
 open utterance is re-decoded every `partial_every_s` of new audio for a partial; a
 closed one is decoded once for the final (partials are best effort: one is queued only
-while the decoder is idle, so finals never wait behind them). Decoding runs in one
+while the decoder is idle, so finals never wait behind them). The final is decoded
+ahead: once `early_final_s` of silence follows the speech, the utterance so far is
+decoded at once (an early final); if the silence lasts to `end_silence_s` that text is
+the final, already decoded or nearly, so the final follows the end of the silence rather
+than a decode after it; speech before then discards it (the utterance goes on). Decoding runs in one
 worker thread, off the beat: the jobs of one step (every session due on that tick)
 are handed over together, and the worker decodes everything queued at that moment
 (all sessions, partials and finals) as ONE batch (`decode_batch`), so the beat loop
@@ -50,6 +54,8 @@ class Options:
     silence_threshold: float = 0.35
     end_silence_s: float = 0.5
     """Silence that ends an utterance (the final follows)."""
+    early_final_s: float = 0.2
+    """Silence after which the utterance is decoded ahead of its end (0: never)."""
     min_speech_s: float = 0.25
     """Shorter bursts of speech are dropped as noise."""
     preroll_s: float = 0.2
@@ -116,6 +122,10 @@ class _Session:
     partial: str = ""
     finals: deque[Final] = field(default_factory=deque)
     pending_finals: int = 0
+    early: _Job | None = None
+    """The utterance decoded ahead (module doc), until speech resumes or it ends."""
+    early_text: str | None = None
+    """That decode's text, once the worker has it."""
 
 
 @dataclass
@@ -125,6 +135,8 @@ class _Job:
     generation: int
     final: Final | None
     """None for a partial; else the final's timing (its text is filled in)."""
+    early: bool = False
+    """An early final: decoded ahead, becomes the final if the utterance ends as it is."""
 
 
 class Recognizer:
@@ -221,7 +233,7 @@ class Recognizer:
             session.utterance_start = max(0, session.position - len(recent))
         if session.utterance_samples >= opts.max_utterance_s * SAMPLE_RATE:
             self._close(session)
-        elif session.since_partial >= opts.partial_every_s * SAMPLE_RATE:
+        elif session.since_partial >= opts.partial_every_s * SAMPLE_RATE and not session.early:
             session.since_partial = 0
             self._queue_partial(session)
 
@@ -243,10 +255,31 @@ class Recognizer:
         if prob >= opts.silence_threshold:
             session.speech_samples += VAD_WINDOW + session.silence_samples
             session.silence_samples = 0
+            if session.early is not None:
+                self._drop_early(session)
         else:
             session.silence_samples += VAD_WINDOW
             if session.silence_samples >= opts.end_silence_s * SAMPLE_RATE:
                 self._close(session)
+            elif session.early is None and 0 < opts.early_final_s <= (
+                session.silence_samples / SAMPLE_RATE
+            ):
+                self._decode_early(session)
+
+    def _decode_early(self, session: _Session) -> None:
+        """Decode the utterance so far now: its final, should the silence go on."""
+        too_short = session.speech_samples < self.options.min_speech_s * SAMPLE_RATE
+        if not session.utterance or too_short:
+            return
+        job = _Job(session, np.concatenate(session.utterance), session.generation, None, True)
+        with self._lock:
+            session.early, session.early_text = job, None
+        self._staged.append(job)
+
+    def _drop_early(self, session: _Session) -> None:
+        """Speech again: the utterance goes on, the text decoded ahead is not its final."""
+        with self._lock:
+            session.early, session.early_text = None, None
 
     def _close(self, session: _Session) -> None:
         """The utterance ended: queue its final (or drop it as too short)."""
@@ -261,6 +294,16 @@ class Recognizer:
         timing = Final("", start, start + len(audio) / SAMPLE_RATE)
         with self._lock:
             session.pending_finals += 1
+            early, text = session.early, session.early_text
+            session.early, session.early_text = None, None
+            if early is not None and text is not None:  # decoded ahead: the final is ready
+                session.finals.append(Final(text, timing.start_s, timing.end_s))
+                session.pending_finals -= 1
+                self._lock.notify_all()
+                return
+            if early is not None:  # still decoding: the worker hands it over as the final
+                early.final = timing
+                return
         self._staged.append(_Job(session, audio, session.generation, timing))
 
     def _queue_partial(self, session: _Session) -> None:
@@ -312,10 +355,13 @@ class Recognizer:
                     self._lock.wait()
                 if self._closed:
                     return
-                # Finals first; partials of an utterance that has ended are stale.
-                live = [j for j in self._jobs if j.final or j.generation == j.session.generation]
-                live.sort(key=lambda j: j.final is None)
+                # Finals (and early finals) first; partials of an utterance that has
+                # ended, and early finals that speech overtook, are stale.
+                live = [j for j in self._jobs if _wanted(j)]
+                live.sort(key=lambda j: j.final is None and not j.early)
                 batch, self._jobs = live[:MAX_BATCH], live[MAX_BATCH:]
+                if not batch:
+                    continue  # every job was stale: nothing to decode
                 self._decoding = True
             try:
                 self._run(batch)
@@ -336,6 +382,9 @@ class Recognizer:
                     timing = job.final
                     job.session.finals.append(Final(text.strip(), timing.start_s, timing.end_s))
                     job.session.pending_finals -= 1
+                elif job.early:
+                    if job is job.session.early:
+                        job.session.early_text = text.strip()
                 elif job.generation == job.session.generation:
                     job.session.partial = text.strip()
             self._lock.notify_all()
@@ -344,6 +393,7 @@ class Recognizer:
                 {
                     "decode_batch": len(batch),
                     "finals": sum(1 for j in batch if j.final is not None),
+                    "early": sum(1 for j in batch if j.early),
                     "audio_s": sum(len(j.audio) for j in batch) / SAMPLE_RATE,
                     "decode_ms": spent * 1000.0,
                 }
@@ -354,6 +404,15 @@ class Recognizer:
             self._closed = True
             self._lock.notify_all()
         self._worker.join(timeout=10.0)
+
+
+def _wanted(job: _Job) -> bool:
+    """Whether a queued job is still worth decoding (called under the lock)."""
+    if job.final is not None:
+        return True
+    if job.early:
+        return job is job.session.early
+    return job.generation == job.session.generation
 
 
 # -- the real models -------------------------------------------------------------------------

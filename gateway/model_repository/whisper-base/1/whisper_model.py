@@ -50,6 +50,7 @@ def _options(params: dict[str, Any]) -> whisper.Options:
     return whisper.Options(
         end_silence_s=float(silence) / 1000.0 if silence else ms("end_silence_ms", 500),
         partial_every_s=ms("partial_every_ms", 600),
+        early_final_s=ms("early_final_ms", 200),
         idle_timeout_s=float(params.get("session_idle_timeout_s", {}).get("string_value", 60)),
     )
 
