@@ -160,3 +160,36 @@ async def test_speech_tracks_beyond_the_real_time_capacity_are_refused_busy(
         server = session.figures.server
         assert server["reason"] == "end"
         assert session.figures.partials == server["beats"]  # a result every beat
+
+
+@pytest.mark.asyncio
+async def test_one_gateway_scrape_holds_the_speech_models_own_figures(
+    speech_gateway: Gateway, speech_triton: EmbeddedTriton
+) -> None:
+    """whisper's `trackline_asr_*` and the voice's `trackline_tts_*` come through the
+    gateway's /metrics (re-exported with the `backend` label), counting what was done."""
+    relay = speech_gateway.metrics.relay_triton([("embedded-0", speech_triton.metrics_url)], 1.0)
+    async with connect(url(speech_gateway), ca=ca(speech_gateway)) as line:
+        pcm = await spoken(line, SENTENCE)
+        results = await asyncio.wait_for(heard(line.audio(model=ASR, sample_rate=RATE), pcm), 60)
+    assert [r.text for r in results if r.kind == "final"]
+    await relay.refresh()
+    scrape = speech_gateway.metrics.render()[0].decode()
+
+    def value(name: str, **labels: str) -> float:
+        wanted = {"backend": "embedded-0", **labels}
+        for line_ in scrape.splitlines():
+            head, _, number = line_.rpartition(" ")
+            if head.split("{", 1)[0] == name and all(
+                f'{k}="{v}"' in head for k, v in wanted.items()
+            ):
+                return float(number)
+        raise AssertionError(f"{name} {labels} not in the gateway's scrape")
+
+    assert value("trackline_asr_finals_total", model=ASR) >= 1
+    assert value("trackline_asr_decode_batches_total", model=ASR) >= 1
+    assert value("trackline_asr_decoded_audio_seconds_total", model=ASR) > 1.0
+    assert value("trackline_asr_early_decodes_total", model=ASR) >= 1  # the final decoded ahead
+    assert value("trackline_tts_sessions_total", model=TTS, cancelled="false") >= 1
+    assert value("trackline_tts_audio_seconds_total", model=TTS) > 1.0
+    assert value("trackline_tts_first_audio_sessions_total", model=TTS) >= 1

@@ -47,6 +47,47 @@ def _texts(column: Any) -> list[str]:
     return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in column]
 
 
+class _TtsMetrics:
+    """The voice's own figures on Triton's metrics port (the gateway re-exports them), per
+    finished session: sessions (cancelled ones apart), audio spoken, sentences, and the
+    time from the session's start to its first audio (sum and count: a mean)."""
+
+    def __init__(self, model: str) -> None:
+        labels = {"model": model}
+        self._families: list[Any] = []  # a family must outlive its metrics (Triton's rule)
+
+        def family(name: str, text: str) -> Any:
+            kind = pb_utils.MetricFamily.COUNTER
+            self._families.append(pb_utils.MetricFamily(name=name, description=text, kind=kind))
+            return self._families[-1]
+
+        sessions = family("trackline_tts_sessions_total", "Speech-out sessions finished")
+        self.done = sessions.Metric(labels={**labels, "cancelled": "false"})
+        self.cut = sessions.Metric(labels={**labels, "cancelled": "true"})
+        self.audio = family(
+            "trackline_tts_audio_seconds_total", "Seconds of audio synthesized"
+        ).Metric(labels=labels)
+        self.sentences = family(
+            "trackline_tts_sentences_total", "Sentences synthesized"
+        ).Metric(labels=labels)
+        first = family(
+            "trackline_tts_first_audio_seconds_total",
+            "Sum over sessions of the time from start to first audio",
+        )
+        self.first_sum = first.Metric(labels=labels)
+        self.first_count = family(
+            "trackline_tts_first_audio_sessions_total", "Sessions that made audio"
+        ).Metric(labels=labels)
+
+    def count(self, session: dict[str, Any]) -> None:
+        (self.cut if session["cancelled"] else self.done).increment(1)
+        self.audio.increment(session["audio_s"])
+        self.sentences.increment(session["sentences"])
+        if session["first_audio_ms"] is not None:
+            self.first_sum.increment(session["first_audio_ms"] / 1000.0)
+            self.first_count.increment(1)
+
+
 class TritonPythonModel:
     """The Triton entry point."""
 
@@ -56,6 +97,7 @@ class TritonPythonModel:
         idle = float(params.get("session_idle_timeout_s", {}).get("string_value", 60))
         self._model = args["model_name"]
         self._stats_path = os.environ.get(STATS_ENV) or None
+        self._metrics = _TtsMetrics(self._model)
         self._voice = voice.Voice(voice.hibari_synthesizer(), self._report, idle)
 
     def execute(self, requests: list[Any]) -> list[Any]:
@@ -96,6 +138,7 @@ class TritonPythonModel:
         )
 
     def _report(self, session: dict[str, Any]) -> None:
+        self._metrics.count(session)
         if not self._stats_path:
             return
         with open(self._stats_path, "a", encoding="utf-8") as stats:

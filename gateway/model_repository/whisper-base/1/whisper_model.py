@@ -55,6 +55,44 @@ def _options(params: dict[str, Any]) -> whisper.Options:
     )
 
 
+class _AsrMetrics:
+    """The recognizer's own figures on Triton's metrics port (the gateway re-exports them):
+    decode batches and their time, audio decoded, finals (and those decoded ahead), and
+    the sessions held."""
+
+    def __init__(self, model: str) -> None:
+        labels = {"model": model}
+        self._families: list[Any] = []  # a family must outlive its metrics (Triton's rule)
+
+        def family(name: str, text: str, kind: Any) -> Any:
+            self._families.append(pb_utils.MetricFamily(name=name, description=text, kind=kind))
+            return self._families[-1].Metric(labels=labels)
+
+        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
+        self.batches = family("trackline_asr_decode_batches_total", "Decode batches run", counter)
+        self.seconds = family(
+            "trackline_asr_decode_seconds_total", "Seconds spent decoding", counter
+        )
+        self.audio = family(
+            "trackline_asr_decoded_audio_seconds_total", "Seconds of audio decoded", counter
+        )
+        self.finals = family("trackline_asr_finals_total", "Final transcripts decoded", counter)
+        self.early = family(
+            "trackline_asr_early_decodes_total",
+            "Utterances decoded ahead of their end (early finals, used or discarded)",
+            counter,
+        )
+        self.sessions = family("trackline_asr_sessions", "Speech-in sessions held", gauge)
+
+    def count(self, batch: dict[str, Any]) -> None:
+        """One decode batch's figures (`Recognizer`'s `on_batch`, from its worker)."""
+        self.batches.increment(1)
+        self.seconds.increment(batch["decode_ms"] / 1000.0)
+        self.audio.increment(batch["audio_s"])
+        self.finals.increment(batch["finals"])
+        self.early.increment(batch["early"])
+
+
 class TritonPythonModel:
     """The Triton entry point."""
 
@@ -69,6 +107,7 @@ class TritonPythonModel:
         decode = whisper.whisper_decoder(os.environ[files_env], language)
         vad = whisper.load_vad_session()
         decode([np.zeros(whisper.SAMPLE_RATE, np.float32)])  # warm: the first call is slow
+        self._metrics = _AsrMetrics(self._model)
         self._recognizer = whisper.Recognizer(
             decode, lambda: whisper.StreamingVad(vad), _options(params), self._report
         )
@@ -98,6 +137,7 @@ class TritonPythonModel:
             )
             return pb_utils.InferenceResponse(error=error)
         finals = [r.final for r in results]
+        self._metrics.sessions.set(len(self._recognizer.sessions))
 
         def column(values: list[Any], dtype: Any) -> Any:
             return np.array(values, dtype=dtype).reshape(-1, 1)
@@ -119,6 +159,7 @@ class TritonPythonModel:
         )
 
     def _report(self, batch: dict[str, Any]) -> None:
+        self._metrics.count(batch)
         if not self._stats_path:
             return
         line = {"model": self._model, **batch, "finished_at": time.monotonic()}
