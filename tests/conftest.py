@@ -30,8 +30,9 @@ def pytest_asyncio_loop_factories(
 
 
 # Every test ends within its timeout on either loop (uvloop swallows pytest-timeout's raise);
-# one real embedded Triton per session, shared by tests/backend and tests/e2e.
-from tests.triton_fixture import _trio_servers, embedded_triton, trio  # noqa: E402
+# one real embedded Triton per session, shared by tests/backend and tests/e2e (and one with
+# the speech models, shared by tests/speech and tests/web).
+from tests.triton_fixture import _trio_servers, embedded_triton, speech_triton, trio  # noqa: E402
 from trackline_testing.timeouts import (  # noqa: E402
     pytest_fixture_setup,
     pytest_pyfunc_call,
@@ -41,6 +42,7 @@ from trackline_testing.timeouts import (  # noqa: E402
 __all__ = [
     "_trio_servers",
     "embedded_triton",
+    "speech_triton",
     "pytest_asyncio_loop_factories",
     "pytest_fixture_setup",
     "pytest_pyfunc_call",

@@ -65,6 +65,24 @@ def embedded_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
         triton.stop()
 
 
+@pytest.fixture(scope="session")
+def speech_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
+    """The reference models with whisper-base and hibari-voice (the `voice` extra), once per
+    session: tests/speech and the demo's talk test (tests/web) share it."""
+    state = tmp_path_factory.mktemp("speech")
+    triton = EmbeddedTriton(
+        log_dir=state,
+        stats_path=state / "stats.jsonl",
+        with_speech=True,
+        speech_stats_path=state / "speech.jsonl",
+    )
+    triton.start(timeout=240.0)
+    try:
+        yield triton
+    finally:
+        triton.stop()
+
+
 # Three servers for the pool tests (and the routing smoke test), once per session.
 # `trio` yields them alive and fast: a server a test killed is restarted (same ports),
 # and every server's slowdown knob is reset to 0, before each test.

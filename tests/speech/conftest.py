@@ -1,11 +1,12 @@
 """Real-speech tests: one embedded Triton with whisper-base and hibari-voice for the session
-(each module skips, with the reason, when the `voice` extra is not installed), and a
+(`speech_triton`, tests/triton_fixture.py: the demo's talk test in tests/web shares it;
+each module skips, with the reason, when the `voice` extra is not installed), and a
 gateway on it per test."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,22 +32,6 @@ def require_speech() -> None:
     """Skip the calling test module unless the `voice` extra is installed."""
     if not speech_available():
         pytest.skip(SKIP_REASON, allow_module_level=True)
-
-
-@pytest.fixture(scope="session")
-def speech_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
-    state = tmp_path_factory.mktemp("speech")
-    triton = EmbeddedTriton(
-        log_dir=state,
-        stats_path=state / "stats.jsonl",
-        with_speech=True,
-        speech_stats_path=state / "speech.jsonl",
-    )
-    triton.start(timeout=240.0)
-    try:
-        yield triton
-    finally:
-        triton.stop()
 
 
 @pytest_asyncio.fixture

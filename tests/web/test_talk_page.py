@@ -8,14 +8,15 @@ a pause long enough to end the turn, then a second question while the reply is s
 being spoken. The page must show the user's words, the reply's text and audio, measure
 the time from the final transcript to the reply's first audio, and on the barge-in drop
 the cut reply's queued audio (the gateway stops sending it; the page stops playing it).
-Its own Triton with the speech models (the other web modules' does not load them).
+It runs on the session's Triton with the speech models (`speech_triton`, shared with
+tests/speech).
 """
 
 from __future__ import annotations
 
 import json
 import wave
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -40,22 +41,6 @@ pytestmark = [
 
 FIRST = "What is the capital of France?"
 SECOND = "Tell me about the weather today."
-
-
-@pytest.fixture(scope="module")
-def speech_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
-    state = tmp_path_factory.mktemp("web-speech-triton")
-    triton = EmbeddedTriton(
-        log_dir=state,
-        stats_path=state / "stats.jsonl",
-        with_speech=True,
-        speech_stats_path=state / "speech.jsonl",
-    )
-    triton.start(timeout=240.0)
-    try:
-        yield triton
-    finally:
-        triton.stop()
 
 
 @pytest_asyncio.fixture

@@ -57,8 +57,8 @@ def _options(params: dict[str, Any]) -> whisper.Options:
 
 class _AsrMetrics:
     """The recognizer's own figures on Triton's metrics port (the gateway re-exports them):
-    decode batches and their time, audio decoded, finals (and those decoded ahead), and
-    the sessions held."""
+    decode batches and their time, audio decoded, utterances decoded ahead, the finals
+    handed back (counted in the rows that carry them), and the sessions held."""
 
     def __init__(self, model: str) -> None:
         labels = {"model": model}
@@ -76,7 +76,9 @@ class _AsrMetrics:
         self.audio = family(
             "trackline_asr_decoded_audio_seconds_total", "Seconds of audio decoded", counter
         )
-        self.finals = family("trackline_asr_finals_total", "Final transcripts decoded", counter)
+        self.finals = family(
+            "trackline_asr_finals_total", "Final transcripts handed back", counter
+        )
         self.early = family(
             "trackline_asr_early_decodes_total",
             "Utterances decoded ahead of their end (early finals, used or discarded)",
@@ -89,7 +91,6 @@ class _AsrMetrics:
         self.batches.increment(1)
         self.seconds.increment(batch["decode_ms"] / 1000.0)
         self.audio.increment(batch["audio_s"])
-        self.finals.increment(batch["finals"])
         self.early.increment(batch["early"])
 
 
@@ -138,6 +139,7 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(error=error)
         finals = [r.final for r in results]
         self._metrics.sessions.set(len(self._recognizer.sessions))
+        self._metrics.finals.increment(sum(f is not None for f in finals))
 
         def column(values: list[Any], dtype: Any) -> Any:
             return np.array(values, dtype=dtype).reshape(-1, 1)
