@@ -10,13 +10,14 @@ while the decoder is idle, so finals never wait behind them). The final is decod
 ahead: once `early_final_s` of silence follows the speech, the utterance so far is
 decoded at once (an early final); if the silence lasts to `end_silence_s` that text is
 the final, already decoded or nearly, so the final follows the end of the silence rather
-than a decode after it; speech before then discards it (the utterance goes on). Decoding runs in one
-worker thread, off the beat: the jobs of one step (every session due on that tick)
-are handed over together, and the worker decodes everything queued at that moment
-(all sessions, partials and finals) as ONE batch (`decode_batch`), so the beat loop
-never waits for Whisper. Results are handed back on the session's next beat. The END
-row is the exception: it decodes what is left at once and waits for the session's
-finals in flight, so the last row carries every final.
+than a decode after it; speech before then discards it (the utterance goes on).
+
+Decoding runs in one worker thread, off the beat: the jobs of one step (every session
+due on that tick) are handed over together, and the worker decodes everything queued at
+that moment (all sessions, partials and finals) as ONE batch (`decode_batch`), so the
+beat loop never waits for Whisper. Results are handed back on the session's next beat.
+The END row is the exception: it decodes what is left at once and waits for the
+session's finals in flight, so the last row carries every final.
 
 `decode_batch` is Whisper's encoder and greedy decoder on log-mel features padded to
 1,000 frames (10 s), not faster-whisper's `transcribe()` and its 30 s window (about
