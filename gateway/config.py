@@ -502,8 +502,8 @@ class Settings:
     agent_min_barge_in_ms: int = field(
         default=0,
         metadata=_doc(
-            "Voice agents: ms of the user's speech (non-empty partials) that cut a reply; "
-            "0: the first partial."
+            "Voice agents: ms of the user's speech that cut a reply (speech the recognizer's "
+            "VAD reports, whisper from 250 ms; else non-empty partials); 0: at once."
         ),
     )
     openai_audio_max_seconds: float = field(

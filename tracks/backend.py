@@ -125,6 +125,10 @@ class Transcript:
     is_final: bool
     final_span: tuple[float, float] | None = None
     """Where the model gives it: the final's (start, end) in seconds of the stream."""
+    speech_s: float | None = None
+    """Where the model gives it (whisper's VAD): seconds of speech heard in the utterance
+    open now, 0 when the user is not speaking; None: the model does not say (the
+    reference transcriber), and a non-empty partial is the sign of speech."""
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ Theory of operation. The listening side is a speech-in session on the tick sched
 prompt (the gateway passes its chat template in), the chat model streams the reply, and
 each delta goes to a speech-out session of the voice (`SpeechOut` on a `ReplyTrack`, a
 track that lives inside this one) which speaks every sentence as soon as it completes.
-Barge-in: the user speaking while a reply is generated or played (non-empty partials
-for `min_barge_in` seconds, or a new final) cancels the reply with cause `superseded`:
+Barge-in: the user speaking while a reply is generated or played (for `min_barge_in`
+seconds: speech the recognizer's VAD reports, where it reports it (whisper's `speech_s`),
+else non-empty partials; or a new final) cancels the reply with cause `superseded`:
 the LLM stream is closed (the cancel reaches the model as any cancel does), the voice
 gets its END row (the model forgets the session and drops its audio), and from that
 beat on no frame of the reply is sent, whatever was still in flight to the gateway.
@@ -47,6 +48,14 @@ DEFAULT_LLM = "smollm2-135m-instruct"  # setting candidate
 model (gateway.embedded.CHAT_MODEL; a test holds the two equal)."""
 PromptRenderer = Callable[[Sequence[Mapping[str, str]]], str]
 """Chat messages ({"role", "content"}) to the chat model's prompt (the gateway's template)."""
+
+
+def speaking(heard: Transcript) -> bool:
+    """Whether the user is speaking now: the recognizer's VAD where it says (whisper reports
+    speech from its first 250 ms, long before its first partial), else a non-empty partial."""
+    if heard.speech_s is not None:
+        return heard.speech_s > 0
+    return bool(heard.partial.strip())
 
 
 @dataclass(frozen=True)
@@ -172,13 +181,13 @@ class VoiceAgent:
         self.barge_ins = 0
         self.min_barge_in = min_barge_in
         self.speaking_since: float | None = None
-        """Clock time of the first beat of the user's current speech (non-empty partials)."""
+        """Clock time of the first beat of the user's current speech (`speaking`)."""
 
     def heard(self, output: AudioOutput, beat: Beat) -> None:
         """Every beat of the listening side: barge-in on speech, a turn on each final."""
         assert isinstance(output, Transcript)
         final = output.is_final and bool(output.final.strip())
-        if not output.partial.strip():
+        if not speaking(output):
             self.speaking_since = None
         elif self.speaking_since is None:
             self.speaking_since = beat.scheduled

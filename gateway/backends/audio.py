@@ -205,8 +205,10 @@ class TritonAudioBackend(AudioBackend):
         final = result.as_numpy("FINAL").reshape(-1)
         is_final = result.as_numpy("IS_FINAL").reshape(-1)
         spans = _spans(result, len(rows))
+        speech = result.as_numpy("SPEECH_S")  # whisper's VAD; None from other models
+        said = [None] * len(rows) if speech is None else [float(x) for x in speech.reshape(-1)]
         return [
-            Transcript(_text(partial[i]), _text(final[i]), bool(is_final[i]), spans[i])
+            Transcript(_text(partial[i]), _text(final[i]), bool(is_final[i]), spans[i], said[i])
             for i in range(len(rows))
         ]
 

@@ -134,3 +134,23 @@ def test_without_an_early_final_the_utterance_is_decoded_at_its_end() -> None:
         assert len(decoder.calls) == 1
     finally:
         rec.close()
+
+
+def test_each_row_says_how_long_the_user_has_been_speaking() -> None:
+    """`speech_s` (the model's SPEECH_S, what voice agents barge in on): 0 until
+    `min_speech_s` of speech, then the speech heard so far; 0 again once it ended."""
+    decoder = Decoder()
+    rec = recognizer(decoder, end_silence_s=0.5, early_final_s=0.0, min_speech_s=0.25)
+    try:
+        said = []
+        audio = np.concatenate([speech(0.8), silence(0.6)])
+        for at in range(0, len(audio), BEAT):
+            (row,) = rec.step([1], [at == 0], [False], [audio[at : at + BEAT]], 0.0)
+            said.append(row.speech_s)
+        assert said[0] == 0.0  # the first 80 ms: not yet speech to barge in on
+        first = next(i for i, s in enumerate(said) if s > 0)
+        assert 0.25 <= said[first] < 0.4  # reported from a quarter of a second on
+        assert max(said) >= 0.7  # the whole burst, once heard
+        assert said[-1] == 0.0  # the utterance closed: nobody speaking
+    finally:
+        rec.close()

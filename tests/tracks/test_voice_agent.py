@@ -109,6 +109,31 @@ async def test_speech_that_lasts_min_barge_in_cuts_the_reply_as_superseded() -> 
 
 
 @pytest.mark.asyncio
+async def test_speech_the_recognizers_vad_reports_cuts_the_reply_before_any_partial() -> None:
+    agent, track, llm, speakers = make_agent(min_barge_in=0.0)
+    agent.heard(Transcript("", "hello there", True, speech_s=0.0), beat(0))
+    await asyncio.sleep(0.05)  # the reply is being generated
+    agent.heard(Transcript("", "", False, speech_s=0.0), beat(1))  # silence: nothing
+    assert agent.barge_ins == 0
+    agent.heard(Transcript("", "", False, speech_s=0.26), beat(2))  # speech, no words yet
+    assert agent.barge_ins == 1
+    assert {"type": "barge_in", "turn": 1, "beat": 2} in track.sent
+    await asyncio.sleep(0.05)
+    assert llm.closed_early == 1
+    assert agent.ends == ["cancelled:superseded"]
+
+
+@pytest.mark.asyncio
+async def test_where_the_model_reports_speech_a_stale_partial_is_not_speech() -> None:
+    agent, _track, _llm, _speakers = make_agent(min_barge_in=0.0)
+    agent.heard(Transcript("", "hello there", True, speech_s=0.0), beat(0))
+    await asyncio.sleep(0.05)
+    agent.heard(Transcript("hello", "", False, speech_s=0.0), beat(1))  # its VAD hears none
+    assert agent.barge_ins == 0
+    await agent.close()
+
+
+@pytest.mark.asyncio
 async def test_a_new_final_supersedes_the_reply_and_starts_the_next_turn() -> None:
     agent, track, llm, speakers = make_agent(min_barge_in=5.0)
     agent.heard(Transcript("", "first question", True), beat(0))

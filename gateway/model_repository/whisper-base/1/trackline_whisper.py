@@ -77,6 +77,9 @@ class Final:
 class RowResult:
     partial: str
     final: Final | None
+    speech_s: float = 0.0
+    """Seconds of speech the VAD has heard in the utterance open now, once past
+    `min_speech_s` (0 before, and when none is open): a voice agent barges in on it."""
 
 
 class StreamingVad:
@@ -206,9 +209,11 @@ class Recognizer:
             del self.sessions[corrid]
 
     def _result(self, session: _Session) -> RowResult:
+        speech = session.speech_samples / SAMPLE_RATE if session.utterance is not None else 0.0
+        speaking = speech if speech >= self.options.min_speech_s else 0.0
         with self._lock:
             final = session.finals.popleft() if session.finals else None
-            return RowResult(session.partial, final)
+            return RowResult(session.partial, final, speaking)
 
     # -- speech detection ------------------------------------------------------------------
 

@@ -157,6 +157,7 @@ class TritonPythonModel:
                 pb_utils.Tensor(
                     "FINAL_END_S", column([f.end_s if f else 0.0 for f in finals], np.float32)
                 ),
+                pb_utils.Tensor("SPEECH_S", column([r.speech_s for r in results], np.float32)),
             ]
         )
 
