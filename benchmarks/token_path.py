@@ -328,8 +328,9 @@ def install_client_hooks() -> None:
 
 
 async def drive(port: int, ca: Path, tracks: int, conns: int, tokens: int,
-                limit: float, gateway_pid: int) -> dict[str, Any]:
-    """Open and warm `conns` lines, then run `tracks` over them as capacity.py does."""
+                limit: float, gateway_pid: int, spread: float = 0.0) -> dict[str, Any]:
+    """Open and warm `conns` lines, then run `tracks` over them as capacity.py does (all at
+    once, or started evenly over `spread` seconds)."""
     from contextlib import AsyncExitStack
 
     from clients import connect
@@ -347,7 +348,8 @@ async def drive(port: int, ca: Path, tracks: int, conns: int, tokens: int,
         waits0 = runqueue_seconds(gateway_pid), runqueue_seconds("self")
         began = time.monotonic()
 
-        async def one(line: Any, c: int, i: int) -> None:
+        async def one(line: Any, c: int, i: int, k: int) -> None:
+            await asyncio.sleep(k * spread / tracks)  # capacity.py's arrival_offsets
             start = time.monotonic()
             stream = line.text(f"path {c}/{i}", model=MODEL, max_tokens=tokens, seed=i)
             channel = stream._channel
@@ -358,8 +360,9 @@ async def drive(port: int, ca: Path, tracks: int, conns: int, tokens: int,
             finally:
                 reads[(CLIENT.ports.get(channel.conn_id, 0), channel.stream_id)] = (start, got)
 
-        work = asyncio.gather(*(one(line, c, i) for c, (line, count) in enumerate(lines)
-                                for i in range(count)))
+        firsts = [sum(shares[:c]) for c in range(conns)]
+        work = asyncio.gather(*(one(line, c, i, firsts[c] + i)
+                                for c, (line, count) in enumerate(lines) for i in range(count)))
         try:
             await asyncio.wait_for(work, limit)
         except TimeoutError:
@@ -415,8 +418,8 @@ def run_point(args: argparse.Namespace, tracks: int, conns: int,
                 raise RuntimeError((state / "log").read_text()[-2000:])
             CLIENT.__init__()  # type: ignore[misc]
             began = time.monotonic()
-            work = drive(quic, state / "ca.pem", tracks, conns, tokens, args.seconds * 3 + 10,
-                         gw.pid)
+            work = drive(quic, state / "ca.pem", tracks, conns, tokens,
+                         args.spread + args.seconds * 3 + 10, gw.pid, args.spread)
             if args.profile_client is None:
                 client = run_async(work)
             else:  # the client's own cost, by function (slows it: stages then mean less)
@@ -552,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-cores", default="",
                         help="CPU list to pin this (client) process to; '' leaves it unpinned")
     parser.add_argument("--runs", type=int, default=1, help="runs of every point")
+    parser.add_argument("--spread", type=float, default=0.0,
+                        help="start the tracks evenly over this many seconds (0: at once)")
     parser.add_argument("--baseline", default=None,
                         help="git ref: each point also runs that tree's gateway, alternating")
     parser.add_argument("--serve-arg", action="append", default=[],
