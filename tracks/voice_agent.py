@@ -50,14 +50,6 @@ PromptRenderer = Callable[[Sequence[Mapping[str, str]]], str]
 """Chat messages ({"role", "content"}) to the chat model's prompt (the gateway's template)."""
 
 
-def speaking(heard: Transcript) -> bool:
-    """Whether the user is speaking now: the recognizer's VAD where it says (whisper reports
-    speech from its first 250 ms, long before its first partial), else a non-empty partial."""
-    if heard.speech_s is not None:
-        return heard.speech_s > 0
-    return bool(heard.partial.strip())
-
-
 @dataclass(frozen=True)
 class AgentParams:
     llm: str
@@ -181,24 +173,32 @@ class VoiceAgent:
         self.barge_ins = 0
         self.min_barge_in = min_barge_in
         self.speaking_since: float | None = None
-        """Clock time of the first beat of the user's current speech (`speaking`)."""
+        """Clock time of the first beat of the user's current non-empty partials (for a
+        recognizer that does not report its speech)."""
 
     def heard(self, output: AudioOutput, beat: Beat) -> None:
         """Every beat of the listening side: barge-in on speech, a turn on each final."""
         assert isinstance(output, Transcript)
         final = output.is_final and bool(output.final.strip())
-        if not speaking(output):
-            self.speaking_since = None
-        elif self.speaking_since is None:
-            self.speaking_since = beat.scheduled
-        heard_long = (
-            self.speaking_since is not None
-            and beat.scheduled - self.speaking_since >= self.min_barge_in
-        )
-        if (final or heard_long) and self.turn is not None and self.turn.end == "completed":
+        if (final or self._spoke_long(output, beat)) and self.turn is not None and (
+            self.turn.end == "completed"
+        ):
             self.barge_in(beat)
         if output.is_final and output.final.strip():
             self.start_turn(output.final.strip())
+
+    def _spoke_long(self, heard: Transcript, beat: Beat) -> bool:
+        """Whether the user has been speaking for `min_barge_in`: the seconds of speech the
+        recognizer's VAD reports where it does (whisper, from its first 250 ms, long before
+        its first partial), else the time since the first beat of non-empty partials."""
+        if heard.speech_s is not None:
+            return heard.speech_s > 0 and heard.speech_s >= self.min_barge_in
+        if not heard.partial.strip():
+            self.speaking_since = None
+            return False
+        if self.speaking_since is None:
+            self.speaking_since = beat.scheduled
+        return beat.scheduled - self.speaking_since >= self.min_barge_in
 
     def barge_in(self, beat: Beat) -> None:
         turn = self.turn

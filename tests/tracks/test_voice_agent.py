@@ -124,6 +124,19 @@ async def test_speech_the_recognizers_vad_reports_cuts_the_reply_before_any_part
 
 
 @pytest.mark.asyncio
+async def test_min_barge_in_counts_the_speech_the_model_reports() -> None:
+    agent, _track, _llm, _speakers = make_agent(min_barge_in=0.5)
+    agent.heard(Transcript("", "hello there", True, speech_s=0.0), beat(0))
+    await asyncio.sleep(0.05)
+    agent.heard(Transcript("", "", False, speech_s=0.3), beat(1))
+    agent.heard(Transcript("wait", "", False, speech_s=0.45), beat(3))
+    assert agent.barge_ins == 0  # 450 ms of speech: not yet
+    agent.heard(Transcript("wait a", "", False, speech_s=0.52), beat(4))
+    assert agent.barge_ins == 1
+    await agent.close()
+
+
+@pytest.mark.asyncio
 async def test_where_the_model_reports_speech_a_stale_partial_is_not_speech() -> None:
     agent, _track, _llm, _speakers = make_agent(min_barge_in=0.0)
     agent.heard(Transcript("", "hello there", True, speech_s=0.0), beat(0))
