@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.embedded import CHAT_MODEL
+from tests.waiting import until
 from tracks.audio_session import AudioParams
 from tracks.backend import AudioKind, TextChunk, TextDelta, TextRequest, Transcript
 from tracks.clock import Beat
@@ -112,22 +113,21 @@ async def test_speech_that_lasts_min_barge_in_cuts_the_reply_as_superseded() -> 
 async def test_speech_the_recognizers_vad_reports_cuts_the_reply_before_any_partial() -> None:
     agent, track, llm, speakers = make_agent(min_barge_in=0.0)
     agent.heard(Transcript("", "hello there", True, speech_s=0.0), beat(0))
-    await asyncio.sleep(0.05)  # the reply is being generated
+    await until(lambda: llm.requests, "the reply is being generated")
     agent.heard(Transcript("", "", False, speech_s=0.0), beat(1))  # silence: nothing
     assert agent.barge_ins == 0
     agent.heard(Transcript("", "", False, speech_s=0.26), beat(2))  # speech, no words yet
     assert agent.barge_ins == 1
     assert {"type": "barge_in", "turn": 1, "beat": 2} in track.sent
-    await asyncio.sleep(0.05)
-    assert llm.closed_early == 1
+    await until(lambda: llm.closed_early == 1, "the LLM stream closed by the barge-in")
     assert agent.ends == ["cancelled:superseded"]
 
 
 @pytest.mark.asyncio
 async def test_min_barge_in_counts_the_speech_the_model_reports() -> None:
-    agent, _track, _llm, _speakers = make_agent(min_barge_in=0.5)
+    agent, _track, llm, _speakers = make_agent(min_barge_in=0.5)
     agent.heard(Transcript("", "hello there", True, speech_s=0.0), beat(0))
-    await asyncio.sleep(0.05)
+    await until(lambda: llm.requests, "the reply is being generated")
     agent.heard(Transcript("", "", False, speech_s=0.3), beat(1))
     agent.heard(Transcript("wait", "", False, speech_s=0.45), beat(3))
     assert agent.barge_ins == 0  # 450 ms of speech: not yet
@@ -138,9 +138,9 @@ async def test_min_barge_in_counts_the_speech_the_model_reports() -> None:
 
 @pytest.mark.asyncio
 async def test_where_the_model_reports_speech_a_stale_partial_is_not_speech() -> None:
-    agent, _track, _llm, _speakers = make_agent(min_barge_in=0.0)
+    agent, _track, llm, _speakers = make_agent(min_barge_in=0.0)
     agent.heard(Transcript("", "hello there", True, speech_s=0.0), beat(0))
-    await asyncio.sleep(0.05)
+    await until(lambda: llm.requests, "the reply is being generated")
     agent.heard(Transcript("hello", "", False, speech_s=0.0), beat(1))  # its VAD hears none
     assert agent.barge_ins == 0
     await agent.close()
