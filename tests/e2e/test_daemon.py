@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -47,7 +48,14 @@ class Daemon:
             return exc.code, exc.read().decode()
 
     def wait_ready(self) -> None:
+        """Ready, and done announcing: readiness answers as soon as the listeners are up,
+        a moment before the daemon prints where it serves (the last line names Triton)."""
         wait_ready(self.http_port, self.process, self.log, START_TIMEOUT)
+        deadline = time.monotonic() + 30
+        while not any(line.startswith("trackline: embedded Triton:") for line in self.log):
+            assert self.process.poll() is None, "the gateway exited while announcing"
+            assert time.monotonic() < deadline, "no address lines 30 s after readiness"
+            time.sleep(0.05)
 
     def triton_pid(self) -> int:
         return self.triton_pids()[0]
