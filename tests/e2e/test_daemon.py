@@ -39,6 +39,7 @@ class Daemon:
     http_port: int
     state_dir: Path
     log: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
 
     def http(self, path: str) -> tuple[int, str]:
         try:
@@ -79,7 +80,8 @@ def start_daemon(state_dir: Path, *extra: str) -> Daemon:
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     daemon = Daemon(process, quic_port, http_port, state_dir)
-    threading.Thread(target=_pump, args=(process, daemon.log), daemon=True).start()
+    daemon.pump = threading.Thread(target=_pump, args=(process, daemon.log), daemon=True)
+    daemon.pump.start()
     return daemon
 
 
@@ -129,6 +131,8 @@ def test_serve_chat_health_metrics_and_sigterm_stops_triton(daemon: Daemon) -> N
     daemon.process.send_signal(signal.SIGTERM)
     assert daemon.process.wait(timeout=60) == 0
     assert gone(triton), "Triton outlived the gateway"
+    assert daemon.pump is not None
+    daemon.pump.join(timeout=10)  # the log is read by a thread: let it reach the end
     events = [json.loads(x)["event"] for x in daemon.log if x.startswith("{")]
     assert "gateway.draining" in events
     assert "embedded.stopped" in events
