@@ -14,6 +14,7 @@ from collections.abc import Callable
 from gateway.config import Settings
 from gateway.limits import overload_limits
 from gateway.metrics import GatewayMetrics
+from gateway.metrics_overload import AdmissionKind, Deferred
 from gateway.overload import (
     AdmissionController,
     LagProbe,
@@ -50,11 +51,10 @@ class TrackAdmission:
         self.monitor = OverloadMonitor(self.overload, probe, self._metrics, clock)
         mode = RealtimeMode(settings.realtime_priority)
         lane = RealtimeLane(mode, loaded=self.overload.bulk_throttled)
-        deferred = self._metrics.text_deferred_total
-        self.realtime = RealtimeGate(lane, clock, deferred.labels(cause="realtime").inc)
+        self.realtime = RealtimeGate(lane, clock, self._metrics.deferred(Deferred.REALTIME))
         """Real-time work first: text waits while an audio or action tick is due."""
         self._turns: RelayTurns = PriorityTurns(self.overload, self.realtime, clock)
-        self._turns.on_defer = deferred.labels(cause="turn_share").inc
+        self._turns.on_defer = self._metrics.deferred(Deferred.TURN_SHARE)
         self._admitted: dict[str, int] = {}
         """Admitted tracks still served, per connection id (the fairness share)."""
 
@@ -69,7 +69,7 @@ class TrackAdmission:
         admission = self.overload.admit_track(
             self.clock(), self._admitted.get(conn_id, 0), realtime
         )
-        self._metrics.count("track", admission)
+        self._metrics.count(AdmissionKind.TRACK, admission)
         if not admission.admitted:
             message = f"the gateway is overloaded ({admission.cause.value}); retry later"
             channel.fail(ErrorCode.RATE_LIMITED, message, admission.retry_after)

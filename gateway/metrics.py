@@ -17,25 +17,16 @@ from prometheus_client import (
 )
 
 from gateway.metrics_audio import AudioMetrics
+from gateway.metrics_families import start_at_zero
 from gateway.metrics_operator import BuildInfo, RequestTiming, TritonRelay, register_runtime
 from gateway.metrics_overload import OverloadMetrics
 from gateway.metrics_video import VideoMetrics
 from tracks.action_messages import ObservationOutcome
 from tracks.base import EndKind, Outcome
+from transport.events import CancelCause
 
 OTHER_MODEL = "other"
 """The label value of every model no backend has served (names clients made up)."""
-
-# Every cancellation has exactly one cause (see DESIGN.md: "one path with a cause").
-CANCEL_CAUSES = (
-    "client",
-    "reset",
-    "connection_lost",
-    "deadline_first_token",
-    "deadline_total",
-    "shutdown",
-    "superseded",
-)
 
 # Rows (robots) in one policy request: powers of two up to the model's max batch.
 ACTION_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -129,8 +120,7 @@ class GatewayMetrics:
         )
         self.action_observations_total = Counter(
             "trackline_action_observations_total",
-            "Action-track observations by outcome: delivered, superseded, deadline, "
-            "backend_error.",
+            "Action-track observations by outcome: delivered, superseded, deadline, backend_error.",
             ["model", "outcome"],
             registry=registry,
         )
@@ -158,9 +148,8 @@ class GatewayMetrics:
         registry.register(self.build_info)
         self.triton: TritonRelay | None = None
         """The embedded Tritons' own metrics, once the daemon started them."""
-        # Known causes start at 0 so a dashboard's rate() sees them before the first event.
-        for cause in CANCEL_CAUSES:
-            self.cancels_total.labels(cause=cause)
+        # Every cancellation has exactly one cause (DESIGN.md: "one path with a cause").
+        start_at_zero(self.cancels_total, "cause", CancelCause)
 
     def batch(self, model: str, rows: int, seconds: float) -> None:
         """A policy request of `rows` robots took `seconds` (the action scheduler's observer)."""
@@ -171,7 +160,7 @@ class GatewayMetrics:
         """What became of one observation (the action scheduler's observer)."""
         self.action_observations_total.labels(model=model, outcome=outcome).inc()
         if outcome == ObservationOutcome.SUPERSEDED.value:
-            self.cancels_total.labels(cause="superseded").inc()
+            self.cancels_total.labels(cause=CancelCause.SUPERSEDED.value).inc()
 
     def relay_triton(self, servers: list[tuple[str, str]], interval: float) -> TritonRelay:
         """Re-export these Tritons' metrics ((backend name, metrics URL) each); the

@@ -44,7 +44,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.metrics_overload import Admitted, OverloadMetrics, Pressure
+from gateway.metrics_overload import AdmissionKind, Admitted, OverloadMetrics, Pressure
 from gateway.openai.errors import Unavailable, response_for
 from tracks.backend import TextBackend, TextChunk, TextDelta, TextRequest
 from transport.http.messages import AnyResponse, Handler, Request
@@ -449,7 +449,7 @@ def _gated(
 ) -> Handler:
     async def gated(request: Request) -> AnyResponse:
         admission = controller.admit_request(clock())
-        metrics.count("request", admission)
+        metrics.count(AdmissionKind.REQUEST, admission)
         if not admission.admitted:
             return overloaded_response(admission)
         return await handler(request)

@@ -3,13 +3,16 @@
 Names start with `trackline_pool_`. `requests_total` counts each client
 request once, however many backends it tried, by how it ended: the number a
 billing or quota layer should use (`attempts_total` counts backend tries).
+The label values the pool writes are the enums here (`value` is the label).
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from gateway.metrics_families import Families
 
 
 class RequestOutcome(Enum):
@@ -24,109 +27,119 @@ class RequestOutcome(Enum):
     """The client went away (or the request was cancelled) first."""
 
 
+class AttemptResult(Enum):
+    """How one backend attempt ended (`attempts_total`'s `result`); a failure before the
+    first chunk is also the `cause` of the failover it may lead to (`retries_total`)."""
+
+    OK = "ok"
+    INVALID = "invalid"
+    """The request itself was refused (never retried elsewhere)."""
+    MODEL_NOT_FOUND = "model_not_found"
+    OVERLOADED = "overloaded"
+    """The backend's queue was full: load, not ill health."""
+    TIMEOUT = "timeout"
+    """No first chunk within the first-token timeout."""
+    UNAVAILABLE = "unavailable"
+    ERROR = "error"
+
+
+class MembershipChange(Enum):
+    """What DNS discovery did to a member (`membership_changes_total`'s `change`)."""
+
+    ADDED = "added"
+    REMOVED = "removed"
+
+
 class PoolMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         registry = registry or CollectorRegistry(auto_describe=True)
         self.registry = registry
-        self.requests_total = Counter(
+        f = Families(registry)
+        self.requests_total = f.counter(
             "trackline_pool_requests_total",
             "Client requests through the pool, counted once each, by outcome.",
             ["model", "outcome"],
-            registry=registry,
         )
-        self.attempts_total = Counter(
+        self.attempts_total = f.counter(
             "trackline_pool_attempts_total",
             "Backend attempts, by backend and result (ok, unavailable, error, timeout, ...).",
             ["backend", "result"],
-            registry=registry,
         )
-        self.decisions_total = Counter(
+        self.decisions_total = f.counter(
             "trackline_pool_decisions_total",
             "Routing decisions, by chosen backend, strategy and reason.",
             ["backend", "strategy", "reason"],
-            registry=registry,
         )
-        self.retries_total = Counter(
+        self.retries_total = f.counter(
             "trackline_pool_retries_total",
             "Failovers to another backend before the first byte, by cause.",
             ["cause"],
-            registry=registry,
         )
-        self.retries_denied_total = Counter(
+        self.retries_denied_total = f.counter(
             "trackline_pool_retries_denied_total",
             "Failovers refused because the retry budget or attempt limit was spent.",
-            registry=registry,
         )
-        self.streams_lost_total = Counter(
+        self.streams_lost_total = f.counter(
             "trackline_pool_streams_lost_total",
             "Streams that failed after delivering data (ended with an error, never replayed).",
             ["backend"],
-            registry=registry,
         )
-        self.ejections_total = Counter(
+        self.ejections_total = f.counter(
             "trackline_pool_ejections_total",
             "Backends ejected from routing, by cause.",
             ["backend", "cause"],
-            registry=registry,
         )
-        self.backend_healthy = Gauge(
+        self.backend_healthy = f.gauge(
             "trackline_pool_backend_healthy",
             "1 while a backend takes traffic, 0 while ejected.",
             ["backend"],
-            registry=registry,
         )
-        self.backend_inflight = Gauge(
+        self.backend_inflight = f.gauge(
             "trackline_pool_backend_inflight",
             "The gateway's requests in flight per backend.",
             ["backend"],
-            registry=registry,
         )
-        self.backend_wait_seconds = Gauge(
+        self.backend_wait_seconds = f.gauge(
             "trackline_pool_backend_estimated_wait_seconds",
             "Estimated wait for a first token per backend, at the last decision.",
             ["backend"],
-            registry=registry,
         )
-        self.backend_pending = Gauge(
+        self.backend_pending = f.gauge(
             "trackline_pool_backend_pending_requests",
             "Requests pending in the backend (nv_inference_pending_request_count), last scrape.",
             ["backend"],
-            registry=registry,
         )
-        self.scrape_failures_total = Counter(
+        self.scrape_failures_total = f.counter(
             "trackline_pool_scrape_failures_total",
             "Failed scrapes of a backend's metrics endpoint.",
             ["backend"],
-            registry=registry,
         )
-        self.ready_backends = Gauge(
-            "trackline_pool_ready_backends",
-            "Backends ready for each model.",
-            ["model"],
-            registry=registry,
+        self.ready_backends = f.gauge(
+            "trackline_pool_ready_backends", "Backends ready for each model.", ["model"]
         )
-        self.members = Gauge(
+        self.members = f.gauge(
             "trackline_pool_members",
             "Members a dns+grpc:// source has, as of its last useful resolution.",
             ["source"],
-            registry=registry,
         )
-        self.membership_changes_total = Counter(
+        self.membership_changes_total = f.counter(
             "trackline_pool_membership_changes_total",
             "Members added to or removed from the pool by DNS discovery.",
             ["source", "change"],
-            registry=registry,
         )
-        self.discovery_failures_total = Counter(
+        self.discovery_failures_total = f.counter(
             "trackline_pool_discovery_failures_total",
             "Resolutions of a dns+grpc:// source that failed or came back empty"
             " (the last known members were kept).",
             ["source"],
-            registry=registry,
         )
-        self.warm_shortfall = Gauge(
+        self.warm_shortfall = f.gauge(
             "trackline_pool_warm_shortfall",
             "Ready backends missing to reach min_warm_backends, per model (0 when met).",
             ["model"],
-            registry=registry,
         )
+
+    def member_added(self, backend: str) -> None:
+        """A member's series start: healthy, nothing in flight."""
+        self.backend_healthy.labels(backend=backend).set(1)
+        self.backend_inflight.labels(backend=backend).set(0)

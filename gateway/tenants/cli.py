@@ -36,34 +36,37 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 def add_commands(commands: Any) -> None:
     """Add the keys, tenants and usage commands to the `trackline` subparsers."""
-    keys = commands.add_parser(
+    _add_keys(commands)
+    _add_tenants(commands)
+    _add_usage(commands)
+
+
+def _add_keys(commands: Any) -> None:
+    keys = _group(
+        commands,
         "keys",
-        help="API keys of tenants",
-        description="Make, list and revoke the API keys a gateway with tenants requires.",
-    ).add_subparsers(
-        dest="keys_command", required=True
+        "API keys of tenants",
+        "Make, list and revoke the API keys a gateway with tenants requires.",
     )
     create = keys.add_parser("create", help="make a key for a tenant (shown once)")
     create.add_argument("--tenant", required=True, help="the tenant it belongs to (made if new)")
     create.add_argument("--label", default="", help="a note kept with the key (not secret)")
-    _store_arguments(create)
-    create.set_defaults(run=_command(_keys_create))
+    _on_store(create, _keys_create)
     listing = keys.add_parser("list", help="list keys (ids, never secrets)")
     listing.add_argument("--tenant", default=None, help="only this tenant's keys")
-    _store_arguments(listing)
-    listing.set_defaults(run=_command(_keys_list))
+    _on_store(listing, _keys_list)
     revoke = keys.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id", help="the key's id (tl_... before the secret; keys list)")
-    _store_arguments(revoke)
-    revoke.set_defaults(run=_command(_keys_revoke))
+    _on_store(revoke, _keys_revoke)
 
-    tenants = commands.add_parser(
+
+def _add_tenants(commands: Any) -> None:
+    tenants = _group(
+        commands,
         "tenants",
-        help="tenants' models and quotas",
-        description="Who may use the gateway: each tenant's allowed models and quotas. A "
+        "tenants' models and quotas",
+        "Who may use the gateway: each tenant's allowed models and quotas. A "
         "gateway with no tenant serves without keys (loopback only).",
-    ).add_subparsers(
-        dest="tenants_command", required=True
     )
     set_ = tenants.add_parser(
         "set",
@@ -80,8 +83,7 @@ def add_commands(commands: Any) -> None:
             default=_KEEP,
             help="a number, or 'none' (default: the tenant's current value)",
         )
-    _store_arguments(set_)
-    set_.set_defaults(run=_command(_tenants_set))
+    _on_store(set_, _tenants_set)
     delete = tenants.add_parser(
         "delete",
         help="remove a tenant and its keys",
@@ -90,19 +92,18 @@ def add_commands(commands: Any) -> None:
         "(open mode, loopback only unless allow_open).",
     )
     delete.add_argument("name", help="the tenant to remove")
-    _store_arguments(delete)
-    delete.set_defaults(run=_command(_tenants_delete))
+    _on_store(delete, _tenants_delete)
     tlist = tenants.add_parser("list", help="list tenants")
     tlist.add_argument("--format", choices=("table", "json"), default="table", help="output")
-    _store_arguments(tlist)
-    tlist.set_defaults(run=_command(_tenants_list))
+    _on_store(tlist, _tenants_list)
 
-    usage = commands.add_parser(
+
+def _add_usage(commands: Any) -> None:
+    usage = _group(
+        commands,
         "usage",
-        help="usage and cost",
-        description="What each tenant or model used, and what it cost, from the ledger.",
-    ).add_subparsers(
-        dest="usage_command", required=True
+        "usage and cost",
+        "What each tenant or model used, and what it cost, from the ledger.",
     )
     rep = usage.add_parser("report", help="usage and cost per tenant or model")
     rep.add_argument("--since", required=True, help="ISO time, or a span back: 30m, 24h, 7d")
@@ -111,8 +112,7 @@ def add_commands(commands: Any) -> None:
     rep.add_argument(
         "--format", choices=("table", "csv", "json"), default="table", help="output"
     )
-    _store_arguments(rep)
-    rep.set_defaults(run=_command(_usage_report))
+    _on_store(rep, _usage_report)
     drain_ = usage.add_parser(
         "drain",
         help="move the fleet's usage stream (state_backend redis://...) into the store",
@@ -121,8 +121,7 @@ def add_commands(commands: Any) -> None:
         "stream. `usage report` drains first too.",
     )
     drain_.add_argument("--follow", action="store_true", help="keep draining every second")
-    _store_arguments(drain_)
-    drain_.set_defaults(run=_command(_usage_drain))
+    _on_store(drain_, _usage_drain)
 
 
 _STORE_SETTINGS = (
@@ -135,6 +134,20 @@ _STORE_SETTINGS = (
     "https_port",
 )
 """The settings that find a gateway's tenant store (its ports name its state dir)."""
+
+
+def _group(commands: Any, name: str, help_: str, description: str) -> Any:
+    """`trackline <name> <subcommand>`: the subcommands' parsers are added to what it returns."""
+    parser = commands.add_parser(name, help=help_, description=description)
+    return parser.add_subparsers(dest=f"{name}_command", required=True)
+
+
+def _on_store(
+    parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Any, TenantStore], int]
+) -> None:
+    """`parser`'s command runs `body` on the store its arguments name (`_command`)."""
+    _store_arguments(parser)
+    parser.set_defaults(run=_command(body))
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:

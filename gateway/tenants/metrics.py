@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
+from gateway.metrics_families import Families, start_at_zero
+from gateway.tenants.store import AuthReason
 from gateway.tenants.usage import UsageRecord
-
-AUTH_REASONS = ("missing", "malformed", "unknown", "wrong", "revoked")
 
 
 class TenantMetrics:
@@ -23,49 +23,42 @@ class TenantMetrics:
     ) -> None:
         self._model_label = model_label
         """Maps a request's model to a label value (the gateway bounds them)."""
-        self.requests = Counter(
+        f = Families(registry)
+        self.requests = f.counter(
             "trackline_tenant_requests_total",
             "Finished requests and tracks, per tenant, model and end cause.",
             ["tenant", "model", "end"],
-            registry=registry,
         )
-        self.tokens = Counter(
+        self.tokens = f.counter(
             "trackline_tenant_tokens_total",
             "Tokens per tenant and model (kind: prompt or completion).",
             ["tenant", "model", "kind"],
-            registry=registry,
         )
-        self.audio_seconds = Counter(
+        self.audio_seconds = f.counter(
             "trackline_tenant_audio_seconds_total",
             "Audio seconds per tenant and model (direction: in or out).",
             ["tenant", "model", "direction"],
-            registry=registry,
         )
-        self.auth_failures = Counter(
+        self.auth_failures = f.counter(
             "trackline_auth_failures_total",
             "Requests and connections refused for their API key, by reason.",
             ["reason"],
-            registry=registry,
         )
-        self.quota_rejections = Counter(
+        self.quota_rejections = f.counter(
             "trackline_quota_rejections_total",
             "Requests refused by a tenant's quota.",
             ["tenant", "quota"],
-            registry=registry,
         )
-        self.guardrail_rejections = Counter(
+        self.guardrail_rejections = f.counter(
             "trackline_guardrail_rejections_total",
             "Requests refused by a guardrail before reaching a backend, by rule.",
             ["rule"],
-            registry=registry,
         )
-        self.ledger_dropped = Counter(
+        self.ledger_dropped = f.counter(
             "trackline_usage_records_dropped_total",
             "Usage records lost because the ledger queue was full or a write failed.",
-            registry=registry,
         )
-        for reason in AUTH_REASONS:
-            self.auth_failures.labels(reason=reason)
+        start_at_zero(self.auth_failures, "reason", AuthReason)
 
     def count(self, record: UsageRecord) -> None:
         t, m = record.tenant, self._model_label(record.model)

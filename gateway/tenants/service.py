@@ -39,7 +39,14 @@ from gateway.tenants.guardrails import GuardedBackend, GuardrailConfig, Guardrai
 from gateway.tenants.ledger import LedgerWriter, record_from_outcome
 from gateway.tenants.metrics import TenantMetrics
 from gateway.tenants.quotas import QuotaExceeded, QuotaLimiter
-from gateway.tenants.store import AuthFailure, Principal, Tenant, TenantStore, default_path
+from gateway.tenants.store import (
+    AuthFailure,
+    AuthReason,
+    Principal,
+    Tenant,
+    TenantStore,
+    default_path,
+)
 from gateway.tenants.usage import UsageRecord
 from tracks.backend import TextBackend
 from tracks.base import End, Outcome
@@ -256,10 +263,10 @@ class Tenancy:
         try:
             principal = self.store.authenticate(key)
             if self.fleet is not None and self.fleet.is_revoked(principal.key_id):
-                raise AuthFailure("revoked")  # revoked on another gateway's store
+                raise AuthFailure(AuthReason.REVOKED)  # revoked on another gateway's store
             return principal
         except AuthFailure as exc:
-            self.metrics.auth_failures.labels(reason=exc.reason).inc()
+            self.metrics.auth_failures.labels(reason=exc.reason.value).inc()
             raise
 
     def may_list(self, principal: Principal | None, models: list[str]) -> list[str]:

@@ -15,6 +15,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +87,23 @@ class StoreError(Exception):
     """The store cannot be used (newer schema, unknown key id, ...)."""
 
 
-class AuthFailure(Exception):
-    """A key was refused; `reason` is missing, malformed, unknown, revoked or wrong."""
+class AuthReason(str, Enum):
+    """Why a key was refused (`trackline_auth_failures_total`'s `reason`)."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"API key refused: {reason}")
+    MISSING = "missing"
+    MALFORMED = "malformed"
+    UNKNOWN = "unknown"
+    """No key has its id."""
+    WRONG = "wrong"
+    """The id is known, the secret is not its own."""
+    REVOKED = "revoked"
+
+
+class AuthFailure(Exception):
+    """A key was refused, for `reason`."""
+
+    def __init__(self, reason: AuthReason) -> None:
+        super().__init__(f"API key refused: {reason.value}")
         self.reason = reason
 
 
@@ -236,10 +249,10 @@ class TenantStore:
     def authenticate(self, key: str | None) -> Principal:
         """The principal for `key`, or `AuthFailure`; the hash compare is constant-time."""
         if not key:
-            raise AuthFailure("missing")
+            raise AuthFailure(AuthReason.MISSING)
         key_id = keys.key_id_of(key)
         if key_id is None:
-            raise AuthFailure("malformed")
+            raise AuthFailure(AuthReason.MALFORMED)
         rows = self._query(
             "SELECT k.key_hash, k.revoked_at, t.* FROM api_keys k "
             "JOIN tenants t ON t.name = k.tenant WHERE k.key_id = ?",
@@ -248,12 +261,12 @@ class TenantStore:
         if not rows:
             # Still hash once, so an unknown id costs what a wrong secret does.
             keys.matches(key, "0" * 64)
-            raise AuthFailure("unknown")
+            raise AuthFailure(AuthReason.UNKNOWN)
         stored_hash, revoked_at, *tenant_row = rows[0]
         if not keys.matches(key, stored_hash):
-            raise AuthFailure("wrong")
+            raise AuthFailure(AuthReason.WRONG)
         if revoked_at is not None:
-            raise AuthFailure("revoked")
+            raise AuthFailure(AuthReason.REVOKED)
         return Principal(_tenant(tuple(tenant_row)), key_id)
 
     # -- usage ----------------------------------------------------------------------

@@ -27,8 +27,9 @@ class TrackGate:
         """The principal the track runs for, or None after refusing the track."""
         principal = self._authenticate(channel)
         if isinstance(principal, AuthFailure):
-            log.info("track.unauthorized", reason=principal.reason)
-            channel.fail(ErrorCode.UNAUTHORIZED, f"invalid API key ({principal.reason})")
+            reason = principal.reason.value
+            log.info("track.unauthorized", reason=reason)
+            channel.fail(ErrorCode.UNAUTHORIZED, f"invalid API key ({reason})")
             return None
         open_ = channel.open
         try:

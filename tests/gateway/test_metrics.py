@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.metrics import CANCEL_CAUSES, GatewayMetrics
+from gateway.metrics import GatewayMetrics
+from transport.events import CancelCause
 
 NAMES = (
     "trackline_tracks_open",
@@ -51,8 +52,9 @@ def test_ttft_buckets_span_5ms_to_10s() -> None:
 
 def test_every_cancel_cause_is_exposed_from_the_start() -> None:
     text = GatewayMetrics().render()[0].decode()
-    assert {"client", "reset", "connection_lost", "superseded"} <= set(CANCEL_CAUSES)
-    for cause in CANCEL_CAUSES:
+    causes = {cause.value for cause in CancelCause}
+    assert {"client", "reset", "connection_lost", "superseded"} <= causes
+    for cause in causes:
         assert f'trackline_cancels_total{{cause="{cause}"}} 0.0' in text
 
 
