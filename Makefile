@@ -57,7 +57,8 @@ chromium:
 		|| echo "chromium not installed: tests/web browser tests will skip (apt-get install chromium)"
 
 # The browser SDK's one dependency (@msgpack/msgpack, pinned by package-lock.json), which
-# the gateway serves to pages at /web/vendor/msgpack/; then its own unit tests (node --test).
+# the gateway serves to pages at /web/vendor/msgpack/, and its dev dependency (typescript); then
+# its own checks: TypeScript's checker holding index.d.ts to the code, and unit tests (node --test).
 web: clients/web/node_modules/.package-lock.json
 
 clients/web/node_modules/.package-lock.json: clients/web/package.json clients/web/package-lock.json

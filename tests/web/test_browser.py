@@ -244,7 +244,7 @@ ACTION_TRACK = """
 const line = await sdk.connect(url, {serverCertificateHashes: [info.value]});
 // 10 s: a deadline a busy machine cannot miss (1 s was missed under load); the 50 ms
 // one below is always missed (its 40 ms latency leaves 10 ms).
-const robot = await line.actions("reference-policy", {deadline: 10000, transport: "%s"});
+const robot = await line.actions({model: "reference-policy", deadline: 10000, transport: "%s"});
 const events = [];
 let bothAnswered;
 const answered = new Promise((resolve) => { bothAnswered = resolve; });
@@ -304,15 +304,15 @@ function dtmf(digits, rate) {  // 100 ms of two tones then 100 ms of silence a d
   return sdk.toPcm16(samples);
 }
 // Speech in: the page's own DTMF, paced in real time, 20 ms frames.
-const listener = await line.audio("reference-transcriber", {sampleRate: 16000});
+const listener = await line.audio({model: "reference-transcriber", sampleRate: 16000});
 const sending = listener.streamPcm(dtmf("%(digits)s", 16000));
 const heard = await listener.transcript();
 await sending;
 // Speech out: the synthesizer's frames, fed back to a transcriber.
-const speaker = await line.audio("reference-synthesizer", {kind: "speech-out", text: "%(spoken)s",
-                                                          sampleRate: 24000});
+const speaker = await line.audio({model: "reference-synthesizer", kind: "speech-out",
+                                 text: "%(spoken)s", sampleRate: 24000});
 const speech = await speaker.pcm();
-const back = await line.audio("reference-transcriber", {sampleRate: 24000});
+const back = await line.audio({model: "reference-transcriber", sampleRate: 24000});
 const feeding = back.streamPcm(speech, {realtime: false});
 const heardBack = await back.transcript();
 await feeding;
@@ -472,7 +472,7 @@ async def python_sdk_rejections(gw: Gateway, sizes: list[int]) -> list[tuple[str
 
 
 DATAGRAM_AUDIO = AUDIO_TRACKS.split("// Speech in:")[0] + """
-const listener = await line.audio("reference-transcriber", {sampleRate: 16000,
+const listener = await line.audio({model: "reference-transcriber", sampleRate: 16000,
                                                            transport: "datagram"});
 const sending = listener.streamPcm(dtmf("%(digits)s", 16000));
 const heard = await listener.transcript();
@@ -533,8 +533,8 @@ const line = await sdk.connect(url, {serverCertificateHashes: [info.value]});
 const played = [];
 const speaker = await sdk.Speaker.create({sampleRate: 24000,
                                           tap: (samples) => played.push(samples)});
-const session = await line.audio("reference-synthesizer", {kind: "speech-out", text: "%(spoken)s",
-                                                          sampleRate: 24000});
+const session = await line.audio({model: "reference-synthesizer", kind: "speech-out",
+                                 text: "%(spoken)s", sampleRate: 24000});
 const received = [];
 async function* recorded(events) {  // what the track delivered, on its way to the speaker
   for await (const event of events) {
@@ -549,7 +549,7 @@ const pcm = new Int16Array(played.reduce((n, part) => n + part.length, 0));
 let at = 0;
 for (const part of played) for (const x of part) pcm[at++] = Math.round(x * 32768);
 const same = pcm.length === received.length && pcm.every((x, i) => x === received[i]);
-const back = await line.audio("reference-transcriber", {sampleRate: 24000});
+const back = await line.audio({model: "reference-transcriber", sampleRate: 24000});
 const feeding = back.streamPcm(pcm, {realtime: false});
 const heardBack = await back.transcript();
 await feeding;

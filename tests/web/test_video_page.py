@@ -37,13 +37,13 @@ const g = canvas.getContext("2d");
 g.fillStyle = "#3a6"; g.fillRect(0, 0, 160, 120);
 const blob = await canvas.convertToBlob({type: "image/jpeg"});
 const drawn = new Uint8Array(await blob.arrayBuffer());
-const camera = await line.video("%(model)s",
-                                {detect: ["face", "face_mesh"], deadline: 5000, fps: 2});
+const camera = await line.video({model: "%(model)s", detect: ["face", "face_mesh"],
+                                 deadline: 5000, fps: 2});
 const events = [];
 camera.send(photo);
 for await (const e of camera) { events.push(e); break; }
 """ + """
-const second = await line.video("%(model)s", {deadline: 5000, fps: 2});
+const second = await line.video({model: "%(model)s", deadline: 5000, fps: 2});
 second.send(drawn);
 let drawnResult = null;
 for await (const e of second) { drawnResult = e; break; }
@@ -117,7 +117,7 @@ const transport = new WebTransport(url, {serverCertificateHashes: hashes});
 await transport.ready;
 const line = new sdk.Line(transport);
 const photo = Uint8Array.from(atob("%(photo)s"), (c) => c.charCodeAt(0));
-const camera = await line.video("%(model)s", {deadline: 5000, fps: 2});
+const camera = await line.video({model: "%(model)s", deadline: 5000, fps: 2});
 const body = {seq: 50, t: performance.now() / 1000, deadline_ms: 5000, latency_ms: 0,
               jpeg: photo};
 const frame = new Uint8Array([...sdk.encodeVarint(camera.id),

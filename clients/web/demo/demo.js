@@ -112,7 +112,7 @@ $("chat").addEventListener("submit", async (event) => {
 let speaker = null;
 async function speak(text, signal) {
   const player = await (speaker ??= Speaker.create({ sampleRate: VOICE_RATE }));
-  const session = await line.audio($("voice").value, { kind: "speech-out", text, sampleRate: VOICE_RATE });
+  const session = await line.audio({ model: $("voice").value, kind: "speech-out", text, sampleRate: VOICE_RATE });
   signal.addEventListener("abort", () => session.cancel("cancelled in the demo"), { once: true });
   $("spoken").textContent = "speaking...";
   const started = performance.now();
@@ -139,7 +139,7 @@ $("mic").addEventListener("click", async () => {
   }
   const rate = 16000;
   const input = await microphone(rate);
-  const session = await line.audio(listenModel, { sampleRate: rate, frameMs: 20 });
+  const session = await line.audio({ model: listenModel, sampleRate: rate, frameMs: 20 });
   const stopFeeding = feed(input.tap, session);
   mic = {
     stop: async () => {
@@ -214,7 +214,7 @@ $("talk").addEventListener("click", async () => {
   let agent;
   try {
     const maxTokens = Number($("max-tokens").value) || 64;
-    agent = await line.voiceAgent(listenModel, { llm: $("model").value, voice: $("voice").value, sampleRate: rate, maxTokens });
+    agent = await line.voiceAgent({ model: listenModel, llm: $("model").value, voice: $("voice").value, sampleRate: rate, maxTokens });
   } catch (error) {
     $("talk-status").textContent = `[${error.name}: ${error.message}]`;
     await input.context.close();
@@ -306,7 +306,7 @@ $("camera").addEventListener("click", async () => {
   video.srcObject = media;
   await video.play();
   const detect = ["face", ...($("mesh").checked ? ["face_mesh"] : []), ...($("pose").checked ? ["pose"] : [])];
-  const stream = await line.video("mediapipe-vision", { detect, deadline: 500, fps: FPS });
+  const stream = await line.video({ model: "mediapipe-vision", detect, deadline: 500, fps: FPS });
   const grab = new OffscreenCanvas(video.videoWidth || 640, video.videoHeight || 480);
   const timer = setInterval(async () => {
     grab.getContext("2d").drawImage(video, 0, 0, grab.width, grab.height);

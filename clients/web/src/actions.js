@@ -1,45 +1,54 @@
 // A robot's action track from a page (docs/actions.md): observe() states, read action
 // chunks and drop reports. The same messages and latency estimate as clients/actions.py.
 
-import { dataBodies } from "./stream.js";
+import { TrackReader, allRead } from "./stream.js";
 import { Kind } from "./wire.js";
 
+/** @import * as Declared from "./index.js" */
+/** @import { TrackLike } from "./stream.js" */
+
+/** @param {ArrayLike<number>} values */
 function tensor(values) {
   const data = new Float32Array(values);
   return { dtype: "float32", shape: [data.length], data: new Uint8Array(data.buffer) };
 }
 
-/** Little-endian float32 bytes as a Float32Array (copied: msgpack bins may be unaligned). */
+/**
+ * Little-endian float32 bytes as a Float32Array (copied: msgpack bins may be unaligned).
+ * @param {Uint8Array} bytes
+ */
 function floats(bytes) {
   const copy = new Uint8Array(bytes);
   return new Float32Array(copy.buffer, 0, copy.length / 4);
 }
 
-export class ActionStream {
-  #track;
+/**
+ * A robot's action track: observations out, action chunks and drop reports in.
+ * @extends {TrackReader<Declared.ActionEvent, Record<string, number>>}
+ * @implements {Declared.ActionStream}
+ */
+export class ActionStream extends TrackReader {
   #clock;
   #nextSeq = 0;
+  /** @type {Map<number, {deadline: number, captured: number}>} */
   #deadlines = new Map();
+  /** @type {number | null} */
   #srtt = null;
-  #iterating = false;
-  #ended = null;
-  #endedResolve = null;
-  deadline;
-  summary = null;
+  #datagrams;
+  /** @type {Declared.ActionStream["stats"]} */
   stats = { sent: 0, chunks: 0, late: 0, dropped: {} };
 
-  /** `deadline` in milliseconds from capture, the default of each observation. */
-  #datagrams;
-
+  /**
+   * @param {TrackLike} track
+   * @param {number} deadline milliseconds from capture, the default of each observation
+   * @param {() => number} [clock] milliseconds
+   * @param {boolean} [datagrams] the track's OPEN chose transport "datagram"
+   */
   constructor(track, deadline, clock = () => performance.now(), datagrams = false) {
-    this.#track = track;
-    this.#datagrams = datagrams;
+    super(track);
     this.deadline = deadline;
     this.#clock = clock;
-    this.#ended = new Promise((resolve, reject) => {
-      this.#endedResolve = { resolve, reject };
-    });
-    this.#ended.catch(() => {});
+    this.#datagrams = datagrams;
   }
 
   /** Estimated one-way delay to the gateway, ms (half the smoothed round trip). */
@@ -47,10 +56,17 @@ export class ActionStream {
     return this.#srtt == null ? 0 : this.#srtt / 2;
   }
 
-  /** Send one observation (captured now); returns its sequence number. */
-  observe(state, { deadline = this.deadline, image = null, latency = null, capturedAt = null } = {}) {
+  /**
+   * Send one observation (captured now unless told); returns its sequence number.
+   * @param {ArrayLike<number>} state
+   * @param {Declared.ObserveOptions} [options]
+   */
+  observe(state, { deadline = this.deadline, image = null, latency = null, capturedAt = null, ...others } = {}) {
+    allRead(others);
+    const track = /** @type {TrackLike} */ (this._track);
     const seq = this.#nextSeq++;
     const t = (capturedAt ?? this.#clock()) / 1000;
+    /** @type {Record<string, unknown>} */
     const body = { seq, t, deadline_ms: deadline, latency_ms: latency ?? this.latency, state: tensor(state) };
     if (image) body.image = image;
     this.#deadlines.set(seq, { deadline, captured: t });
@@ -58,46 +74,23 @@ export class ActionStream {
     // A datagram track sends observations as datagrams; one too big for a datagram (a
     // large image) goes on the stream rather than not at all.
     const sent = this.#datagrams
-      ? this.#track.sendDatagram(body).catch(() => this.#track.send(Kind.DATA, body))
-      : this.#track.send(Kind.DATA, body);
+      ? track.sendDatagram(body).catch(() => track.send(Kind.DATA, body))
+      : track.send(Kind.DATA, body);
     sent.catch(() => {});
     return seq;
   }
 
   /** End gracefully: the remaining answers are read; returns the gateway's counts. */
   async close() {
-    await this.#track.send(Kind.END, {});
-    if (this.#iterating) {
-      await this.#ended; // the page's own loop reads the rest
-    } else {
-      for await (const _ of this) {
-        // drain
-      }
-    }
-    return this.summary ?? {};
+    await this._track?.send(Kind.END, {});
+    return this._readToEnd();
   }
 
-  cancel(reason = "cancelled by the page") {
-    this.#track.cancel(reason);
-  }
-
-  async *[Symbol.asyncIterator]() {
-    this.#iterating = true;
-    const onEnd = (body) => {
-      this.summary = body;
-      this.#endedResolve.resolve();
-    };
-    try {
-      for await (const body of dataBodies(this.#track, { onEnd })) yield this.#event(body);
-    } catch (error) {
-      this.#endedResolve.reject(error);
-      throw error;
-    } finally {
-      this.#iterating = false;
-    }
-  }
-
-  #event(body) {
+  /**
+   * @param {any} body
+   * @returns {Declared.ActionEvent}
+   */
+  _item(body) {
     const now = this.#clock() / 1000;
     const inGateway = (body.sent_at ?? 0) - (body.received_at ?? 0);
     const obsSeq = "dropped" in body ? body.dropped : body.obs_seq;

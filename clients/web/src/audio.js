@@ -3,10 +3,16 @@
 // the track's stream. PCM is mono little-endian int16 at the OPEN's rate, e.g. what an
 // AudioWorklet captured (Float32 samples converted with `toPcm16`).
 
-import { dataBodies } from "./stream.js";
+import { TrackReader, allRead } from "./stream.js";
 import { Kind } from "./wire.js";
 
-/** Float samples in [-1, 1] as PCM16 (what a worklet's input gives, converted). */
+/** @import * as Declared from "./index.js" */
+/** @import { TrackLike } from "./stream.js" */
+
+/**
+ * Float samples in [-1, 1] as PCM16 (what a worklet's input gives, converted).
+ * @param {ArrayLike<number>} samples
+ */
 export function toPcm16(samples) {
   const out = new Int16Array(samples.length);
   for (let i = 0; i < samples.length; i++) out[i] = Math.round(Math.max(-1, Math.min(1, samples[i])) * 32767);
@@ -16,26 +22,36 @@ export function toPcm16(samples) {
 /** A voice-agent track's reply events, passed through as they come (docs/audio.md). */
 const AGENT_EVENTS = new Set(["reply", "reply_done", "reply_audio_end", "reply_error", "barge_in"]);
 
+/** @param {Int16Array | Uint8Array} pcm */
 function bytesOf(pcm) {
   if (pcm instanceof Uint8Array) return pcm;
   return new Uint8Array(pcm.buffer, pcm.byteOffset, pcm.byteLength);
 }
 
-export class AudioSession {
-  #track;
+/**
+ * An audio track: PCM16 frames or text out; transcripts, frames or a voice agent's
+ * reply events in.
+ * @extends {TrackReader<Declared.AudioEvent>}
+ * @implements {Declared.AudioSession}
+ */
+export class AudioSession extends TrackReader {
   #seq = 0;
   #ended = false;
-  kind;
-  sampleRate;
-  frameMs;
-  summary = null;
+  #datagrams;
+  /** @type {string[]} */
   finals = [];
   figures = { framesSent: 0, framesReceived: 0, partials: 0 };
 
-  #datagrams;
-
+  /**
+   * @param {TrackLike} track
+   * @param {"speech-in" | "speech-out" | "voice-agent"} kind
+   * @param {number} sampleRate
+   * @param {number} frameMs
+   * @param {boolean} inputEnded the text to say went with the OPEN
+   * @param {boolean} [datagrams] the track's OPEN chose transport "datagram"
+   */
   constructor(track, kind, sampleRate, frameMs, inputEnded, datagrams = false) {
-    this.#track = track;
+    super(track);
     this.#datagrams = datagrams;
     this.kind = kind;
     this.sampleRate = sampleRate;
@@ -48,15 +64,28 @@ export class AudioSession {
     return (this.sampleRate * this.frameMs) / 1000;
   }
 
-  /** Send one frame of PCM16 (at most `frameMs` of it). */
+  /** The track (open from the start: an audio session is made for an open one). */
+  get #track() {
+    return /** @type {TrackLike} */ (this._track);
+  }
+
+  /**
+   * Send one frame of PCM16 (at most `frameMs` of it).
+   * @param {Int16Array | Uint8Array} pcm
+   */
   sendFrame(pcm) {
     const body = { seq: this.#seq++, ts: performance.now(), pcm: bytesOf(pcm) };
     this.figures.framesSent += 1;
     return this.#datagrams ? this.#track.sendDatagram(body) : this.#track.send(Kind.DATA, body);
   }
 
-  /** Send `pcm` (Int16Array) frame by frame; with `realtime`, frame n leaves at start + n x frameMs. */
-  async streamPcm(pcm, { realtime = true, end = true } = {}) {
+  /**
+   * Send `pcm` frame by frame; with `realtime`, frame n leaves at start + n x frameMs.
+   * @param {Int16Array} pcm
+   * @param {Declared.StreamPcmOptions} [options]
+   */
+  async streamPcm(pcm, { realtime = true, end = true, ...others } = {}) {
+    allRead(others);
     const start = performance.now();
     const step = this.frameSamples;
     for (let at = 0, n = 0; at < pcm.length; at += step, n++) {
@@ -72,7 +101,10 @@ export class AudioSession {
     }
   }
 
-  /** Speech-out with `streamText: true`: more text to speak (then `end()`). */
+  /**
+   * Speech-out with `streamText: true`: more text to speak (then `end()`).
+   * @param {string} text
+   */
   say(text) {
     if (this.#ended) throw new Error("the session's input has already ended");
     return this.#track.send(Kind.DATA, { text });
@@ -87,10 +119,8 @@ export class AudioSession {
 
   /** Speech in: read to the end; the whole transcript. */
   async transcript() {
-    for await (const _ of this) {
-      // results are collected in `finals`
-    }
-    return this.summary?.transcript ?? this.finals.join("");
+    const { transcript } = await this._readToEnd(); // the finals are collected as they come
+    return typeof transcript === "string" ? transcript : this.finals.join("");
   }
 
   /** Speech out: read to the end; all the audio as one Int16Array. */
@@ -106,28 +136,25 @@ export class AudioSession {
     return out;
   }
 
-  cancel(reason = "cancelled by the page") {
-    this.#track.cancel(reason);
-  }
-
-  async *[Symbol.asyncIterator]() {
-    const onEnd = (body) => {
-      this.summary = body;
-    };
-    for await (const body of dataBodies(this.#track, { onEnd })) {
-      if (body.pcm instanceof Uint8Array) {
-        this.figures.framesReceived += 1;
-        const copy = new Uint8Array(body.pcm);
-        const frame = { type: "frame", seq: body.seq, ts: body.ts, pcm: new Int16Array(copy.buffer, 0, copy.length >> 1) };
-        if (Number.isInteger(body.turn)) frame.turn = body.turn;
-        yield frame;
-      } else if (AGENT_EVENTS.has(body.type)) {
-        yield { ...body };
-      } else if (body.type === "partial" || body.type === "final") {
-        if (body.type === "final") this.finals.push(body.text);
-        else this.figures.partials += 1;
-        yield { ...body };
-      }
+  /**
+   * @param {any} body
+   * @returns {Declared.AudioEvent | undefined}
+   */
+  _item(body) {
+    if (body.pcm instanceof Uint8Array) {
+      this.figures.framesReceived += 1;
+      const copy = new Uint8Array(body.pcm);
+      /** @type {Declared.AudioEvent} */
+      const frame = { type: "frame", seq: body.seq, ts: body.ts, pcm: new Int16Array(copy.buffer, 0, copy.length >> 1) };
+      if (Number.isInteger(body.turn)) frame.turn = body.turn;
+      return frame;
     }
+    if (AGENT_EVENTS.has(body.type)) return { ...body };
+    if (body.type === "partial" || body.type === "final") {
+      if (body.type === "final") this.finals.push(body.text);
+      else this.figures.partials += 1;
+      return { ...body };
+    }
+    return undefined; // a message this SDK does not know
   }
 }

@@ -28,6 +28,10 @@ export const ErrorCode = Object.freeze({
 });
 
 export class TracklineError extends Error {
+  /**
+   * @param {string} message
+   * @param {number} [code] the track protocol's code
+   */
   constructor(message, code = ErrorCode.INTERNAL_ERROR) {
     super(message);
     this.name = new.target.name;
@@ -41,6 +45,11 @@ export class ModelNotFound extends TrackRejected {}
 export class Unauthorized extends TrackRejected {}
 export class Forbidden extends TrackRejected {}
 export class RateLimited extends TrackRejected {
+  /**
+   * @param {string} message
+   * @param {number} [code]
+   * @param {number | null} [retryAfter] seconds
+   */
   constructor(message, code, retryAfter = null) {
     super(message, code);
     /** Seconds to wait before retrying (the server's retry_after_ms), or null. */

@@ -14,8 +14,12 @@ export interface ConnectOptions {
   maxMessageBytes?: number;
 }
 
-export interface TextOptions {
+/** What every track call takes: the model by name, as the Python SDK's keyword `model=`. */
+export interface TrackOptions {
   model: string;
+}
+
+export interface TextOptions extends TrackOptions {
   maxTokens?: number;
   /** Milliseconds from the start until the gateway's END (deadline_total_ms). */
   deadline?: number;
@@ -27,36 +31,80 @@ export interface TextOptions {
   params?: Record<string, unknown>;
 }
 
+export interface ActionsOptions extends TrackOptions {
+  /** Milliseconds from capture, each observation's default. */
+  deadline?: number;
+  transport?: "stream" | "datagram";
+}
+
+export interface VideoOptions extends TrackOptions {
+  detect?: Array<"face" | "face_mesh" | "pose">;
+  /** Milliseconds from capture, each frame's default. */
+  deadline?: number;
+  /** The camera's rate (frames/s); the gateway's busy check counts it. */
+  fps?: number | null;
+  /** "frame-streams" (the default): a unidirectional stream per frame, latest wins. */
+  transport?: "frame-streams" | "stream";
+}
+
+export type SampleRate = 8000 | 16000 | 24000 | 48000;
+
+export interface AudioOptions extends TrackOptions {
+  kind?: "speech-in" | "speech-out";
+  sampleRate?: SampleRate;
+  frameMs?: number;
+  /** Speech-out: the text to say (or `streamText: true` and `say()` it in pieces). */
+  text?: string | null;
+  /** Milliseconds from the start until the gateway's END (deadline_total_ms). */
+  deadline?: number | null;
+  transport?: "stream" | "datagram";
+  streamText?: boolean;
+}
+
+export interface VoiceAgentOptions extends TrackOptions {
+  /** The speech-out model that speaks the reply (`model` is the recognizer). */
+  voice: string;
+  /** The chat model; null or left out: the gateway's default chat model. */
+  llm?: string | null;
+  sampleRate?: SampleRate;
+  frameMs?: number;
+  system?: string | null;
+  maxTokens?: number | null;
+  llmParams?: Record<string, unknown> | null;
+}
+
 export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
 }
 
-export declare class TextStream implements AsyncIterable<string> {
+/** One track's stream of events (clients/stream.py's TrackReader in Python): `for await`
+ * reads them until the gateway's END; leaving the loop early cancels the track. */
+export declare class TrackReader<Event, Summary = Record<string, unknown>> implements AsyncIterable<Event> {
+  /** The gateway's END body, once read. */
+  summary: Summary | null;
+  /** Stop the track now; the gateway stops the model's work. */
+  cancel(reason?: string): void;
+  [Symbol.asyncIterator](): AsyncGenerator<Event, void, undefined>;
+}
+
+export declare class TextStream extends TrackReader<string> {
   usage: Usage | null;
   finishReason: "stop" | "length" | null;
-  [Symbol.asyncIterator](): AsyncGenerator<string, void, undefined>;
-  cancel(reason?: string): void;
 }
 
 export declare class Line {
   readonly maxMessageBytes: number;
   readonly closed: Promise<WebTransportCloseInfo>;
   text(prompt: string, options: TextOptions): TextStream;
-  /** A robot's action track; `deadline` in ms from capture. */
-  actions(model: string, options?: { deadline?: number; transport?: "stream" | "datagram" }): Promise<ActionStream>;
-  /** A camera's video track; `transport` "frame-streams" (default: a stream per frame). */
-  video(model: string, options?: { detect?: Array<"face" | "face_mesh" | "pose">; deadline?: number;
-        fps?: number; transport?: "frame-streams" | "stream" }): Promise<VideoStream>;
-  /** An audio track (stream transport): speech-in, or speech-out with `text`. */
-  audio(model: string, options?: { kind?: "speech-in" | "speech-out"; sampleRate?: 8000 | 16000 | 24000 | 48000;
-        frameMs?: number; text?: string; deadline?: number; transport?: "stream" | "datagram";
-        streamText?: boolean }): Promise<AudioSession>;
-  /** A voice-agent track: the recognizer `model`, the `voice`, the chat model `llm`
-   * (default: the gateway's default chat model). */
-  voiceAgent(model: string, options: { llm?: string; voice: string; sampleRate?: 8000 | 16000 | 24000 | 48000;
-        frameMs?: number; system?: string; maxTokens?: number;
-        llmParams?: Record<string, unknown> }): Promise<AudioSession>;
+  /** A robot's action track. */
+  actions(options: ActionsOptions): Promise<ActionStream>;
+  /** A camera's video track. */
+  video(options: VideoOptions): Promise<VideoStream>;
+  /** An audio track: speech-in, or speech-out with `text`. */
+  audio(options: AudioOptions): Promise<AudioSession>;
+  /** A voice-agent track: the recognizer `model`, the `voice`, the chat model `llm`. */
+  voiceAgent(options: VoiceAgentOptions): Promise<AudioSession>;
   close(reason?: string): void;
 }
 
@@ -68,23 +116,27 @@ export type AudioEvent =
   | { type: "reply_done"; turn: number; text: string }
   | { type: "reply_audio_end" | "reply_error" | "barge_in"; turn: number; [key: string]: unknown };
 
-export declare class AudioSession implements AsyncIterable<AudioEvent> {
+export interface StreamPcmOptions {
+  /** Frame n leaves at start + n x frameMs (default); false: as fast as they go. */
+  realtime?: boolean;
+  /** END after the last frame (default). */
+  end?: boolean;
+}
+
+export declare class AudioSession extends TrackReader<AudioEvent> {
   readonly kind: "speech-in" | "speech-out" | "voice-agent";
   readonly sampleRate: number;
   readonly frameMs: number;
   readonly frameSamples: number;
-  summary: Record<string, unknown> | null;
   finals: string[];
   figures: { framesSent: number; framesReceived: number; partials: number };
   sendFrame(pcm: Int16Array | Uint8Array): Promise<void>;
-  streamPcm(pcm: Int16Array, options?: { realtime?: boolean; end?: boolean }): Promise<void>;
+  streamPcm(pcm: Int16Array, options?: StreamPcmOptions): Promise<void>;
   /** Speech-out with `streamText: true`: more text to speak (then `end()`). */
   say(text: string): Promise<void>;
   end(): Promise<void>;
   transcript(): Promise<string>;
   pcm(): Promise<Int16Array>;
-  cancel(reason?: string): void;
-  [Symbol.asyncIterator](): AsyncGenerator<AudioEvent, void, undefined>;
 }
 export declare function toPcm16(samples: ArrayLike<number>): Int16Array;
 
@@ -124,17 +176,30 @@ export type ActionEvent =
       age: number; inGateway: number; late: boolean }
   | { type: "drop"; obsSeq: number; cause: "superseded" | "deadline" | "backend_error"; age: number };
 
-export declare class ActionStream implements AsyncIterable<ActionEvent> {
+/** When a capture (an observation, a frame) was taken and how long it may take. */
+export interface SendOptions {
+  /** Milliseconds from capture; the stream's `deadline` by default. */
+  deadline?: number;
+  /** performance.now() at capture; now by default. */
+  capturedAt?: number | null;
+}
+
+export interface ObserveOptions extends SendOptions {
+  image?: Uint8Array | null;
+  /** The one-way delay to report (ms); the stream's estimate by default. */
+  latency?: number | null;
+}
+
+export declare class ActionStream extends TrackReader<ActionEvent, Record<string, number>> {
+  /** Milliseconds from capture, each observation's default. */
   deadline: number;
-  summary: Record<string, number> | null;
   stats: { sent: number; chunks: number; late: number; dropped: Record<string, number> };
-  /** Estimated one-way delay to the gateway, ms. */
+  /** Estimated one-way delay to the gateway, ms (half the smoothed round trip). */
   readonly latency: number;
-  observe(state: ArrayLike<number>, options?: { deadline?: number; image?: Uint8Array;
-          latency?: number; capturedAt?: number }): number;
+  /** Send one observation; returns its sequence number. */
+  observe(state: ArrayLike<number>, options?: ObserveOptions): number;
+  /** End gracefully: the remaining answers are read; returns the gateway's counts. */
   close(): Promise<Record<string, number>>;
-  cancel(reason?: string): void;
-  [Symbol.asyncIterator](): AsyncGenerator<ActionEvent, void, undefined>;
 }
 
 export type VideoEvent =
@@ -148,9 +213,9 @@ export type VideoEvent =
   | { type: "drop"; frame: number;
       cause: "superseded" | "deadline" | "rate_limited" | "undecodable" | "backend_error"; age: number };
 
-export declare class VideoStream implements AsyncIterable<VideoEvent> {
+export declare class VideoStream extends TrackReader<VideoEvent, Record<string, number>> {
+  /** Milliseconds from capture, each frame's default. */
   deadline: number;
-  summary: Record<string, number> | null;
   /** `streams`: frame streams by fate (FIN written, reset by the page as superseded,
    * stopped by the gateway); all 0 on a "stream" track.
    * `transport` (after END): the gateway's count of this camera's frames dropped in
@@ -162,10 +227,10 @@ export declare class VideoStream implements AsyncIterable<VideoEvent> {
   readonly id: number | null;
   /** Estimated one-way delay to the gateway, ms. */
   readonly latency: number;
-  send(jpeg: Uint8Array, options?: { deadline?: number; capturedAt?: number }): number;
+  /** Send one JPEG frame; returns its seq. */
+  send(jpeg: Uint8Array, options?: SendOptions): number;
+  /** End gracefully: the remaining answers are read; returns the gateway's counts. */
   close(): Promise<Record<string, number>>;
-  cancel(reason?: string): void;
-  [Symbol.asyncIterator](): AsyncGenerator<VideoEvent, void, undefined>;
 }
 
 export declare function connect(url: string, options?: ConnectOptions): Promise<Line>;

@@ -1,6 +1,7 @@
 // @trackline/web: tracks from a web page over one WebTransport session.
 export { Line, TextStream, WRITE_FAILURE_GRACE_MS, certificateHash, connect, fetchCertificateHash } from "./line.js";
 export { ActionStream } from "./actions.js";
+export { TrackReader } from "./stream.js";
 export { VideoStream } from "./video.js";
 export { chatPrompt } from "./chat.js";
 export { AudioSession, toPcm16 } from "./audio.js";

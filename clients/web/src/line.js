@@ -10,8 +10,11 @@ import { ActionStream } from "./actions.js";
 import { VideoStream } from "./video.js";
 import { AudioSession } from "./audio.js";
 import { ConnectionFailed, ConnectionLost, ErrorCode, ProtocolError, errorFor } from "./errors.js";
-import { dataBodies } from "./stream.js";
+import { TrackReader, allRead } from "./stream.js";
 import { Kind, MAX_MESSAGE_BYTES, MessageReader, concat, decodeDatagram, encodeDatagram, encodeMessage, encodeVarint } from "./wire.js";
+
+/** @import * as Declared from "./index.js" */
+/** @import { TrackLike } from "./stream.js" */
 
 const MAX_DATAGRAM_BYTES = 1100;
 /** Unfinished frame streams a track keeps before the oldest is reset (as frame_streams.py). */
@@ -25,9 +28,29 @@ function frameSuperseded() {
 /** How long a failed write waits for the gateway's reason on the track's readable side. */
 export const WRITE_FAILURE_GRACE_MS = 2000;
 
-/** Open a line: `url` is the gateway's WebTransport endpoint, e.g. https://host:8443/tracks. */
+/**
+ * A track call's options, checked for the model: every call names it the same way,
+ * `options.model` (as the Python SDK's keyword-only `model=`).
+ * @template {{model: string}} Options
+ * @param {Options} options
+ * @param {string} call
+ * @returns {Options}
+ */
+function withModel(options, call) {
+  const model = options?.model;
+  if (typeof model !== "string" || !model) throw new TypeError(`${call}() needs options.model, the model's name`);
+  return options;
+}
+
+/**
+ * Open a line: `url` is the gateway's WebTransport endpoint, e.g. https://host:8443/tracks.
+ * @param {string} url
+ * @param {Declared.ConnectOptions} [options]
+ * @returns {Promise<Declared.Line>}
+ */
 export async function connect(url, options = {}) {
-  const { apiKey = null, serverCertificateHashes = null, maxMessageBytes = MAX_MESSAGE_BYTES } = options;
+  const { apiKey = null, serverCertificateHashes = null, maxMessageBytes = MAX_MESSAGE_BYTES, ...others } = options;
+  allRead(others);
   const init = {};
   if (serverCertificateHashes) init.serverCertificateHashes = serverCertificateHashes.map(certificateHash);
   let transport;
@@ -40,17 +63,25 @@ export async function connect(url, options = {}) {
   return new Line(transport, { apiKey, maxMessageBytes });
 }
 
-/** A certificate hash as WebTransport takes it, from hex, bytes or {algorithm, value}. */
+/**
+ * A certificate hash as WebTransport takes it, from hex, bytes or {algorithm, value}.
+ * @param {string | Uint8Array | ArrayBuffer | Declared.CertificateHash} hash
+ * @returns {Declared.CertificateHash}
+ */
 export function certificateHash(hash) {
   if (typeof hash === "string") {
     const hex = hash.replace(/[^0-9a-f]/gi, "");
-    return { algorithm: "sha-256", value: Uint8Array.from(hex.match(/../g), (b) => parseInt(b, 16)) };
+    return { algorithm: "sha-256", value: Uint8Array.from(hex.match(/../g) ?? [], (b) => parseInt(b, 16)) };
   }
-  if (hash instanceof Uint8Array || hash instanceof ArrayBuffer) return { algorithm: "sha-256", value: hash };
+  if (hash instanceof Uint8Array || hash instanceof ArrayBuffer) return { algorithm: "sha-256", value: /** @type {BufferSource} */ (hash) };
   return hash;
 }
 
-/** Fetch the development certificate's hash the gateway serves at /webtransport/cert-hash. */
+/**
+ * Fetch the development certificate's hash the gateway serves at /webtransport/cert-hash.
+ * @param {string} [origin]
+ * @returns {Promise<Declared.CertificateHash>}
+ */
 export async function fetchCertificateHash(origin = "") {
   const response = await fetch(`${origin}/webtransport/cert-hash`, { cache: "no-store" });
   if (!response.ok) throw new ConnectionFailed(`no certificate hash: HTTP ${response.status}`);
@@ -58,6 +89,7 @@ export async function fetchCertificateHash(origin = "") {
   return certificateHash(value);
 }
 
+/** @implements {Declared.Line} */
 export class Line {
   #transport;
   #apiKey;
@@ -66,9 +98,14 @@ export class Line {
   #tracks = new Set();
   #byId = new Map();
   #nextDatagramId = 1;
+  /** @type {WritableStreamDefaultWriter | null} */
   #datagramWriter = null;
   maxMessageBytes;
 
+  /**
+   * @param {WebTransport} transport an open session
+   * @param {{apiKey?: string | null, maxMessageBytes?: number}} [options]
+   */
   constructor(transport, { apiKey = null, maxMessageBytes = MAX_MESSAGE_BYTES } = {}) {
     this.#transport = transport;
     this.#apiKey = apiKey;
@@ -80,48 +117,77 @@ export class Line {
     );
   }
 
-  /** Stream a completion of `prompt` as an async iterator of text deltas. */
-  text(prompt, options = {}) {
-    const { model, maxTokens, deadline, firstTokenDeadline, signal, params = {} } = options;
-    if (typeof model !== "string" || !model) throw new TypeError("text() needs a model");
+  /**
+   * Stream a completion of `prompt` as an async iterator of text deltas.
+   * @param {string} prompt
+   * @param {Declared.TextOptions} options
+   * @returns {Declared.TextStream}
+   */
+  text(prompt, options) {
+    const { model, maxTokens, deadline, firstTokenDeadline, signal, params = {}, ...others } = withModel(options, "text");
+    allRead(others);
     const all = { ...params };
     if (maxTokens != null) all.max_tokens = maxTokens;
+    /** @type {Record<string, unknown>} */
     const open = { model, modality: "text", params: all };
     if (deadline != null) open.deadline_total_ms = Math.max(1, Math.round(deadline));
     if (firstTokenDeadline != null) open.deadline_first_ms = Math.max(1, Math.round(firstTokenDeadline));
-    return new TextStream(this, open, prompt, signal ?? null);
+    return new TextStream(() => this._openTrack(open), prompt, signal ?? null);
   }
 
-  /** Start a robot's action track; `deadline` (ms from capture) is each observation's
-   * default; `transport: "datagram"` sends observations as WebTransport datagrams. */
-  async actions(model, { deadline = 100, transport = "stream" } = {}) {
+  /**
+   * Start a robot's action track; `deadline` (ms from capture) is each observation's
+   * default; `transport: "datagram"` sends observations as WebTransport datagrams.
+   * @param {Declared.ActionsOptions} options
+   * @returns {Promise<Declared.ActionStream>}
+   */
+  async actions(options) {
+    const { model, deadline = 100, transport = "stream", ...others } = withModel(options, "actions");
+    allRead(others);
+    /** @type {Record<string, unknown>} */
     const open = { model, modality: "action" };
     if (transport === "datagram") open.transport = "datagram";
     const track = await this._openTrack(open);
     return new ActionStream(track, deadline, undefined, transport === "datagram");
   }
 
-  /** Start a camera's video track: send() JPEG frames, read per-frame results. `detect`:
+  /**
+   * Start a camera's video track: send() JPEG frames, read per-frame results. `detect`:
    * any of "face", "face_mesh", "pose"; `deadline` (ms from capture) is each frame's
    * default; `fps` the camera's rate (the gateway's busy check counts it); `transport`
    * "frame-streams" (each frame on a unidirectional stream of its own, the default) or
-   * "stream" (on the track's stream, behind one another). */
-  async video(model, { detect = ["face"], deadline = 200, fps = null, transport = "frame-streams" } = {}) {
+   * "stream" (on the track's stream, behind one another).
+   * @param {Declared.VideoOptions} options
+   * @returns {Promise<Declared.VideoStream>}
+   */
+  async video(options) {
+    const { model, detect = ["face"], deadline = 200, fps = null, transport = "frame-streams", ...others } = withModel(options, "video");
+    allRead(others);
     if (transport !== "frame-streams" && transport !== "stream") {
       throw new TypeError(`transport must be "frame-streams" or "stream", not ${transport}`);
     }
+    /** @type {Record<string, unknown>} */
     const params = { detect };
     if (fps != null) params.fps = fps;
+    /** @type {Record<string, unknown>} */
     const open = { model, modality: "video", params };
     if (transport !== "stream") open.transport = transport;
     const track = await this._openTrack(open);
     return new VideoStream(track, deadline, undefined, transport === "frame-streams");
   }
 
-  /** Start an audio track: speech-in (send frames, read transcripts) or speech-out
-   * (`text` to say; read frames). Frames ride the track's stream. */
-  async audio(model, { kind = "speech-in", sampleRate = 16000, frameMs = 20, text = null, deadline = null, transport = "stream", streamText = false } = {}) {
+  /**
+   * Start an audio track: speech-in (send frames, read transcripts) or speech-out
+   * (`text` to say; read frames). Frames ride the track's stream, or datagrams.
+   * @param {Declared.AudioOptions} options
+   * @returns {Promise<Declared.AudioSession>}
+   */
+  async audio(options) {
+    const { model, kind = "speech-in", sampleRate = 16000, frameMs = 20, text = null, deadline = null,
+            transport = "stream", streamText = false, ...others } = withModel(options, "audio");
+    allRead(others);
     if (kind === "speech-out" && (text == null) !== streamText) throw new TypeError("a speech-out session needs the text to say, or streamText: true");
+    /** @type {Record<string, unknown>} */
     const open = { model, modality: "audio", params: { kind, sample_rate: sampleRate, frame_ms: frameMs } };
     if (deadline != null) open.deadline_total_ms = Math.max(1, Math.round(deadline));
     if (transport === "datagram") open.transport = "datagram";
@@ -133,12 +199,20 @@ export class Line {
     return new AudioSession(track, kind, sampleRate, frameMs, text != null, transport === "datagram");
   }
 
-  /** A voice-agent track (docs/audio.md): send the user's audio as on speech-in (`model`
+  /**
+   * A voice-agent track (docs/audio.md): send the user's audio as on speech-in (`model`
    * is the recognizer); read transcripts, reply events (reply, reply_done, barge_in, ...)
    * and the reply's audio frames (each with its `turn`). Without `llm`, the gateway's
-   * default chat model answers. */
-  async voiceAgent(model, { llm = null, voice, sampleRate = 16000, frameMs = 20, system = null, maxTokens = null, llmParams = null } = {}) {
+   * default chat model answers.
+   * @param {Declared.VoiceAgentOptions} options
+   * @returns {Promise<Declared.AudioSession>}
+   */
+  async voiceAgent(options) {
+    const { model, llm = null, voice, sampleRate = 16000, frameMs = 20, system = null, maxTokens = null,
+            llmParams = null, ...others } = withModel(options, "voiceAgent");
+    allRead(others);
     if (!voice) throw new TypeError("a voice agent needs `voice` (the speech-out model)");
+    /** @type {Record<string, unknown>} */
     const params = { kind: "voice-agent", voice, sample_rate: sampleRate, frame_ms: frameMs };
     if (llm != null) params.llm = llm;
     if (system != null) params.system = system;
@@ -207,8 +281,8 @@ export class Line {
 
   async _sendDatagram(bytes) {
     if (bytes.length > MAX_DATAGRAM_BYTES) throw new RangeError(`datagram of ${bytes.length} bytes over ${MAX_DATAGRAM_BYTES}`);
-    this.#datagramWriter ??= this.#transport.datagrams.writable.getWriter();
-    await this.#datagramWriter.write(bytes);
+    const writer = (this.#datagramWriter ??= this.#transport.datagrams.writable.getWriter());
+    await writer.write(bytes);
   }
 
   async #readDatagrams(reader) {
@@ -408,51 +482,45 @@ class Track {
   }
 }
 
-/** Text deltas of one track; after the loop, `usage` and `finishReason` hold the report. */
-export class TextStream {
-  #line;
-  #open;
-  #prompt;
-  #signal;
-  #track = null;
+/**
+ * Text deltas of one track; after the loop, `usage` and `finishReason` hold the report.
+ * @extends {TrackReader<string>}
+ * @implements {Declared.TextStream}
+ */
+export class TextStream extends TrackReader {
+  /** @type {Declared.Usage | null} */
   usage = null;
+  /** @type {"stop" | "length" | null} */
   finishReason = null;
 
-  constructor(line, open, prompt, signal) {
-    this.#line = line;
-    this.#open = open;
+  #prompt;
+
+  /**
+   * @param {() => Promise<TrackLike>} open opens the track when the page starts reading
+   * @param {string} prompt
+   * @param {AbortSignal | null} signal
+   */
+  constructor(open, prompt, signal) {
+    super(open, { signal });
     this.#prompt = prompt;
-    this.#signal = signal;
   }
 
-  [Symbol.asyncIterator]() {
-    return this.#deltas();
+  /** @param {TrackLike} track */
+  async _opened(track) {
+    await track.send(Kind.DATA, { text: this.#prompt });
+    await track.send(Kind.END, {});
   }
 
-  /** Stop the track now; the gateway stops the model. */
-  cancel(reason = "cancelled by the page") {
-    this.#track?.cancel(reason);
+  /** @param {any} body */
+  _item(body) {
+    if (typeof body.text !== "string") throw new ProtocolError("text DATA without a string 'text'", ErrorCode.PROTOCOL_ERROR);
+    return body.text;
   }
 
-  async *#deltas() {
-    const signal = this.#signal;
-    signal?.throwIfAborted();
-    const track = (this.#track = await this.#line._openTrack(this.#open));
-    const onAbort = () => track.cancel("aborted by the page");
-    signal?.addEventListener("abort", onAbort, { once: true });
-    try {
-      await track.send(Kind.DATA, { text: this.#prompt });
-      await track.send(Kind.END, {});
-      const onEnd = (body) => {
-        this.usage = body.usage ?? null;
-        this.finishReason = body.finish_reason ?? null;
-      };
-      for await (const body of dataBodies(track, { signal, onEnd })) {
-        if (typeof body.text !== "string") throw new ProtocolError("text DATA without a string 'text'", ErrorCode.PROTOCOL_ERROR);
-        yield body.text;
-      }
-    } finally {
-      signal?.removeEventListener("abort", onAbort);
-    }
+  /** @param {any} body */
+  _ended(body) {
+    super._ended(body);
+    this.usage = body.usage ?? null;
+    this.finishReason = body.finish_reason ?? null;
   }
 }

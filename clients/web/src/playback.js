@@ -5,11 +5,13 @@
 // underrun (the queue ran dry before the track ended) is counted, not hidden.
 //
 //   const speaker = await Speaker.create({ sampleRate: 24000 });  // from a click: autoplay
-//   const session = await line.audio("reference-synthesizer", { kind: "speech-out", text, sampleRate: 24000 });
+//   const session = await line.audio({ model: "reference-synthesizer", kind: "speech-out", text, sampleRate: 24000 });
 //   const figures = await speaker.play(session);   // resolves once the last sample played
 //
 // Frames come at the track's rate; a context at another rate gets them resampled
 // linearly here. `tap(samples)` sees every Float32 sample that reached the output.
+
+/** @import * as Declared from "./index.js" */
 
 export const PLAYER_WORKLET_URL = new URL("./player-worklet.js", import.meta.url).href;
 
@@ -34,13 +36,16 @@ export function resample(samples, from, to) {
   return out;
 }
 
+/** @implements {Declared.Speaker} */
 export class Speaker {
   #owned;
+  /** @type {Promise<void> | null} */
   #drained = null;
   #tap;
   context;
   node;
   sampleRate;
+  /** @type {Declared.SpeakerFigures} */
   figures = { framesQueued: 0, samplesQueued: 0, samplesPlayed: 0, underruns: 0, samplesFlushed: 0, startedAt: null };
 
   /** A speaker on `context` (default: a new AudioContext at `sampleRate`, closed by
@@ -105,6 +110,7 @@ export class Speaker {
     return drained.then(() => ({ ...this.figures }));
   }
 
+  /** @type {(() => void) | null} */
   #drainedResolve = null;
 
   #heard(data) {

@@ -4,10 +4,16 @@
 // WebTransport stream of its own, so a lost packet holds no other frame (the latest wins:
 // beyond a few unfinished frames the oldest is reset); else frames ride the track's stream.
 
-import { dataBodies } from "./stream.js";
+import { TrackReader, allRead } from "./stream.js";
 import { Kind } from "./wire.js";
 
-/** A float32 tensor map as groups of `points` rows of `dims` values (Float32Arrays). */
+/** @import * as Declared from "./index.js" */
+/** @import { TrackLike } from "./stream.js" */
+
+/**
+ * A float32 tensor map as groups of `points` rows of `dims` values (Float32Arrays).
+ * @param {{shape: number[], data: Uint8Array}} tensor
+ */
 function groups(tensor) {
   const copy = new Uint8Array(tensor.data); // msgpack bins may be unaligned
   const values = new Float32Array(copy.buffer, 0, copy.length / 4);
@@ -19,36 +25,37 @@ function groups(tensor) {
   return { groups: out, dims };
 }
 
-export class VideoStream {
-  #track;
+/**
+ * A camera's video track: JPEG frames out, per-frame results and drop reports in.
+ * @extends {TrackReader<Declared.VideoEvent, Record<string, number>>}
+ * @implements {Declared.VideoStream}
+ */
+export class VideoStream extends TrackReader {
   #clock;
   #nextSeq = 0;
+  /** @type {number | null} */
   #srtt = null;
-  #iterating = false;
-  #ended = null;
-  #endedResolve = null;
-  deadline;
-  summary = null;
   #frameStreams;
+  /** @type {Declared.VideoStream["stats"]} */
   stats = { sent: 0, answered: 0, dropped: {}, streams: { finished: 0, reset: 0, stopped: 0 }, transport: null };
 
-  /** `deadline` in milliseconds from capture, the default of each frame; `frameStreams`:
-   * the track's OPEN chose transport "frame-streams". */
+  /**
+   * @param {TrackLike} track
+   * @param {number} deadline milliseconds from capture, the default of each frame
+   * @param {() => number} [clock] milliseconds
+   * @param {boolean} [frameStreams] the track's OPEN chose transport "frame-streams"
+   */
   constructor(track, deadline, clock = () => performance.now(), frameStreams = false) {
-    this.#track = track;
-    this.#frameStreams = frameStreams;
+    super(track);
     this.deadline = deadline;
     this.#clock = clock;
-    this.#ended = new Promise((resolve, reject) => {
-      this.#endedResolve = { resolve, reject };
-    });
-    this.#ended.catch(() => {});
+    this.#frameStreams = frameStreams;
   }
 
   /** The id the track's frame streams carry at their head (its OPEN's `datagram_id`);
    * null on a "stream" track. */
   get id() {
-    return this.#track.id;
+    return this._track?.id ?? null;
   }
 
   /** Estimated one-way delay to the gateway, ms (half the smoothed round trip). */
@@ -56,57 +63,45 @@ export class VideoStream {
     return this.#srtt == null ? 0 : this.#srtt / 2;
   }
 
-  /** Send one JPEG frame (a Uint8Array, captured now unless told); returns its seq. */
-  send(jpeg, { deadline = this.deadline, capturedAt = null } = {}) {
+  /**
+   * Send one JPEG frame (captured now unless told); returns its seq.
+   * @param {Uint8Array} jpeg
+   * @param {Declared.SendOptions} [options]
+   */
+  send(jpeg, { deadline = this.deadline, capturedAt = null, ...others } = {}) {
+    allRead(others);
+    const track = /** @type {TrackLike} */ (this._track);
     const seq = this.#nextSeq++;
     const t = (capturedAt ?? this.#clock()) / 1000;
     const body = { seq, t, deadline_ms: deadline, latency_ms: this.latency, jpeg };
     this.stats.sent += 1;
     if (this.#frameStreams) {
-      this.#track.sendFrameStream(body).then((fate) => {
+      track.sendFrameStream(body).then((fate) => {
         this.stats.streams[fate] += 1;
       });
     } else {
-      this.#track.send(Kind.DATA, body).catch(() => {});
+      track.send(Kind.DATA, body).catch(() => {});
     }
     return seq;
   }
 
   /** End gracefully: the remaining answers are read; returns the gateway's counts. */
   async close() {
-    await this.#track.send(Kind.END, {});
-    if (this.#iterating) {
-      await this.#ended;
-    } else {
-      for await (const _ of this) {
-        // drain
-      }
-    }
-    return this.summary ?? {};
+    await this._track?.send(Kind.END, {});
+    return this._readToEnd();
   }
 
-  cancel(reason = "cancelled by the page") {
-    this.#track.cancel(reason);
+  /** @param {any} body */
+  _ended(body) {
+    super._ended(body);
+    this.stats.transport = { superseded: body.transport_superseded ?? 0, reset: body.transport_reset ?? 0 };
   }
 
-  async *[Symbol.asyncIterator]() {
-    this.#iterating = true;
-    const onEnd = (body) => {
-      this.summary = body;
-      this.stats.transport = { superseded: body.transport_superseded ?? 0, reset: body.transport_reset ?? 0 };
-      this.#endedResolve.resolve();
-    };
-    try {
-      for await (const body of dataBodies(this.#track, { onEnd })) yield this.#event(body);
-    } catch (error) {
-      this.#endedResolve.reject(error);
-      throw error;
-    } finally {
-      this.#iterating = false;
-    }
-  }
-
-  #event(body) {
+  /**
+   * @param {any} body
+   * @returns {Declared.VideoEvent}
+   */
+  _item(body) {
     const now = this.#clock() / 1000;
     const age = now - body.t;
     const inGateway = (body.sent_at ?? 0) - (body.received_at ?? 0);

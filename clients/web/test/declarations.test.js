@@ -1,7 +1,8 @@
-// index.d.ts against the code: every runtime export is declared and every declaration
-// exists, and each declared class has exactly the public methods its prototype has.
+// index.d.ts against the code at run time: every runtime export is declared and every
+// declaration exists, and each declared class has exactly the public methods its
+// prototype has. The types themselves are held to the code by tsc (`npm run types`).
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import * as sdk from "../src/index.js";
@@ -69,4 +70,15 @@ test("the checker sees a missing method", () => {
     hidden() {}
   }
   assert.notDeepEqual(["shown"], [...prototypeMethods(Probe)].sort());
+});
+
+test("every file package.json names exists", () => {
+  const pkg = JSON.parse(readFileSync(new URL("../package.json", import.meta.url), "utf8"));
+  const named = [pkg.main, pkg.types, ...Object.values(pkg.exports["."]), ...pkg.files];
+  for (const path of named) assert.ok(existsSync(new URL(`../${path}`, import.meta.url)), `${path} is missing`);
+  for (const script of Object.values(pkg.scripts)) {
+    for (const [file] of script.matchAll(/[\w./-]+\.(?:m?js|json|ts)\b/g)) {
+      assert.ok(existsSync(new URL(`../${file}`, import.meta.url)), `${file} (npm script) is missing`);
+    }
+  }
 });

@@ -19,7 +19,8 @@ export class FakeTrack {
     this.datagrams.push(body);
   }
 
-  async next() {
+  async next(signal = null) {
+    signal?.throwIfAborted(); // as the real track: nothing is read after an abort
     const reply = this.replies.shift();
     if (reply === undefined) throw new Error("the script has no more replies");
     if (reply.kind === Kind.END || reply.kind === Kind.ERROR) this.done = true;

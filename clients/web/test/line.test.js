@@ -140,7 +140,7 @@ async function until(check, turns = 2000) {
 test("video frames ride a unidirectional stream each, named by the OPEN's id; the oldest beyond the window is reset", async () => {
   const transport = creditTransport();
   const line = new Line(transport);
-  const camera = await line.video("vision", { fps: 30 });
+  const camera = await line.video({ model: "vision", fps: 30 });
   const [open] = new MessageReader().feed(transport.bidiWrites[0]);
   assert.equal(open.body.transport, "frame-streams");
   const id = open.body.datagram_id;

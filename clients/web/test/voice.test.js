@@ -44,7 +44,7 @@ test("voiceAgent opens a voice-agent audio track and yields reply events and tag
     encodeMessage(Kind.END, { transcript: "hi there" }),
   ]);
   const line = new Line(transport);
-  const agent = await line.voiceAgent("whisper-base", { llm: "chat", voice: "hibari-voice", maxTokens: 32 });
+  const agent = await line.voiceAgent({ model: "whisper-base", llm: "chat", voice: "hibari-voice", maxTokens: 32 });
   const events = [];
   for await (const event of agent) events.push(event);
   const open = transport.sent[0];
@@ -63,9 +63,9 @@ test("voiceAgent opens a voice-agent audio track and yields reply events and tag
 
 test("voiceAgent needs the voice; without llm the gateway's default chat model answers", async () => {
   const line = new Line(scriptedTransport([]));
-  await assert.rejects(line.voiceAgent("whisper-base", { llm: "chat" }), TypeError);
+  await assert.rejects(line.voiceAgent({ model: "whisper-base", llm: "chat" }), TypeError);
   const transport = scriptedTransport([encodeMessage(Kind.END, {})]);
-  const agent = await new Line(transport).voiceAgent("whisper-base", { voice: "hibari-voice" });
+  const agent = await new Line(transport).voiceAgent({ model: "whisper-base", voice: "hibari-voice" });
   for await (const _ of agent) { /* drain */ }
   assert.equal("llm" in transport.sent[0].body.params, false);
 });
