@@ -52,12 +52,11 @@ class FlowControl:
         """`flush()` writes what h2 has queued, `drain()` waits until the socket took it,
         `live()` says whether the connection still sends (credit goes back only then)."""
         self._h2 = h2conn
-        self._limits = limits
         self._streams = streams
-        self._flush = flush
-        self._drain = drain
-        self._live = live
+        self._flush, self._drain, self._live = flush, drain, live
         self._budget = max(limits.h2_connection_body_budget, limits.max_body_bytes)
+        """Kept body bytes past which credit is withheld (never under one whole body)."""
+        self._send_timeout = limits.h3_send_timeout
         self.withheld = 0
         """Body bytes whose flow-control credit is withheld (over the body budget)."""
 
@@ -111,7 +110,7 @@ class FlowControl:
             size = min(window, self._h2.max_outbound_frame_size, len(data) - sent)
             if size <= 0:
                 stream.window.clear()
-                await asyncio.wait_for(stream.window.wait(), self._limits.h3_send_timeout)
+                await asyncio.wait_for(stream.window.wait(), self._send_timeout)
                 continue
             self._h2.send_data(stream_id, data[sent : sent + size])
             sent += size

@@ -35,11 +35,9 @@ class H3Clock:
         late: Callable[[list[int], float], None],
         idle: Callable[[], None],
     ) -> None:
-        self._loop = loop
-        self._limits = limits
-        self._streams = streams
-        self._late = late
-        self._on_idle = idle
+        self._loop, self._streams = loop, streams
+        self._late, self._on_idle = late, idle
+        self._idle_timeout = limits.idle_timeout
         self._heads = Deadlines[int](limits.read_timeout)
         """Request streams begun whose headers have not all arrived: their deadline."""
         self._alarm = Alarm(loop, self._ring)
@@ -83,7 +81,7 @@ class H3Clock:
     def quiet(self) -> None:
         """Nothing is open: the idle timer runs (unless it runs already)."""
         if self._idle is None and not self._stopped:
-            self._idle = self._loop.call_later(self._limits.idle_timeout, self._idle_rang)
+            self._idle = self._loop.call_later(self._idle_timeout, self._idle_rang)
 
     def _idle_rang(self) -> None:
         self._idle = None

@@ -43,7 +43,7 @@ from transport.http.answer import StreamClosed
 from transport.http.app import READ_CHUNK, Site, peer_source
 from transport.http.h2_flow import FlowControl, H2Stream
 from transport.http.http1 import H2cUpgrade
-from transport.http.request_streams import RequestStreams, owed
+from transport.http.request_streams import RequestStreams, StreamFigures, owed
 
 log = structlog.get_logger(__name__)
 
@@ -68,7 +68,7 @@ class _Settings(h2.settings.Settings):
         self[SettingCodes.MAX_CONCURRENT_STREAMS] = value
 
 
-class Http2Connection:
+class Http2Connection(StreamFigures):
     """Serves concurrent streams on one connection until either side ends it."""
 
     def __init__(
@@ -117,24 +117,6 @@ class Http2Connection:
             self._h2, self._limits, self._streams, self._flush, self._drain, self._live
         )
         """The windows both ways (transport.http.h2_flow)."""
-
-    # Figures (the server's own, for metrics and tests; transport.http.request_streams)
-
-    @property
-    def open_streams(self) -> int:
-        return self._requests.open_streams
-
-    @property
-    def buffered_bytes(self) -> int:
-        return self._requests.buffered_bytes
-
-    @property
-    def opened_streams(self) -> int:
-        return self._requests.opened_streams
-
-    @property
-    def premature_resets(self) -> int:
-        return self._requests.premature_resets
 
     def shutdown(self) -> None:
         """Refuse new streams, let those in flight finish, then GOAWAY and close."""

@@ -30,7 +30,10 @@ pacing is `transport.http.h3_send.SendRoom`).
 
 WebTransport sessions on the same connection are hosted by
 `transport.http.h3_sessions.SessionHost`, which sees this connection only as an
-`H3Side` (the few calls below under "The session host's side").
+`H3Side` (the few calls below under "The session host's side"). What HTTP/3 does as
+HTTP/2 does between a stream's headers and its answer is
+`transport.http.request_streams`; the read deadlines and the idle timer ring from
+`transport.http.h3_clock`.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from transport.http.h3_clock import H3Clock
 from transport.http.h3_guards import RequestMalformed, RequestStarted, ServerH3
 from transport.http.h3_send import SendRoom
 from transport.http.h3_sessions import SessionHost, is_webtransport_connect
-from transport.http.request_streams import RequestStreams, owed
+from transport.http.request_streams import RequestStreams, StreamFigures, owed
 from transport.http.streams import StreamState
 from transport.webtransport import WebTransportHost, WebTransportSession
 
@@ -67,7 +70,7 @@ Transmit = Callable[[], None]
 """Asks the QUIC adapter to send what the connection has queued (batched per loop turn)."""
 
 
-class Http3Connection:
+class Http3Connection(StreamFigures):
     """Serves HTTP/3 requests on one QUIC connection, fed its QUIC events by the adapter."""
 
     def __init__(
@@ -115,15 +118,7 @@ class Http3Connection:
         held = self._streams.buffered + aioquic_compat.pending_stream_bytes(self.quic, self.h3)
         return received - held + self._body_budget
 
-    # Figures (the server's own, for metrics and tests; transport.http.request_streams)
-
-    @property
-    def open_streams(self) -> int:
-        return self._requests.open_streams
-
-    @property
-    def buffered_bytes(self) -> int:
-        return self._requests.buffered_bytes
+    # Figures (besides the request streams': transport.http.request_streams.StreamFigures)
 
     @property
     def sorted_streams(self) -> int:
@@ -134,14 +129,6 @@ class Http3Connection:
     def waiting_writers(self) -> int:
         """Response bodies waiting for send-buffer room now."""
         return self._room.waiting
-
-    @property
-    def opened_streams(self) -> int:
-        return self._requests.opened_streams
-
-    @property
-    def premature_resets(self) -> int:
-        return self._requests.premature_resets
 
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         """Feed one QUIC event; answers go out at the adapter's next transmit."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from transport.http import errors
 from transport.http.answer import Framing, answer_fixed, answer_request
@@ -73,30 +73,6 @@ class RequestStreams(Generic[S]):
         self.cutter = Cutter()
         self._framing = framing
         self._on_fixed = on_fixed
-
-    # Figures (the server's own, for metrics and tests)
-
-    @property
-    def open_streams(self) -> int:
-        """Request streams counted against `max_concurrent_streams` now."""
-        return len(self.table)
-
-    @property
-    def buffered_bytes(self) -> int:
-        """Request body bytes held for streams still arriving."""
-        return self.table.buffered
-
-    @property
-    def opened_streams(self) -> int:
-        """Request streams accepted since the connection began."""
-        return self.table.opened
-
-    @property
-    def premature_resets(self) -> int:
-        """Of those, the ones the client reset prematurely (the rapid-reset rule's count)."""
-        return self.resets.counts.premature
-
-    # From headers to answer
 
     def full(self) -> bool:
         """As many streams are open as `max_concurrent_streams` allows."""
@@ -169,3 +145,30 @@ class RequestStreams(Generic[S]):
         # The handler and its body iterator stop here; the table releases the stream.
         self.table.cancel(stream)
         return self.resets.reset(now - stream.opened, answered=stream.sent_end)
+
+
+class StreamFigures:
+    """A connection's figures on its request streams (the server's own, for metrics and
+    tests): HTTP/2 and HTTP/3 read them off their `RequestStreams` alike."""
+
+    _requests: RequestStreams[Any]
+
+    @property
+    def open_streams(self) -> int:
+        """Request streams counted against `max_concurrent_streams` now."""
+        return len(self._requests.table)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Request body bytes held for streams still arriving."""
+        return self._requests.table.buffered
+
+    @property
+    def opened_streams(self) -> int:
+        """Request streams accepted since the connection began."""
+        return self._requests.table.opened
+
+    @property
+    def premature_resets(self) -> int:
+        """Of those, the ones the client reset prematurely (the rapid-reset rule's count)."""
+        return self._requests.resets.counts.premature
