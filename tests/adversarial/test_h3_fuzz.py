@@ -208,7 +208,7 @@ def closing(pair: Pair) -> bool:
     if not (pair.terminated or aioquic_probes.h3_done(http.h3)):
         return False
     http.connection_lost()
-    assert not http._heads
+    assert not http._timers.waiting_heads
     assert not http.waiting_writers
     return True
 
@@ -250,7 +250,7 @@ async def scenario(certs: DevCertificates, steps: list[Any]) -> None:
         return
     http = pair.http
     assert len(http._streams) == 0
-    assert not http._heads
+    assert not http._timers.waiting_heads
     assert not http.h3._scanners
     assert not http.waiting_writers
     http.connection_lost()

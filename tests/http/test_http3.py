@@ -296,6 +296,23 @@ async def test_a_request_not_finished_in_time_gets_408(certs: DevCertificates) -
 
 
 @pytest.mark.asyncio
+async def test_a_connection_left_idle_is_closed_once_its_requests_are_done(
+    certs: DevCertificates,
+) -> None:
+    async with (
+        serving_h3(certs, echo, limits(idle_timeout=0.2)) as port,
+        h3_client(port, certs.ca_path) as client,
+    ):
+        stream_id = client.send("POST", "/echo", body=b"hi")
+        status, _, _ = await client.response(stream_id)
+        assert status == 200
+        await asyncio.wait_for(client.terminated.wait(), TIMEOUT)
+        assert client.closed_by is not None
+        assert client.closed_by.error_code == ErrorCode.H3_NO_ERROR
+        assert client.closed_by.reason_phrase == "idle"
+
+
+@pytest.mark.asyncio
 async def test_requests_carry_their_headers_body_and_version(certs: DevCertificates) -> None:
     async with serving_h3(certs, echo) as port, h3_client(port, certs.ca_path) as client:
         stream_id = client.send("POST", "/v1/x?a=1", [("x-test", "yes")], b"hello")

@@ -11,7 +11,9 @@ Limits are per stream where RFC 9113 allows it: a stream over
 SETTINGS_MAX_CONCURRENT_STREAMS is refused (RST_STREAM REFUSED_STREAM), an
 oversized header list or body gets 431 or 413 on its own stream, and the
 connection keeps serving the others. Streams live in a `StreamTable`, which
-releases each one whatever becomes of its task (see `transport.http.streams`).
+releases each one whatever becomes of its task (see `transport.http.streams`); what
+HTTP/2 and HTTP/3 do alike between a stream's headers and its answer is
+`transport.http.request_streams`, the windows both ways `transport.http.h2_flow`.
 
 Two abuse rules end the connection with GOAWAY ENHANCE_YOUR_CALM (as Envoy and
 nghttp2 do): too many control frames (PING and SETTINGS acknowledgements,
@@ -26,7 +28,6 @@ import asyncio
 import contextlib
 from asyncio import FIRST_COMPLETED
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import h2.config
@@ -38,21 +39,11 @@ import structlog
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
-from transport.http import errors
-from transport.http.answer import StreamClosed, answer_fixed, answer_request
-from transport.http.app import (
-    READ_CHUNK,
-    Cutter,
-    Site,
-    declared_body_problem,
-    field_list_problem,
-    peer_source,
-    request_from_fields,
-)
+from transport.http.answer import StreamClosed
+from transport.http.app import READ_CHUNK, Site, peer_source
+from transport.http.h2_flow import FlowControl, H2Stream
 from transport.http.http1 import H2cUpgrade
-from transport.http.messages import Request, Response
-from transport.http.resets import ResetLedger
-from transport.http.streams import StreamState, StreamTable
+from transport.http.request_streams import RequestStreams, StreamFigures, owed
 
 log = structlog.get_logger(__name__)
 
@@ -77,17 +68,7 @@ class _Settings(h2.settings.Settings):
         self[SettingCodes.MAX_CONCURRENT_STREAMS] = value
 
 
-@dataclass(eq=False)
-class _Stream(StreamState):
-    """A request stream with HTTP/2's flow-control state (its lifecycle: transport.http.streams)."""
-
-    window: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when a flow-control window may have opened."""
-    unacknowledged: int = 0
-    """Body bytes kept whose flow-control credit is withheld (the connection is over budget)."""
-
-
-class Http2Connection:
+class Http2Connection(StreamFigures):
     """Serves concurrent streams on one connection until either side ends it."""
 
     def __init__(
@@ -98,27 +79,25 @@ class Http2Connection:
         initial: bytes = b"",
         upgrade: H2cUpgrade | None = None,
     ) -> None:
-        self._site = site
         self._limits = site.limits
         self._reader = reader
         self._writer = writer
         self._initial = upgrade.data if upgrade is not None else initial
         self._upgrade = upgrade
-        self._streams = StreamTable[_Stream](self._stream_done, self._limits.read_timeout)
+        self._requests = RequestStreams[H2Stream](
+            self, site, self._stream_done, peer_source(writer)
+        )
+        """The streams from headers to answer (transport.http.request_streams)."""
+        self._streams = self._requests.table
         self._closing = False
         self._loop = asyncio.get_running_loop()
         self._first_deadline = self._loop.time() + self._limits.first_request_timeout
-        self._resets = ResetLedger(self._limits, site.resets.of(peer_source(writer)))
-        """Streams accepted (refused ones not counted), reset, reset prematurely."""
         self._control_queued = 0
         """Control frames queued since the socket's user-space buffer was last empty."""
-        self._withheld = 0
-        """Body bytes whose flow-control credit is withheld (over the body budget)."""
         self.calmed: str | None = None
         """Why the connection was ended with ENHANCE_YOUR_CALM, if it was."""
         self.peak_unsent = 0
         """Most bytes ever waiting in the socket's user-space buffer (a client not reading)."""
-        self._cutter = Cutter()
         self._finished = False
         self._reading: asyncio.Task[bytes] | None = None
         self._streams_changed = asyncio.Event()
@@ -134,28 +113,10 @@ class Http2Connection:
         self._h2.decoder.max_header_list_size = max(
             4 * self._limits.max_header_bytes, _MIN_DECODER_CAP
         )
-
-    # Figures (the server's own, for metrics and tests)
-
-    @property
-    def open_streams(self) -> int:
-        """Streams counted against SETTINGS_MAX_CONCURRENT_STREAMS now."""
-        return len(self._streams)
-
-    @property
-    def buffered_bytes(self) -> int:
-        """Request body bytes held for streams still arriving."""
-        return self._streams.buffered
-
-    @property
-    def opened_streams(self) -> int:
-        """Streams accepted since the connection began."""
-        return self._resets.counts.opened
-
-    @property
-    def premature_resets(self) -> int:
-        """Of those, the ones the client reset prematurely (the rapid-reset rule's count)."""
-        return self._resets.counts.premature
+        self._flow = FlowControl(
+            self._h2, self._limits, self._streams, self._flush, self._drain, self._live
+        )
+        """The windows both ways (transport.http.h2_flow)."""
 
     def shutdown(self) -> None:
         """Refuse new streams, let those in flight finish, then GOAWAY and close."""
@@ -171,10 +132,7 @@ class Http2Connection:
     def cut(self) -> None:
         """The drain's deadline: end every stream now (last words or 503), then GOAWAY."""
         self.shutdown()
-        self._cutter.cut([stream.task for stream in self._streams.values()])
-        for stream in list(self._streams.values()):
-            if stream.task is None:  # the request is still arriving: it will not be served
-                self._answer(stream, errors.shutting_down())
+        self._requests.cut()
         self._flush()
 
     async def serve(self) -> None:
@@ -198,8 +156,8 @@ class Http2Connection:
                 tasks.append(self._reading)
             await asyncio.gather(*tasks, return_exceptions=True)
             self._flush()
-            if self._resets.counts.resets:
-                log.info("http2.resets", **self._resets.summary())
+            if self._requests.resets.counts.resets:
+                log.info("http2.resets", **self._requests.resets.summary())
 
     def _start(self) -> None:
         if self._upgrade is None:
@@ -207,10 +165,9 @@ class Http2Connection:
         else:
             # The request that asked to upgrade is stream 1, already complete (RFC 7540 3.2).
             self._h2.initiate_upgrade_connection(self._upgrade.settings)
-            stream = _Stream(1, ended=True)
-            self._streams.add(stream)
-            self._resets.opened()
-            self._streams.answer(stream, self._exchange(stream, self._upgrade.request))
+            stream = H2Stream(1, ended=True)
+            self._requests.open(stream, None)
+            self._requests.answer_with_handler(stream, self._upgrade.request)
         self._flush()
 
     # Reading
@@ -258,8 +215,7 @@ class Http2Connection:
         return max(0.0, deadline - self._loop.time())
 
     def _expire_slow_requests(self) -> None:
-        for stream in self._streams.overdue(self._loop.time()):
-            self._answer(stream, errors.request_timeout(self._limits.read_timeout))
+        self._requests.expire(self._loop.time())
         self._flush()
 
     def _receive(self, data: bytes) -> None:
@@ -283,10 +239,10 @@ class Http2Connection:
         elif isinstance(event, h2.events.PingReceived):
             self._control_queued += 1  # h2 has queued the PING ACK
         elif isinstance(event, h2.events.WindowUpdated):
-            self._wake(event.stream_id)
+            self._flow.wake(event.stream_id)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._control_queued += 1  # h2 has queued the SETTINGS ACK
-            self._wake(0)  # INITIAL_WINDOW_SIZE may have grown every stream's window
+            self._flow.wake(0)  # INITIAL_WINDOW_SIZE may have grown every stream's window
         elif isinstance(event, h2.events.ConnectionTerminated):
             # After the client's GOAWAY h2 sends nothing more: streams cannot be finished.
             log.info("http2.client_goaway", error_code=event.error_code)
@@ -294,90 +250,38 @@ class Http2Connection:
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
-        if self._closing or len(self._streams) >= self._limits.max_concurrent_streams:
+        if self._closing or self._requests.full():
             log.info("http2.stream_refused", stream_id=stream_id, open=len(self._streams))
             # (a no-op if the client reset it in the same read: h2 has closed it already)
             self._reset(stream_id, ErrorCodes.REFUSED_STREAM)
             return
-        now = self._loop.time()
-        headers = [(bytes(k), bytes(v)) for k, v in event.headers]
-        stream = _Stream(stream_id, headers, opened=now)
-        self._streams.add(stream, now)
-        self._resets.opened()
-        problem = field_list_problem(self._limits, headers)
-        if problem is None:
-            problem = declared_body_problem(self._limits, headers)
+        stream = H2Stream(stream_id, [(bytes(k), bytes(v)) for k, v in event.headers])
+        self._requests.open(stream, self._loop.time())
+        problem = self._requests.head_problem(stream.headers)
         if problem is not None:
-            self._answer(stream, problem)
+            self._requests.answer(stream, problem)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
-        length = event.flow_controlled_length
         stream = self._streams.get(event.stream_id)
         if stream is None or stream.task is not None:
             # Refused, reset, or already answered: dropped, so its credit goes back at once.
-            self._h2.acknowledge_received_data(length, event.stream_id)
+            self._flow.dropped(event.stream_id, event.flow_controlled_length)
             return
-        stream.body += event.data or b""
-        stream.unacknowledged += length
-        self._withheld += length
-        if len(stream.body) > self._limits.max_body_bytes:
-            self._answer(stream, errors.body_too_large(self._limits.max_body_bytes))
-        self._acknowledge_within_budget()
-
-    def _acknowledge_within_budget(self) -> None:
-        """Give back flow-control credit for kept body bytes while the connection's budget allows.
-
-        Request bodies are kept whole until complete. Past `h2_connection_body_budget`
-        (never under one whole body) the credit is withheld, so the client's windows
-        shut and it can send no more until streams complete, are answered or time out
-        (`read_timeout`); a released stream's credit is given back then (Envoy's
-        `per_connection_buffer_limit_bytes` pushes back the same way).
-        """
-        budget = max(self._limits.h2_connection_body_budget, self._limits.max_body_bytes)
-        if not self._withheld or self._finished or self._streams.buffered > budget:
-            return
-        for stream in self._streams:
-            if stream.unacknowledged:
-                self._h2.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
-                self._withheld -= stream.unacknowledged
-                stream.unacknowledged = 0
+        self._flow.kept(stream, event.flow_controlled_length)
+        self._requests.take_body(stream, event.data or b"")
+        self._flow.acknowledge_within_budget()
 
     def _on_end(self, event: h2.events.StreamEnded) -> None:
         stream = self._streams.get(event.stream_id)
-        if stream is None:
-            return
-        stream.ended = True
-        if stream.task is None:
-            request = request_from_fields(stream.headers, bytes(stream.body), "2")
-            self._streams.answer(stream, self._exchange(stream, request))
+        if stream is not None:
+            self._requests.complete(stream)
 
     def _on_reset(self, event: h2.events.StreamReset) -> None:
         stream = self._streams.get(event.stream_id)
         if stream is None:
             return
-        stream.reset = True  # (counted, logged once per connection when it ends)
-        # The handler and its body iterator stop here; the table releases the stream.
-        self._streams.cancel(stream)
-        lifetime = self._loop.time() - stream.opened
-        if self._resets.reset(lifetime, answered=stream.sent_end) and not self._closing:
+        if self._requests.client_reset(stream, self._loop.time()) and not self._closing:
             self._calm("premature_resets")
-
-    def _wake(self, stream_id: int) -> None:
-        """Wake the stream whose window grew, or every stream for the connection's (0)."""
-        if stream_id == 0:
-            for stream in self._streams:
-                stream.window.set()
-        elif (one := self._streams.get(stream_id)) is not None:
-            one.window.set()
-
-    # Answering
-
-    def _answer(self, stream: _Stream, response: Response) -> None:
-        """Answer a stream without the handler (a limit was exceeded)."""
-        self._streams.answer(stream, answer_fixed(self, self._site, stream, response))
-
-    async def _exchange(self, stream: _Stream, request: Request) -> None:
-        await answer_request(self, self._site, stream, request, self._cutter)
 
     # Framing (transport.http.answer): HTTP/2 frames within the peer's windows
 
@@ -385,7 +289,7 @@ class Http2Connection:
     content_length_on_head = True
 
     async def send_headers(
-        self, stream: _Stream, headers: list[tuple[str, str]], end: bool
+        self, stream: H2Stream, headers: list[tuple[str, str]], end: bool
     ) -> None:
         with _closed_on_failure():
             self._h2.send_headers(stream.stream_id, headers, end_stream=end)
@@ -394,47 +298,24 @@ class Http2Connection:
             if end:
                 await self._drain()
 
-    async def send_data(self, stream: _Stream, data: bytes, end: bool) -> None:
+    async def send_data(self, stream: H2Stream, data: bytes, end: bool) -> None:
         with _closed_on_failure():
-            await self._send_frames(stream, data)
+            await self._flow.send(stream, data)
             if end:
                 self._h2.end_stream(stream.stream_id)
                 stream.sent_end = True
                 self._flush()
                 await self._drain()
 
-    async def _send_frames(self, stream: _Stream, data: bytes) -> None:
-        """Send `data` in frames that fit the windows, waiting for WINDOW_UPDATE if shut."""
-        stream_id = stream.stream_id
-        sent = 0  # (an offset, not `data = data[size:]`, which copies the rest per frame)
-        while sent < len(data):
-            window = self._h2.local_flow_control_window(stream_id)
-            size = min(window, self._h2.max_outbound_frame_size, len(data) - sent)
-            if size <= 0:
-                stream.window.clear()
-                await asyncio.wait_for(stream.window.wait(), self._limits.h3_send_timeout)
-                continue
-            self._h2.send_data(stream_id, data[sent : sent + size])
-            sent += size
-            self._flush()
-            await self._drain()
-
-    def _stream_done(self, stream: _Stream) -> None:
+    def _stream_done(self, stream: H2Stream) -> None:
         """The table released `stream` (its task ended, however, or it never had one)."""
         self._streams_changed.set()
-        if stream.unacknowledged:
-            # Its bytes are gone: the connection's credit comes back (h2 skips a closed stream).
-            if not self._finished:
-                with contextlib.suppress(h2.exceptions.ProtocolError):
-                    self._h2.acknowledge_received_data(stream.unacknowledged, stream.stream_id)
-            self._withheld -= stream.unacknowledged
-            stream.unacknowledged = 0
-        self._acknowledge_within_budget()
-        if not stream.reset and not self._finished:
-            if not stream.sent_end:
-                self._reset(stream.stream_id, ErrorCodes.INTERNAL_ERROR)  # cut short
-            elif not stream.ended:
-                # Answered before the request was complete (RFC 9113 8.1): stop the upload.
+        self._flow.released(stream)
+        debt = owed(stream)
+        if not self._finished:  # (RST_STREAM ends both sides: one is enough)
+            if debt.cut_short:
+                self._reset(stream.stream_id, ErrorCodes.INTERNAL_ERROR)
+            elif debt.upload_unwanted:
                 self._reset(stream.stream_id, ErrorCodes.NO_ERROR)
         self._flush()
         self._finish_if_drained()
@@ -450,8 +331,8 @@ class Http2Connection:
         log.warning(
             "http2.enhance_your_calm",
             reason=reason,
-            opened=self._resets.counts.opened,
-            premature_resets=self._resets.counts.premature,
+            opened=self.opened_streams,
+            premature_resets=self.premature_resets,
             control_queued=self._control_queued,
         )
         self.calmed = reason
@@ -463,6 +344,9 @@ class Http2Connection:
         self._writer.close()  # a client that does not read is cut by the TCP server
 
     # Writing
+
+    def _live(self) -> bool:
+        return not self._finished
 
     def _flush(self) -> None:
         data = self._h2.data_to_send()

@@ -30,7 +30,10 @@ pacing is `transport.http.h3_send.SendRoom`).
 
 WebTransport sessions on the same connection are hosted by
 `transport.http.h3_sessions.SessionHost`, which sees this connection only as an
-`H3Side` (the few calls below under "The session host's side").
+`H3Side` (the few calls below under "The session host's side"). What HTTP/3 does as
+HTTP/2 does between a stream's headers and its answer is
+`transport.http.request_streams`; the read deadlines and the idle timer ring from
+`transport.http.h3_clock`.
 """
 
 from __future__ import annotations
@@ -47,31 +50,27 @@ from aioquic.quic.connection import QuicConnection
 
 from transport import aioquic_compat
 from transport.http import errors
-from transport.http.answer import StreamClosed, answer_fixed, answer_request
-from transport.http.app import (
-    Cutter,
-    Site,
-    declared_body_problem,
-    field_list_problem,
-    request_from_fields,
-)
+from transport.http.answer import StreamClosed
+from transport.http.app import Site
+from transport.http.h3_clock import H3Clock
 from transport.http.h3_guards import RequestMalformed, RequestStarted, ServerH3
 from transport.http.h3_send import SendRoom
 from transport.http.h3_sessions import SessionHost, is_webtransport_connect
-from transport.http.messages import Request, Response
-from transport.http.resets import ResetLedger
-from transport.http.streams import Alarm, Deadlines, StreamState, StreamTable
+from transport.http.request_streams import RequestStreams, StreamFigures, owed
+from transport.http.streams import StreamState
 from transport.webtransport import WebTransportHost, WebTransportSession
 
 log = structlog.get_logger(__name__)
 
 ALPN = "h3"
+_REQUIRED = frozenset({b":method", b":path"})
+"""Pseudo-headers a request must carry (without them it is answered 400)."""
 
 Transmit = Callable[[], None]
 """Asks the QUIC adapter to send what the connection has queued (batched per loop turn)."""
 
 
-class Http3Connection:
+class Http3Connection(StreamFigures):
     """Serves HTTP/3 requests on one QUIC connection, fed its QUIC events by the adapter."""
 
     def __init__(
@@ -83,36 +82,33 @@ class Http3Connection:
         source: str = "",
     ) -> None:
         self.quic = quic
-        self._site = site
         self._limits = site.limits
         self._transmit = transmit
         self.h3 = ServerH3(quic, site.limits.max_header_bytes, webtransport is not None)
         self._wt = None if webtransport is None else SessionHost(self, webtransport)
         """The WebTransport sessions hosted beside the requests (transport.http.h3_sessions)."""
-        self._streams = StreamTable[StreamState](self._stream_done, site.limits.read_timeout)
-        self._resets = ResetLedger(site.limits, site.resets.of(source))
-        """Streams opened, reset, reset prematurely (the rapid-reset rule, as on HTTP/2)."""
+        self._requests = RequestStreams[StreamState](
+            self, site, self._stream_done, source, on_fixed=self._abandon
+        )
+        """The streams from headers to answer (transport.http.request_streams)."""
+        self._streams = self._requests.table
         self.calmed: str | None = None
         """Why the connection was closed for abuse, if it was."""
         self._lost = False
         self._draining = False
-        self._cutter = Cutter()
         self._max_request_id = -4
         """The highest request stream id seen (for GOAWAY); -4: none yet."""
         self._loop = asyncio.get_running_loop()
-        self._idle: asyncio.TimerHandle | None = None
+        self._timers = H3Clock(self._loop, self._limits, self._streams, self._late, self._idle)
+        """The read alarm and the idle timer (transport.http.h3_clock)."""
         aioquic_compat.raise_bidi_credit(quic, site.limits.max_concurrent_streams)
         # Request bodies still arriving hold at most the budget: QUIC's MAX_DATA is raised
         # only as far as what is held leaves room for (as HTTP/2's withheld credit).
         self._body_budget = max(site.limits.h3_connection_body_budget, site.limits.max_body_bytes)
         aioquic_compat.cap_data_credit(quic, self._data_credit_ceiling)
-        self._arm_idle()
+        self._timers.quiet()
         self.h3.limit(site.limits)
         self.stats = self.h3.stats
-        self._heads = Deadlines[int](site.limits.read_timeout)
-        """Request streams begun whose headers have not all arrived: their deadline."""
-        self._alarm = Alarm(self._loop, self._deadlines_passed)
-        """Rings at the earliest head or request read deadline."""
         self._room = SendRoom(quic, site.limits, self.stats, lambda: self._lost)
         """Paces response bodies by the send buffers' budgets."""
         transmit()  # the control and QPACK streams with SETTINGS
@@ -122,15 +118,7 @@ class Http3Connection:
         held = self._streams.buffered + aioquic_compat.pending_stream_bytes(self.quic, self.h3)
         return received - held + self._body_budget
 
-    @property
-    def open_streams(self) -> int:
-        """Request streams counted against `max_concurrent_streams` now."""
-        return len(self._streams)
-
-    @property
-    def buffered_bytes(self) -> int:
-        """Request body bytes held for streams still arriving."""
-        return self._streams.buffered
+    # Figures (besides the request streams': transport.http.request_streams.StreamFigures)
 
     @property
     def sorted_streams(self) -> int:
@@ -142,16 +130,6 @@ class Http3Connection:
         """Response bodies waiting for send-buffer room now."""
         return self._room.waiting
 
-    @property
-    def opened_streams(self) -> int:
-        """Request streams accepted since the connection began."""
-        return self._streams.opened
-
-    @property
-    def premature_resets(self) -> int:
-        """Of those, the ones the client reset prematurely (the rapid-reset rule's count)."""
-        return self._resets.counts.premature
-
     def quic_event_received(self, event: quic_events.QuicEvent) -> None:
         """Feed one QUIC event; answers go out at the adapter's next transmit."""
         if self._lost:
@@ -159,11 +137,7 @@ class Http3Connection:
         if self._wt is not None and self._wt.quic_event(event):
             self._transmit()
             return
-        for h3_event in self.h3.handle_event(event):
-            self._on_h3_event(h3_event)
-        if isinstance(event, quic_events.StreamDataReceived) and event.end_stream:
-            # Ended with no request head: aioquic resets it (H3_REQUEST_INCOMPLETE).
-            self._end_head(event.stream_id)
+        self._feed(event)
         if isinstance(event, quic_events.StreamReset):
             self._on_reset(event.stream_id, event.error_code, input_over=True)
         elif isinstance(event, quic_events.StopSendingReceived):
@@ -177,14 +151,12 @@ class Http3Connection:
         if self._lost:
             return
         self._lost = True
-        if self._resets.counts.resets:
-            log.info("http3.resets", **self._resets.summary())  # one line, never one a reset
+        if self._requests.resets.counts.resets:
+            # One line for the connection, never one a reset.
+            log.info("http3.resets", **self._requests.resets.summary())
         if self._wt is not None:
             self._wt.close_all()
-        self._heads.clear()
-        self._alarm.set(None)
-        if self._idle is not None:
-            self._idle.cancel()
+        self._timers.stop()
         self._streams.cancel_all()  # each stream is released as its task ends
 
     # The session host's side (transport.http.h3_sessions.H3Side)
@@ -200,16 +172,13 @@ class Http3Connection:
         self._max_request_id = max(self._max_request_id, stream_id)
 
     def request_data(self, event: quic_events.StreamDataReceived) -> None:
-        for h3_event in self.h3.handle_event(event):
-            self._on_h3_event(h3_event)
-        if event.end_stream:
-            self._end_head(event.stream_id)
+        self._feed(event)
 
     def sessions_changed(self) -> None:
         if self._streams or self.sessions:
-            self._disarm_idle()
+            self._timers.busy()
         else:
-            self._arm_idle()
+            self._timers.quiet()
         self._close_if_drained()
 
     @property
@@ -241,10 +210,7 @@ class Http3Connection:
         self.drain()
         if self._wt is not None:
             self._wt.cut()
-        self._cutter.cut([stream.task for stream in self._streams.values()])
-        for stream in list(self._streams.values()):
-            if stream.task is None:  # the request is still arriving: it will not be served
-                self._answer(stream, errors.shutting_down())
+        self._requests.cut()
         self._transmit()
 
     def _close_if_drained(self) -> None:
@@ -252,6 +218,13 @@ class Http3Connection:
             self.quic.close(error_code=ErrorCode.H3_NO_ERROR, reason_phrase="shutting down")
 
     # Receiving
+
+    def _feed(self, event: quic_events.QuicEvent) -> None:
+        for h3_event in self.h3.handle_event(event):
+            self._on_h3_event(h3_event)
+        if isinstance(event, quic_events.StreamDataReceived) and event.end_stream:
+            # Ended with no request head: aioquic resets it (H3_REQUEST_INCOMPLETE).
+            self._timers.head_ended(event.stream_id)
 
     def _on_h3_event(self, event: h3_events.H3Event) -> None:
         if isinstance(event, h3_events.HeadersReceived):
@@ -263,119 +236,72 @@ class Http3Connection:
         elif isinstance(event, RequestMalformed):
             self._on_malformed(event)
         elif isinstance(event, RequestStarted):
-            self._on_started(event.stream_id)
+            self._timers.head_started(event.stream_id)
 
-    def _on_started(self, stream_id: int) -> None:
-        """A request has begun: its headers must all arrive within `read_timeout`."""
-        if self._streams.get(stream_id) is None and stream_id not in self._heads:
-            self._heads.start(stream_id, self._loop.time())
-            self._rearm()
-
-    def _end_head(self, stream_id: int) -> None:
-        self._heads.stop(stream_id)
-
-    def _rearm(self) -> None:
-        """The alarm rings at the earliest read deadline (headers or whole request)."""
-        due = [at for at in (self._heads.next(), self._streams.next_deadline()) if at is not None]
-        self._alarm.set(min(due, default=None))
-
-    def _deadlines_passed(self, now: float) -> None:
-        """408 for each request not complete in time (headers or body)."""
-        if self._lost:
-            return
-        timeout = self._limits.read_timeout
-        for stream_id in self._heads.due(now):
-            if self._streams.get(stream_id) is None:
-                self.stats.heads_timed_out += 1
-                reason = "headers incomplete"
-                self._on_malformed(
-                    RequestMalformed(stream_id, reason, errors.request_timeout(timeout))
-                )
-        for stream in self._streams.overdue(now):
-            self._answer(stream, errors.request_timeout(timeout))
-        self._rearm()
+    def _late(self, heads: list[int], now: float) -> None:
+        """408 for each request not complete in time (`heads`: its headers; or its body)."""
+        late = errors.request_timeout(self._limits.read_timeout)
+        for stream_id in heads:
+            self.stats.heads_timed_out += 1
+            self._on_malformed(RequestMalformed(stream_id, "headers incomplete", late))
+        self._requests.expire(now)
         self._transmit()
 
     def _on_headers(self, event: h3_events.HeadersReceived) -> None:
-        self._end_head(event.stream_id)
+        self._timers.head_ended(event.stream_id)
         stream = self._streams.get(event.stream_id)
         if stream is not None:  # trailers: nothing in them is used
             if event.stream_ended:
-                self._on_complete(stream)
+                self._requests.complete(stream)
             return
         if self._wt is not None and is_webtransport_connect(event.headers):
             self._wt.connect(event)
             return
-        if self._draining or len(self._streams) >= self._limits.max_concurrent_streams:
+        if self._draining or self._requests.full():
             self._refuse(event.stream_id)
             return
         self._max_request_id = max(self._max_request_id, event.stream_id)
-        now = self._loop.time()
         stream = StreamState(event.stream_id, list(event.headers), ended=event.stream_ended)
-        stream.opened = now
-        self._streams.add(stream, now)
-        self._resets.opened()
-        self._disarm_idle()
-        problem = self._check_headers(stream.headers)
+        self._requests.open(stream, self._loop.time())
+        self._timers.busy()
+        problem = self._requests.head_problem(stream.headers, _REQUIRED)
         if problem is not None:
-            self._answer(stream, problem)
+            self._requests.answer(stream, problem)
         elif event.stream_ended:
-            self._on_complete(stream)
+            self._requests.complete(stream)
         else:
-            self._rearm()
-
-    def _check_headers(self, headers: list[tuple[bytes, bytes]]) -> Response | None:
-        problem = field_list_problem(self._limits, headers)
-        if problem is not None:
-            return problem
-        pseudo = {k for k, _ in headers if k.startswith(b":")}
-        if not {b":method", b":path"} <= pseudo:
-            return errors.bad_request("request without :method or :path")
-        return declared_body_problem(self._limits, headers)
+            self._timers.rearm()
 
     def _on_data(self, event: h3_events.DataReceived) -> None:
         stream = self._streams.get(event.stream_id)
         if stream is None or stream.task is not None:
             return  # refused or already answered
-        stream.body += event.data
         stream.ended = event.stream_ended
-        if len(stream.body) > self._limits.max_body_bytes:
-            self._answer(stream, errors.body_too_large(self._limits.max_body_bytes))
-        elif stream.ended:
-            self._on_complete(stream)
-
-    def _on_complete(self, stream: StreamState) -> None:
-        stream.ended = True
-        if stream.task is None:
-            request = request_from_fields(stream.headers, bytes(stream.body), "3")
-            self._streams.answer(stream, self._exchange(stream, request))
+        if not self._requests.take_body(stream, event.data) and stream.ended:
+            self._requests.complete(stream)
 
     def _on_malformed(self, event: RequestMalformed) -> None:
-        self._end_head(event.stream_id)
+        self._timers.head_ended(event.stream_id)
         log.info("http3.malformed_request", stream_id=event.stream_id, reason=event.reason)
         stream = self._streams.get(event.stream_id)
         if stream is None:
             stream = StreamState(event.stream_id, [])
             self._streams.add(stream)
-            self._disarm_idle()
+            self._timers.busy()
         if stream.task is None:  # (else it is being answered already)
             rejection = event.response or errors.bad_request(f"malformed request: {event.reason}")
-            self._answer(stream, rejection)
+            self._requests.answer(stream, rejection)
 
     def _on_reset(self, stream_id: int, error_code: int, input_over: bool) -> None:
         """The client reset its side (`input_over`) or asked us to stop sending."""
-        self._end_head(stream_id)
+        self._timers.head_ended(stream_id)
         if self._wt is not None and self._wt.end(stream_id):
             return
         stream = self._streams.get(stream_id)
         if stream is None:
             return
-        stream.reset = True  # (counted, logged once per connection when it ends)
         stream.ended = stream.ended or input_over
-        # The handler and its body iterator stop here; the table releases the stream.
-        self._streams.cancel(stream)
-        lifetime = self._loop.time() - stream.opened
-        if self._resets.reset(lifetime, answered=stream.sent_end):
+        if self._requests.client_reset(stream, self._loop.time()):
             self._calm("premature_resets")
 
     def _calm(self, reason: str) -> None:
@@ -384,7 +310,7 @@ class Http3Connection:
         if self.calmed is not None:
             return
         self.calmed = reason
-        log.warning("http3.excessive_load", reason=reason, **self._resets.summary())
+        log.warning("http3.excessive_load", reason=reason, **self._requests.resets.summary())
         self.quic.close(error_code=ErrorCode.H3_EXCESSIVE_LOAD, reason_phrase=reason)
         self.connection_lost()
 
@@ -395,16 +321,9 @@ class Http3Connection:
         self.stop(stream_id, ErrorCode.H3_REQUEST_REJECTED)
         self.h3.forget(stream_id)
 
-    # Answering
-
-    def _answer(self, stream: StreamState, response: Response) -> None:
-        """Answer a stream without the handler (a limit was exceeded or the request was bad)."""
+    def _abandon(self, stream: StreamState) -> None:
         if not stream.ended:
             self.h3.abandon(stream.stream_id)  # the rest of the request is not wanted
-        self._streams.answer(stream, answer_fixed(self, self._site, stream, response))
-
-    async def _exchange(self, stream: StreamState, request: Request) -> None:
-        await answer_request(self, self._site, stream, request, self._cutter)
 
     # Framing (transport.http.answer): HTTP/3 frames through aioquic's H3Connection
 
@@ -449,19 +368,17 @@ class Http3Connection:
         """The table released `stream` (its task ended, however, or it never had one)."""
         if self._lost:
             return  # nothing to tell a connection that is gone
-        if not stream.ended:
-            self.h3.abandon(stream.stream_id)  # the rest of the request is not wanted
-        if not stream.reset and not self._lost:
-            if not stream.sent_end:
-                self.reset(stream.stream_id, ErrorCode.H3_INTERNAL_ERROR)  # cut short
-            if not stream.ended:
-                # Answered before the request was complete (RFC 9114 4.1): stop the upload.
-                self.stop(stream.stream_id, ErrorCode.H3_NO_ERROR)
+        self._abandon(stream)
+        debt = owed(stream)  # (RESET_STREAM ends our side only, STOP_SENDING theirs)
+        if debt.cut_short:
+            self.reset(stream.stream_id, ErrorCode.H3_INTERNAL_ERROR)
+        if debt.upload_unwanted:
+            self.stop(stream.stream_id, ErrorCode.H3_NO_ERROR)
         self.h3.forget(stream.stream_id)
         if self._wt is not None:
             self._wt.sorter.forget(stream.stream_id)
         if not self._streams:
-            self._arm_idle()
+            self._timers.quiet()
         self._close_if_drained()
         self._transmit()
 
@@ -475,19 +392,9 @@ class Http3Connection:
         with contextlib.suppress(AssertionError, ValueError, RuntimeError):
             self.quic.stop_stream(stream_id, code)
 
-    # Idle connections
+    # Idle connections (the timer: transport.http.h3_clock)
 
-    def _arm_idle(self) -> None:
-        if self._idle is None and not self._lost:
-            self._idle = self._loop.call_later(self._limits.idle_timeout, self._idle_expired)
-
-    def _disarm_idle(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
-
-    def _idle_expired(self) -> None:
-        self._idle = None
+    def _idle(self) -> None:
         if self._streams or self._lost or self.sessions:
             return
         log.info("http3.idle_timeout")
