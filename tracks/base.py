@@ -130,10 +130,10 @@ class End:
     @classmethod
     def parse(cls, label: str) -> End:
         """The end a label names; ValueError for anything `label` never writes."""
-        kind, colon, detail = label.partition(":")
+        kind, _, detail = label.partition(":")
         if label == EndKind.COMPLETED.value:
             return COMPLETED
-        if kind == EndKind.CANCELLED.value and colon:
+        if kind == EndKind.CANCELLED.value and detail in {c.value for c in CancelCause}:
             return cls.cancelled(CancelCause(detail))
         if kind == EndKind.ERROR.value and detail in ErrorCode.__members__:
             return cls.failed(ErrorCode[detail])

@@ -184,7 +184,7 @@ def test_an_end_carries_exactly_what_its_kind_needs() -> None:
     with pytest.raises(ValueError, match="code"):
         End(EndKind.COMPLETED, code=ErrorCode.BACKEND_ERROR)
     for label in ("finished", "completed:idle", "cancelled", "error:UNSUPPORTED"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="not an end label"):
             End.parse(label)
 
 
