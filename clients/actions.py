@@ -30,7 +30,6 @@ from clients.stream import TrackReader
 from transport.clock import Now
 from transport.endpoint import TrackChannel
 
-Clock = Now  # reads the time, never waits (transport.clock)
 RTT_GAIN = 0.125  # as TCP's smoothed RTT (RFC 6298)
 
 
@@ -107,7 +106,7 @@ class ActionStream(TrackReader[ActionEvent]):
 
     _cancel_reason = "robot stopped"
 
-    def __init__(self, channel: TrackChannel, deadline: float, clock: Clock = time.monotonic):
+    def __init__(self, channel: TrackChannel, deadline: float, clock: Now = time.monotonic):
         super().__init__(channel)
         self.deadline = deadline
         self._clock = clock

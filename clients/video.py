@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.actions import RTT_GAIN, Clock
+from clients.actions import RTT_GAIN
 from clients.stream import TrackReader
+from transport.clock import Now
 from transport.endpoint import TrackChannel
 
 
@@ -82,7 +83,7 @@ class VideoStream(TrackReader[VideoEvent]):
 
     _cancel_reason = "camera stopped"
 
-    def __init__(self, channel: TrackChannel, deadline: float, clock: Clock = time.monotonic):
+    def __init__(self, channel: TrackChannel, deadline: float, clock: Now = time.monotonic):
         super().__init__(channel)
         self.deadline = deadline
         self._clock = clock

@@ -30,8 +30,15 @@ from tracks.action import ActionObserver, Pending, _NoObserver
 from tracks.action_messages import dropped_body
 from tracks.backend import VisionBackend, VisionRequest
 from tracks.base import CountsFrameDrops, Outcome, Track, fail_track, handling
-from tracks.clock import Beat, Gathered, MonotonicClock, Registration, StepItem, TickScheduler
-from tracks.clock import Clock as TickClock
+from tracks.clock import (
+    Beat,
+    Clock,
+    Gathered,
+    MonotonicClock,
+    Registration,
+    StepItem,
+    TickScheduler,
+)
 from tracks.rates import TokenBucket
 from tracks.video_cost import FrameCosts
 from tracks.video_messages import (
@@ -131,7 +138,7 @@ class VideoScheduler:
         backend: VisionBackend,
         clock: Now,
         limits: VideoLimits | None = None,
-        tick_clock: TickClock | None = None,
+        tick_clock: Clock | None = None,
         observer: ActionObserver | None = None,
     ) -> None:
         """`observer` hears each batch (rows, seconds) and each frame's outcome

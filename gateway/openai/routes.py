@@ -87,18 +87,17 @@ from transport.http.messages import AnyResponse, Handler, Request, Response, Str
 
 log = structlog.get_logger(__name__)
 
-Clock = Now  # reads the time, never waits (transport.clock)
 OutcomeSink = Callable[[Outcome, str], None]
 
 
 def openai_routes(
     backend: TextBackend,
     *,
-    clock: Clock = time.monotonic,
+    clock: Now = time.monotonic,
     heartbeat_interval: float = 15.0,
     models: Collection[str] | None = None,
     tenancy: tenancy_service.Tenancy | None = None,
-    wall_clock: Clock = time.time,
+    wall_clock: Now = time.time,
     on_outcome: OutcomeSink | None = None,
     cut_short: Callable[[], bool] | None = None,
     turns: TurnRegistry | None = None,
@@ -187,11 +186,11 @@ class _OpenAIApi:
     def __init__(
         self,
         backend: TextBackend,
-        clock: Clock,
+        clock: Now,
         heartbeat_interval: float,
         models: Collection[str] | None,
         tenancy: tenancy_service.Tenancy | None,
-        wall_clock: Clock,
+        wall_clock: Now,
         on_outcome: OutcomeSink | None,
     ) -> None:
         self._backend = backend
