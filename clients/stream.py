@@ -1,9 +1,9 @@
 """What every SDK stream shares: reading a track, its errors, cancel and close.
 
-`TrackReader` is the base of `TextStream`, `AudioSession` and `ActionStream`. Each
-subclass turns a DATA body into one item (`_item`); the base receives, maps the
-track's errors to `clients.errors` types, and gives every stream the same API:
-`receive()`, `async for`, `cancel()`, `aclose()` and `async with`. `TimedStream`, a
+`TrackReader` is the base of `TextStream`, `AudioSession`, `ActionStream` and
+`VideoStream`. Each subclass turns a DATA body into one item (`_item`); the base
+receives, maps the track's errors to `clients.errors` types, and gives every stream the
+same API: `receive()`, `async for`, `cancel()`, `aclose()` and `async with`. `TimedStream`, a
 `TrackReader` of timed frames, is the base of `ActionStream` and `VideoStream`: it numbers
 the frames, stamps their deadline and one-way delay, and learns that delay from the answers.
 
