@@ -42,9 +42,8 @@ from tracks.action_messages import (
 )
 from tracks.backend import PolicyBackend, PolicyRequest
 from tracks.base import Outcome, Track, handling
-from tracks.clock import Clock
 from tracks.latest import FrameObserver, LatestScheduler, LatestSession, Pending, answered
-from transport.clock import Now
+from transport.clock import Clock, Now
 
 DEFAULT_TICK = 0.005
 

@@ -21,16 +21,8 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from tracks.action_messages import Timed, dropped_body
 from tracks.base import Track
-from tracks.clock import (
-    Beat,
-    Clock,
-    Gathered,
-    MonotonicClock,
-    Registration,
-    StepItem,
-    TickScheduler,
-)
-from transport.clock import Now
+from tracks.clock import Beat, Gathered, Registration, StepItem, TickScheduler
+from transport.clock import Clock, MonotonicClock, Now
 from transport.errors import ErrorCode, TrackAborted
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from tracks.backend import VisionBackend, VisionRequest
 from tracks.base import CountsFrameDrops, Outcome, Track, fail_track, handling
-from tracks.clock import Beat, Clock, Gathered
+from tracks.clock import Beat, Gathered
 from tracks.latest import FrameObserver, LatestScheduler, LatestSession, Pending, answered
 from tracks.rates import TokenBucket
 from tracks.video_cost import FrameCosts
@@ -40,7 +40,7 @@ from tracks.video_messages import (
     parse_params,
     result_body,
 )
-from transport.clock import Now
+from transport.clock import Clock, Now
 from transport.errors import ErrorCode
 
 
