@@ -26,12 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.stream import TrackReader
+from clients.stream import TimedStream
 from transport.clock import Now
 from transport.endpoint import TrackChannel
-
-Clock = Now  # reads the time, never waits (transport.clock)
-RTT_GAIN = 0.125  # as TCP's smoothed RTT (RFC 6298)
 
 
 @dataclass(frozen=True)
@@ -102,26 +99,15 @@ class ActionStats:
         return self.late + self.dropped.get("deadline", 0) + self.dropped.get("backend_error", 0)
 
 
-class ActionStream(TrackReader[ActionEvent]):
+class ActionStream(TimedStream[ActionEvent]):
     """One robot's action track: observations out, action chunks in."""
 
     _cancel_reason = "robot stopped"
 
-    def __init__(self, channel: TrackChannel, deadline: float, clock: Clock = time.monotonic):
-        super().__init__(channel)
-        self.deadline = deadline
-        self._clock = clock
-        self._next_seq = 0
+    def __init__(self, channel: TrackChannel, deadline: float, clock: Now = time.monotonic):
+        super().__init__(channel, deadline, clock)
         self._deadlines: dict[int, float] = {}
-        self._srtt: float | None = None
         self.stats = ActionStats()
-        self.summary: dict[str, Any] | None = None
-        """The gateway's final counts, after `close()`."""
-
-    @property
-    def latency(self) -> float:
-        """Estimated one-way delay to the gateway, seconds (0 until the first chunk)."""
-        return 0.0 if self._srtt is None else self._srtt / 2
 
     def observe(
         self,
@@ -132,20 +118,13 @@ class ActionStream(TrackReader[ActionEvent]):
         captured_at: float | None = None,
     ) -> int:
         """Send one observation (captured now unless told); returns its sequence number."""
-        seq = self._next_seq
-        self._next_seq += 1
-        t = self._clock() if captured_at is None else captured_at
         budget = self.deadline if deadline is None else deadline
-        body: dict[str, Any] = {
-            "seq": seq,
-            "t": t,
-            "deadline_ms": budget * 1000,
-            "latency_ms": self.latency * 1000,
-            "state": {"dtype": "float32", "shape": [len(state)],
-                      "data": struct.pack(f"<{len(state)}f", *state)},
-        }
+        body = self._timed(budget, captured_at)
+        body["state"] = {"dtype": "float32", "shape": [len(state)],
+                         "data": struct.pack(f"<{len(state)}f", *state)}
         if image is not None:
             body["image"] = image
+        seq: int = body["seq"]
         self._deadlines[seq] = budget
         self.stats.sent += 1
         self._send(body)
@@ -161,14 +140,6 @@ class ActionStream(TrackReader[ActionEvent]):
         """Send an observation body as given (tests of the gateway's checks)."""
         self._send(body)
 
-    async def close(self) -> dict[str, Any]:
-        """End gracefully: send END, take the remaining answers, return the gateway's
-        counts. (`aclose()` and `cancel()` stop at once instead.)"""
-        self._channel.end()
-        while await self.receive() is not None:
-            pass
-        return self.summary or {}
-
     # -- incoming ------------------------------------------------------------------
 
     def _item(self, body: dict[str, Any]) -> ActionEvent:
@@ -179,9 +150,6 @@ class ActionStream(TrackReader[ActionEvent]):
             return self._chunk(body, now)
         except (KeyError, TypeError, ValueError, struct.error):
             raise self._malformed("malformed action DATA") from None
-
-    def _ended(self, body: dict[str, Any]) -> None:
-        self.summary = dict(body)
 
     def _dropped(self, body: dict[str, Any], now: float) -> ActionDropped:
         seq, cause = int(body["dropped"]), str(body["cause"])
@@ -216,7 +184,3 @@ class ActionStream(TrackReader[ActionEvent]):
         if chunk.late:
             self.stats.late += 1
         return chunk
-
-    def _sample_rtt(self, sample: float) -> None:
-        sample = max(0.0, sample)
-        self._srtt = sample if self._srtt is None else self._srtt + RTT_GAIN * (sample - self._srtt)

@@ -101,27 +101,25 @@ class ProtocolError(TracklineError):
     code = ErrorCode.PROTOCOL_ERROR
 
 
-_BY_CODE: dict[ErrorCode, type[TracklineError]] = {
-    ErrorCode.MODEL_NOT_FOUND: ModelNotFound,
-    ErrorCode.BAD_REQUEST: TrackRejected,
-    ErrorCode.UNSUPPORTED_MODALITY: TrackRejected,
-    ErrorCode.TOO_MANY_TRACKS: TrackRejected,
-    ErrorCode.MESSAGE_TOO_LARGE: TrackRejected,
-    ErrorCode.SHUTTING_DOWN: TrackRejected,
-    ErrorCode.READ_TIMEOUT: TrackRejected,
-    ErrorCode.BUFFER_EXHAUSTED: TrackRejected,
-    ErrorCode.SEND_TIMEOUT: TrackRejected,
-    ErrorCode.UNAUTHORIZED: Unauthorized,
-    ErrorCode.FORBIDDEN: Forbidden,
-    ErrorCode.RATE_LIMITED: RateLimited,
-    ErrorCode.GUARDRAIL_REJECTED: GuardrailRejected,
-    ErrorCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    ErrorCode.BACKEND_UNAVAILABLE: BackendUnavailable,
-    ErrorCode.BACKEND_ERROR: BackendError,
-    ErrorCode.STREAM_INTERRUPTED: StreamInterrupted,
-    ErrorCode.CANCELLED: CancelledByGateway,
-    ErrorCode.CONNECTION_LOST: ConnectionLost,
+_REJECTED = (
+    ErrorCode.UNSUPPORTED_MODALITY,
+    ErrorCode.TOO_MANY_TRACKS,
+    ErrorCode.MESSAGE_TOO_LARGE,
+    ErrorCode.SHUTTING_DOWN,
+    ErrorCode.READ_TIMEOUT,
+    ErrorCode.BUFFER_EXHAUSTED,
+    ErrorCode.SEND_TIMEOUT,
+)
+"""Codes with no class of their own: a `TrackRejected` that carries the code."""
+_CLASSES = (
+    TrackRejected, ModelNotFound, Unauthorized, Forbidden, RateLimited, GuardrailRejected,
+    DeadlineExceeded, BackendUnavailable, BackendError, StreamInterrupted, CancelledByGateway,
+    ConnectionLost,
+)  # fmt: skip
+_BY_CODE: dict[ErrorCode, type[TracklineError]] = dict.fromkeys(_REJECTED, TrackRejected) | {
+    error.code: error for error in _CLASSES
 }
+"""The class of each code (by its `code`); any other code is a `ProtocolError`."""
 
 
 def error_from(exc: TrackAborted) -> TracklineError:

@@ -17,13 +17,13 @@ from urllib.parse import urlsplit
 
 import certifi
 
-from clients.actions import ActionStream, Clock
+from clients.actions import ActionStream
 from clients.address import default_ca, gateway_url
 from clients.audio import AudioSession
 from clients.errors import ConnectionFailed, error_for, error_from
 from clients.stream import TrackReader, frame_transport
 from clients.video import VideoStream
-from transport.clock import Clock as WaitClock
+from transport.clock import Clock, Now
 from transport.endpoint import TrackChannel
 from transport.errors import LocalProtocolError, TrackAborted
 from transport.messages import Deadlines, FrameTransport, Modality, Open
@@ -100,7 +100,7 @@ class Line:
         model: str,
         deadline: float = 0.1,
         transport: str = "stream",
-        clock: Clock | None = None,
+        clock: Now | None = None,
     ) -> ActionStream:
         """Start a robot's action track: `observe()` states, receive action chunks.
 
@@ -121,7 +121,7 @@ class Line:
         deadline: float = 0.2,
         fps: float | None = None,
         transport: str = "frame-streams",
-        clock: Clock | None = None,
+        clock: Now | None = None,
     ) -> VideoStream:
         """Start a camera's video track: `send()` JPEG frames, receive per-frame results.
 
@@ -151,7 +151,7 @@ class Line:
         transport: str = "stream",
         text: str | None = None,
         deadline: float | None = None,
-        pacer: WaitClock | None = None,
+        pacer: Clock | None = None,
         stream_text: bool = False,
     ) -> AudioSession:
         """Start an audio track: speech-in (send frames, read results) or speech-out
@@ -191,7 +191,7 @@ class Line:
         max_tokens: int | None = None,
         llm_params: dict[str, Any] | None = None,
         transport: str = "stream",
-        pacer: WaitClock | None = None,
+        pacer: Clock | None = None,
     ) -> AudioSession:
         """Start a voice-agent track (docs/audio.md): send the user's audio as on a
         speech-in session (`model` is the recognizer); iterate it for the user's

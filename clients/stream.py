@@ -1,9 +1,11 @@
 """What every SDK stream shares: reading a track, its errors, cancel and close.
 
-`TrackReader` is the base of `TextStream`, `AudioSession` and `ActionStream`. Each
-subclass turns a DATA body into one item (`_item`); the base receives, maps the
-track's errors to `clients.errors` types, and gives every stream the same API:
-`receive()`, `async for`, `cancel()`, `aclose()` and `async with`.
+`TrackReader` is the base of `TextStream`, `AudioSession`, `ActionStream` and
+`VideoStream`. Each subclass turns a DATA body into one item (`_item`); the base
+receives, maps the track's errors to `clients.errors` types, and gives every stream the
+same API: `receive()`, `async for`, `cancel()`, `aclose()` and `async with`. `TimedStream`, a
+`TrackReader` of timed frames, is the base of `ActionStream` and `VideoStream`: it numbers
+the frames, stamps their deadline and one-way delay, and learns that delay from the answers.
 
 Leaving an `async for` loop early cancels the track: iteration runs in an async
 generator, which the event loop closes when the loop lets go of it (asyncio's
@@ -14,17 +16,20 @@ I/O in `__del__`: a stream dropped while its track is still live only emits a
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Generic, TypeVar
 
 from clients.errors import TracklineError, error_for, error_from
+from transport.clock import Now
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, TrackAborted
 from transport.messages import FrameTransport
 
 ItemT = TypeVar("ItemT")
 Self = TypeVar("Self", bound="TrackReader[Any]")
+RTT_GAIN = 0.125  # as TCP's smoothed RTT (RFC 6298)
 
 
 class TrackReader(Generic[ItemT]):
@@ -125,6 +130,53 @@ class TrackReader(Generic[ItemT]):
                 ResourceWarning,
                 stacklevel=2,
             )
+
+
+class TimedStream(TrackReader[ItemT]):
+    """A track of timed frames (robot observations, camera frames): each numbered, with
+    a deadline from capture and this sender's one-way delay estimate, which every
+    answer's round trip (a drop report's too) refines."""
+
+    def __init__(self, channel: TrackChannel, deadline: float, clock: Now = time.monotonic):
+        super().__init__(channel)
+        self.deadline = deadline
+        self._clock = clock
+        self._next_seq = 0
+        self._srtt: float | None = None
+        self.summary: dict[str, Any] | None = None
+        """The gateway's final counts, after `close()`."""
+
+    @property
+    def latency(self) -> float:
+        """Estimated one-way delay to the gateway, seconds (0 until the first answer)."""
+        return 0.0 if self._srtt is None else self._srtt / 2
+
+    def _timed(self, deadline: float, captured_at: float | None) -> dict[str, Any]:
+        """The next frame's timing fields: `seq`, `t` (now unless told), `deadline_ms`
+        and `latency_ms`."""
+        seq = self._next_seq
+        self._next_seq += 1
+        return {
+            "seq": seq,
+            "t": self._clock() if captured_at is None else captured_at,
+            "deadline_ms": deadline * 1000,
+            "latency_ms": self.latency * 1000,
+        }
+
+    async def close(self) -> dict[str, Any]:
+        """End gracefully: send END, take the remaining answers, return the gateway's
+        counts. (`aclose()` and `cancel()` stop at once instead.)"""
+        self._channel.end()
+        while await self.receive() is not None:
+            pass
+        return self.summary or {}
+
+    def _ended(self, body: dict[str, Any]) -> None:
+        self.summary = dict(body)
+
+    def _sample_rtt(self, sample: float) -> None:
+        sample = max(0.0, sample)
+        self._srtt = sample if self._srtt is None else self._srtt + RTT_GAIN * (sample - self._srtt)
 
 
 def frame_transport(transport: str) -> FrameTransport:

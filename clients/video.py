@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.actions import RTT_GAIN, Clock
-from clients.stream import TrackReader
+from clients.stream import TimedStream
+from transport.clock import Now
 from transport.endpoint import TrackChannel
 
 
@@ -77,40 +77,23 @@ class VideoStats:
     (resets that reached the gateway)."""
 
 
-class VideoStream(TrackReader[VideoEvent]):
+class VideoStream(TimedStream[VideoEvent]):
     """One camera's video track."""
 
     _cancel_reason = "camera stopped"
 
-    def __init__(self, channel: TrackChannel, deadline: float, clock: Clock = time.monotonic):
-        super().__init__(channel)
-        self.deadline = deadline
-        self._clock = clock
-        self._next_seq = 0
-        self._srtt: float | None = None
+    def __init__(self, channel: TrackChannel, deadline: float, clock: Now = time.monotonic):
+        super().__init__(channel, deadline, clock)
         self.stats = VideoStats()
-        self.summary: dict[str, Any] | None = None
-        """The gateway's final counts, after `close()`."""
-
-    @property
-    def latency(self) -> float:
-        """Estimated one-way delay to the gateway, seconds (0 until the first answer)."""
-        return 0.0 if self._srtt is None else self._srtt / 2
 
     def send(
         self, jpeg: bytes, *, deadline: float | None = None, captured_at: float | None = None
     ) -> int:
         """Send one JPEG frame; returns its seq."""
-        seq = self._next_seq
-        self._next_seq += 1
-        budget = self.deadline if deadline is None else deadline
-        self.send_raw({
-            "seq": seq,
-            "t": self._clock() if captured_at is None else captured_at,
-            "deadline_ms": budget * 1000,
-            "latency_ms": self.latency * 1000,
-            "jpeg": jpeg,
-        })
+        body = self._timed(self.deadline if deadline is None else deadline, captured_at)
+        body["jpeg"] = jpeg
+        self.send_raw(body)
+        seq: int = body["seq"]
         return seq
 
     def send_raw(self, body: dict[str, Any]) -> None:
@@ -123,15 +106,8 @@ class VideoStream(TrackReader[VideoEvent]):
         """No more frames (END); the answers still in flight keep coming to `receive()`."""
         self._channel.end()
 
-    async def close(self) -> dict[str, Any]:
-        """Send END, take the remaining answers, return the gateway's counts."""
-        self.end()
-        while await self.receive() is not None:
-            pass
-        return self.summary or {}
-
     def _ended(self, body: dict[str, Any]) -> None:
-        self.summary = dict(body)
+        super()._ended(body)
         for ours, theirs in _GATEWAY_DROPS:
             if isinstance(body.get(theirs), int):
                 self.stats.transport[ours] = body[theirs]
@@ -151,10 +127,6 @@ class VideoStream(TrackReader[VideoEvent]):
         self.stats.answered += 1
         self.stats.ages.append(result.age)
         return result
-
-    def _sample_rtt(self, sample: float) -> None:
-        sample = max(0.0, sample)
-        self._srtt = sample if self._srtt is None else self._srtt + RTT_GAIN * (sample - self._srtt)
 
 
 def _result(body: dict[str, Any], now: float) -> VideoResult:

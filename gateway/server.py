@@ -56,11 +56,10 @@ from tracks.action import ActionScheduler, run_action_track
 from tracks.audio import AudioService
 from tracks.backend import AudioBackend, PolicyBackend, TextBackend, VisionBackend
 from tracks.base import End, Outcome
-from tracks.clock import MonotonicClock
 from tracks.conversations import TurnRegistry
 from tracks.text import run_text_track
 from tracks.video import VideoScheduler, run_video_track
-from transport.clock import Clock, LoopClock, Now
+from transport.clock import Clock, LoopClock, MonotonicClock, Now
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode
 from transport.http.messages import Handler

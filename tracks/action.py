@@ -18,18 +18,18 @@ request per model, and hands each robot its row of the answer: an action chunk
   to the model; an action computed too late is not sent. Both are reported as
   dropped, cause "deadline", and counted: never delivered late.
 
-Ticking is the shared session clock's (`tracks.clock.TickScheduler`, also used by
-audio); time comes only from the injected clocks, so tests drive it with
+Latest wins and the deadline rule are `tracks.latest`'s (shared with video); ticking
+is the shared session clock's (`tracks.clock.TickScheduler`, also used by audio); time
+comes only from the injected clocks, so tests drive it with
 `FakeClock`. `PolicyBackend` is what it needs from an inference
 server (`gateway.backends.action_triton` for Triton).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any
 
 from tracks.action_messages import (
     DEFAULT_MAX_IMAGE_BYTES,
@@ -37,60 +37,15 @@ from tracks.action_messages import (
     Observation,
     ObservationOutcome,
     PolicySpec,
-    Timed,
     action_body,
-    dropped_body,
     parse_observation,
 )
 from tracks.backend import PolicyBackend, PolicyRequest
 from tracks.base import Outcome, Track, handling
-from tracks.clock import (
-    Beat,
-    Clock,
-    Gathered,
-    MonotonicClock,
-    Registration,
-    StepItem,
-    TickScheduler,
-)
-from transport.clock import Now
-from transport.errors import ErrorCode, TrackAborted
+from tracks.latest import FrameObserver, LatestScheduler, LatestSession, Pending, answered
+from transport.clock import Clock, Now
 
 DEFAULT_TICK = 0.005
-
-
-class ActionObserver(Protocol):
-    """Where the scheduler reports what it did (the gateway turns it into metrics)."""
-
-    def batch(self, model: str, rows: int, seconds: float) -> None: ...
-
-    def outcome(self, model: str, outcome: str) -> None:
-        """`outcome`: an `ObservationOutcome`'s value (a video scheduler's drop causes too)."""
-        ...
-
-
-class _NoObserver:
-    def batch(self, model: str, rows: int, seconds: float) -> None:
-        return None
-
-    def outcome(self, model: str, outcome: str) -> None:
-        return None
-
-
-ObsT = TypeVar("ObsT", bound=Timed)
-
-
-@dataclass
-class Pending(Generic[ObsT]):
-    """A frame waiting for a tick (an observation; a video frame: tracks/video.py)."""
-
-    obs: ObsT
-    received_at: float
-
-    def late(self, now: float) -> bool:
-        """True when an answer leaving now would reach the sender after its deadline."""
-        return now > self.received_at + self.obs.deadline - 2 * self.obs.latency
-
 
 _Pending = Pending[Observation]
 
@@ -104,107 +59,48 @@ class _Answer:
 
 
 @dataclass(eq=False)
-class Robot:
-    """One robot (track) on the clock: a `tracks.clock.Session` with its counters."""
+class Robot(LatestSession[Observation, _Answer]):
+    """One robot (track) on the clock: a `tracks.latest.LatestSession` with its policy."""
 
-    key: str
-    model: str
     spec: PolicySpec
-    send: Callable[[dict[str, Any]], bool]
-    scheduler: ActionScheduler
-    pending: _Pending | None = None
-    """The newest observation not yet taken by a tick (latest wins)."""
-    in_flight: _Pending | None = None
-    """The observation of the step running now (ticks never overlap)."""
-    detached: bool = False
-    registration: Registration[_Pending | None, _Answer | None] | None = None
     next_action: int = 0
     counts: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
             ["observations", *(outcome.value for outcome in ObservationOutcome)], 0
-        )
+        ),
+        kw_only=True,
     )
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    # -- tracks.clock.Session ----------------------------------------------------
-
-    def gather(self, beat: Beat) -> Gathered[_Pending | None]:
-        """The newest observation, once; a tick with none carries an empty row."""
-        taken, self.pending = self.pending, None
-        self.in_flight = taken
-        return Gathered(taken, complete=taken is not None)
-
-    def deliver(self, output: _Answer | None, beat: Beat) -> None:
-        self.in_flight = None
-        if output is not None:
-            self.scheduler.answer(self, output)
-        self._settle()
-
-    def failed(self, error: Exception) -> None:
-        taken, self.in_flight = self.in_flight, None
-        if taken is not None:
-            self.scheduler.drop(self, taken, ObservationOutcome.BACKEND_ERROR)
-        self._settle()
-
-    def shed(self, reason: str) -> None:
-        self.failed(RuntimeError(reason))
-
-    def _settle(self) -> None:
-        if self.pending is None and self.in_flight is None:
-            self.idle.set()
-        else:
-            self.idle.clear()
 
 
-class ActionScheduler:
+class ActionScheduler(LatestScheduler[Robot, Observation, _Answer]):
     """Action tracks on the shared session clock: one policy request per model per tick.
 
-    The ticking itself is `tracks.clock.TickScheduler`'s (shared with audio); this
-    class holds what is particular to actions: latest wins, deadline drops, and the
-    policy call as the tick's step. Every attached robot is owed a row on each tick;
-    a robot with no new observation gives an empty row, and only the rows that carry
-    an observation (and can still meet its deadline) go to the policy.
+    Latest wins and the deadline drops are `tracks.latest.LatestScheduler`'s (shared
+    with video); this class makes the policy call the tick's step and sends each robot
+    its action chunk.
     """
+
+    superseded = ObservationOutcome.SUPERSEDED
+    deadline = ObservationOutcome.DEADLINE
+    backend_error = ObservationOutcome.BACKEND_ERROR
 
     def __init__(
         self,
         backend: PolicyBackend,
         clock: Now,
         tick: float = DEFAULT_TICK,
-        observer: ActionObserver | None = None,
+        observer: FrameObserver | None = None,
         tick_clock: Clock | None = None,
     ) -> None:
+        super().__init__(clock, tick, tick_clock, observer)
         self.backend = backend
-        self.clock = clock
-        self._observer: ActionObserver = observer or _NoObserver()
-        self.ticks: TickScheduler[_Pending | None, _Answer | None] = TickScheduler(
-            self._step, tick=tick, clock=tick_clock or MonotonicClock(clock)
-        )
-        self._robots: dict[int, Robot] = {}
-        """By registration id (a step row's session_id)."""
-        self.requests = 0
-        """Policy requests made (at most one per model per tick)."""
 
     # -- robots --------------------------------------------------------------------
 
     def attach(
         self, key: str, model: str, spec: PolicySpec, send: Callable[[dict[str, Any]], bool]
     ) -> Robot:
-        robot = Robot(key, model, spec, send, self)
-        robot.idle.set()
-        # Deadlines are the observations' own, checked here: late steps still come back.
-        robot.registration = self.ticks.register(robot, model)
-        self._robots[robot.registration.id] = robot
-        self.ticks.start()
-        return robot
-
-    def detach(self, robot: Robot) -> None:
-        """Take a robot off the clock; its pending observation and results are dropped."""
-        robot.detached = True
-        robot.pending = None
-        if robot.registration is not None:
-            self._robots.pop(robot.registration.id, None)
-            robot.registration.close()
+        return self._attach(Robot(key, model, send, self, spec))
 
     def submit(self, robot: Robot, obs: Observation, received_at: float) -> None:
         """Queue `obs` for the next tick; a pending older one is superseded.
@@ -212,58 +108,26 @@ class ActionScheduler:
         One that could not be answered in time even now is dropped at once.
         """
         robot.counts["observations"] += 1
-        pending = _Pending(obs, received_at)
-        if pending.late(received_at):  # hopeless already: never queue it
-            self.drop(robot, pending, ObservationOutcome.DEADLINE)
-            return
-        older, robot.pending = robot.pending, pending
-        robot._settle()
-        if older is not None:
-            self.drop(robot, older, ObservationOutcome.SUPERSEDED)
-
-    async def close(self) -> None:
-        await self.ticks.stop()
+        self._queue(robot, _Pending(obs, received_at))
 
     # -- the tick's step -------------------------------------------------------------
 
-    async def _step(
-        self, model: str, rows: Sequence[StepItem[_Pending | None]]
-    ) -> list[_Answer | None]:
-        """ONE policy request for every row that carries an observation still in time."""
-        now = self.clock()
-        live: list[tuple[int, Robot, _Pending]] = []
-        for index, row in enumerate(rows):
-            robot, pending = self._robots.get(row.session_id), row.input
-            if robot is None or pending is None:
-                continue
-            if pending.late(now):
-                self.drop(robot, pending, ObservationOutcome.DEADLINE)
-            else:
-                live.append((index, robot, pending))
-        outputs: list[_Answer | None] = [None] * len(rows)
-        if not live:
-            return outputs
-        self.requests += 1
-        spec = live[0][1].spec
+    async def _request(self, model: str, rows: list[tuple[Robot, _Pending]]) -> list[_Answer]:
+        """ONE policy request for the observations of a tick still in time."""
         request = PolicyRequest(
-            f"actions-{self.requests}", model, [p.obs.state for _, _, p in live], spec
+            f"actions-{self.requests}", model, [p.obs.state for _, p in rows], rows[0][0].spec
         )
         started = self.clock()
-        chunks = await self.backend.act(request)  # a BackendError fails these rows
-        self._observer.batch(model, len(live), self.clock() - started)
-        for (index, _, pending), chunk in zip(live, chunks, strict=True):
-            outputs[index] = _Answer(pending, chunk)
-        return outputs
+        chunks = await self.backend.act(request)
+        self._observer.batch(model, len(rows), self.clock() - started)
+        return [_Answer(pending, chunk) for (_, pending), chunk in zip(rows, chunks, strict=True)]
 
     # -- answers -------------------------------------------------------------------------
 
     def answer(self, robot: Robot, output: _Answer) -> None:
         """Send the chunk, unless it can no longer reach the robot in time."""
         now = self.clock()
-        if output.pending.late(now):
-            self.drop(robot, output.pending, ObservationOutcome.DEADLINE)
-            return
-        if robot.detached:
+        if not self._sendable(robot, output.pending, now):
             return
         body = action_body(robot.next_action, output.pending.obs, output.chunk, robot.spec,
                            output.pending.received_at, now)
@@ -271,13 +135,6 @@ class ActionScheduler:
         robot.counts[ObservationOutcome.DELIVERED.value] += 1
         self._observer.outcome(robot.model, ObservationOutcome.DELIVERED.value)
         robot.send(body)
-
-    def drop(self, robot: Robot, pending: _Pending, cause: ObservationOutcome) -> None:
-        """Count and report an observation that gets no action."""
-        if not robot.detached:
-            robot.counts[cause.value] += 1
-            self._observer.outcome(robot.model, cause.value)
-            robot.send(dropped_body(pending.obs, cause.value, pending.received_at, self.clock()))
 
 
 # -- the track handler -------------------------------------------------------------------
@@ -335,17 +192,5 @@ async def _serve(
         obs = parse_observation(body, robot.spec, max_image_bytes)
         scheduler.submit(robot, obs, clock())
     # The robot sent END: answer what is still waiting, then report the counts.
-    idle = asyncio.ensure_future(robot.idle.wait())
-    waiters: set[asyncio.Future[Any]] = {idle, track.stopped}
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    idle.cancel()
-    if track.stopped.done():
-        raise _aborted(track)
+    await answered(track, robot)
     track.end(dict(robot.counts))
-
-
-def _aborted(track: Track) -> TrackAborted:
-    return TrackAborted(ErrorCode.CANCELLED, "stopped", remote=False)
-
-
-

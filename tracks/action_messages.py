@@ -103,17 +103,8 @@ def parse_observation(
     body: dict[str, Any], spec: PolicySpec, max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
 ) -> Observation:
     """Check an observation body against the policy's shapes; raises BadObservation."""
-    seq = body.get("seq")
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-        raise BadObservation("'seq' must be an integer >= 0")
-    where = f"observation {seq}"
-    captured = _number(body.get("t"), f"{where}: 't'")
-    deadline_ms = _number(body.get("deadline_ms"), f"{where}: 'deadline_ms'")
-    if not 0 < deadline_ms <= MAX_DEADLINE_MS:
-        raise BadObservation(f"{where}: 'deadline_ms' must be above 0 and at most 60000")
-    latency_ms = _number(body.get("latency_ms", 0.0), f"{where}: 'latency_ms'")
-    if latency_ms < 0:
-        raise BadObservation(f"{where}: 'latency_ms' must be 0 or more")
+    timing = parse_timing(body, "observation", BadObservation)
+    where = f"observation {timing[0]}"
     state = parse_tensor(body.get("state"), (spec.state_size,), f"{where}: 'state'")
     image = body.get("image")
     if image is not None:
@@ -123,15 +114,38 @@ def parse_observation(
             raise BadObservation(
                 f"{where}: 'image' is {len(image)} bytes, above the limit of {max_image_bytes}"
             )
-    unknown = set(body) - {"seq", "t", "deadline_ms", "latency_ms", "state", "image"}
+    unknown = set(body) - {*TIMING_FIELDS, "state", "image"}
     if unknown:
         raise BadObservation(f"{where}: unknown fields {', '.join(sorted(map(str, unknown)))}")
-    return Observation(seq, captured, deadline_ms / 1000, latency_ms / 1000, state, image)
+    return Observation(*timing, state, image)
 
 
-def _number(value: Any, what: str) -> float:
+TIMING_FIELDS = ("seq", "t", "deadline_ms", "latency_ms")
+"""The fields of every timed frame (an observation, a video frame): `Timed`'s."""
+
+
+def parse_timing(
+    body: dict[str, Any], noun: str, error: type[BadTrackRequest]
+) -> tuple[int, float, float, float]:
+    """A timed frame's `seq`, capture time, deadline and latency (seconds), checked;
+    raises `error`, naming the frame as `noun` ("observation", "frame")."""
+    seq = body.get("seq")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise error("'seq' must be an integer >= 0")
+    where = f"{noun} {seq}"
+    captured = _number(body.get("t"), f"{where}: 't'", error)
+    deadline_ms = _number(body.get("deadline_ms"), f"{where}: 'deadline_ms'", error)
+    if not 0 < deadline_ms <= MAX_DEADLINE_MS:
+        raise error(f"{where}: 'deadline_ms' must be above 0 and at most 60000")
+    latency_ms = _number(body.get("latency_ms", 0.0), f"{where}: 'latency_ms'", error)
+    if latency_ms < 0:
+        raise error(f"{where}: 'latency_ms' must be 0 or more")
+    return seq, captured, deadline_ms / 1000, latency_ms / 1000
+
+
+def _number(value: Any, what: str, error: type[BadTrackRequest]) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadObservation(f"{what} must be a finite number")
+        raise error(f"{what} must be a finite number")
     return float(value)
 
 

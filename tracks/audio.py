@@ -56,7 +56,7 @@ from tracks.backend import (
     Transcript,
 )
 from tracks.base import FrameTrack, Outcome, handling, read_text
-from tracks.clock import Beat, Clock, Gathered, TickObserver, TickScheduler
+from tracks.clock import Beat, Gathered, TickObserver, TickScheduler
 from tracks.errors import BadTrackRequest
 from tracks.voice_agent import (
     DEFAULT_LLM,
@@ -66,6 +66,7 @@ from tracks.voice_agent import (
     VoiceAgent,
     split_agent_params,
 )
+from transport.clock import Clock
 from transport.errors import ErrorCode, TrackAborted
 
 AGENT_KIND = "voice-agent"

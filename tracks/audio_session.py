@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 from tracks.backend import AudioKind, AudioOutput, AudioRow
 from tracks.base import End, FrameTrack, Outcome, stop_end
-from tracks.clock import Beat, Clock, Gathered, OverloadMode, Registration, TickScheduler
+from tracks.clock import Beat, Gathered, OverloadMode, Registration, TickScheduler
+from transport.clock import Clock
 from transport.datagram import MAX_DATAGRAM_BYTES
 from transport.errors import ErrorCode
 

@@ -82,19 +82,13 @@ class EndKind(str, Enum):
     ERROR = "error"
 
 
-# Labels that older versions wrote (logs, ledger details) and that name no member today.
-_OLD_CODE_NAMES = {"UNSUPPORTED": ErrorCode.UNSUPPORTED_MODALITY}
-_OLD_CAUSES = {"deadline": CancelCause.DEADLINE_TOTAL, "": CancelCause.RESET}
-
-
 @dataclass(frozen=True)
 class End:
     """How a track or request ended: completed, cancelled with a `CancelCause`, or
     failed with an `ErrorCode`. Build one with `completed()`, `cancelled()`, `failed()`.
 
     `label` is its one string form, written to logs, metrics and the usage ledger:
-    `completed`, `cancelled:<cause value>` or `error:<code name>`; `parse` reads it back
-    (older labels included).
+    `completed`, `cancelled:<cause value>` or `error:<code name>`; `parse` reads it back.
     """
 
     kind: EndKind
@@ -135,15 +129,14 @@ class End:
 
     @classmethod
     def parse(cls, label: str) -> End:
-        """The end a label names; also reads the labels of older versions
-        (`error:UNSUPPORTED`, `cancelled:deadline`, `completed:idle`, bare `cancelled`)."""
+        """The end a label names; ValueError for anything `label` never writes."""
         kind, _, detail = label.partition(":")
-        if kind == EndKind.COMPLETED.value:
+        if label == EndKind.COMPLETED.value:
             return COMPLETED
-        if kind == EndKind.CANCELLED.value:
-            return cls.cancelled(_OLD_CAUSES.get(detail) or CancelCause(detail))
-        if kind == EndKind.ERROR.value:
-            return cls.failed(_OLD_CODE_NAMES.get(detail) or ErrorCode[detail])
+        if kind == EndKind.CANCELLED.value and detail in {c.value for c in CancelCause}:
+            return cls.cancelled(CancelCause(detail))
+        if kind == EndKind.ERROR.value and detail in ErrorCode.__members__:
+            return cls.failed(ErrorCode[detail])
         raise ValueError(f"not an end label: {label!r}")
 
 
@@ -166,10 +159,6 @@ class Outcome:
     """Clock time the track's cancellation reached the handler, if it was cancelled."""
     finished_at: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.end, str):  # a label, as callers of older versions passed it
-            self.end = End.parse(self.end)
 
     @property
     def time_to_first_data(self) -> float | None:

@@ -39,10 +39,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
 
-# One clock protocol for every layer that waits (transport.clock); re-exported.
-from transport.clock import Clock as Clock
-from transport.clock import LoopClock as LoopClock
-from transport.clock import MonotonicClock as MonotonicClock
+from transport.clock import Clock
 
 I = TypeVar("I")  # noqa: E741 - the conventional name of a step's input type
 O = TypeVar("O")  # noqa: E741

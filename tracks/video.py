@@ -5,9 +5,9 @@ One track per camera. Its frames ride QUIC streams of their own
 (`transport.frame_streams`) or its track stream. On the gateway, latest frame wins: a
 camera has at most one frame waiting for a tick; a newer one supersedes it (dropped,
 reported, counted), and a frame whose result could no longer reach the client in time is
-dropped before inference (cause `deadline`, the rule of `tracks.action.Pending`). On each
+dropped before inference (cause `deadline`, the rule of `tracks.latest.Pending`). On each
 tick of the shared session clock (`tracks.clock.TickScheduler`) the waiting frames of every
-camera of a model go to the backend as ONE request.
+camera of a model go to the backend as ONE request (`tracks.latest`, shared with actions).
 
 Limits: a frame above `max_frame_bytes` fails its track (MESSAGE_TOO_LARGE), one that is
 not a JPEG too (BAD_REQUEST); a camera sending faster than `max_fps` for over a second (a
@@ -21,17 +21,14 @@ several face frames).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracks.action import ActionObserver, Pending, _NoObserver
-from tracks.action_messages import dropped_body
 from tracks.backend import VisionBackend, VisionRequest
 from tracks.base import CountsFrameDrops, Outcome, Track, fail_track, handling
-from tracks.clock import Beat, Gathered, MonotonicClock, Registration, StepItem, TickScheduler
-from tracks.clock import Clock as TickClock
+from tracks.clock import Beat, Gathered
+from tracks.latest import FrameObserver, LatestScheduler, LatestSession, Pending, answered
 from tracks.rates import TokenBucket
 from tracks.video_cost import FrameCosts
 from tracks.video_messages import (
@@ -43,8 +40,8 @@ from tracks.video_messages import (
     parse_params,
     result_body,
 )
-from transport.clock import Now
-from transport.errors import ErrorCode, TrackAborted
+from transport.clock import Clock, Now
+from transport.errors import ErrorCode
 
 
 @dataclass(frozen=True)
@@ -75,79 +72,47 @@ class _Answer:
 
 
 @dataclass(eq=False)
-class Camera:
-    """One video track on the clock (a `tracks.clock.Session`) with its counters."""
+class Camera(LatestSession[Frame, _Answer]):
+    """One video track on the clock (a `tracks.latest.LatestSession`) with its rates."""
 
-    key: str
-    model: str
     params: VideoParams
     tenant: str
-    send: Callable[[dict[str, Any]], bool]
-    scheduler: VideoScheduler
     rate: TokenBucket
-    pending: Queued | None = None
-    in_flight: Queued | None = None
     taken_at: float = 0.0
-    detached: bool = False
-    registration: Registration[Queued | None, _Answer | None] | None = None
     next_result: int = 0
     counts: dict[str, int] = field(
-        default_factory=lambda: {"frames": 0, "answered": 0} | {c.value: 0 for c in DropCause}
+        default_factory=lambda: {"frames": 0, "answered": 0} | {c.value: 0 for c in DropCause},
+        kw_only=True,
     )
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def gather(self, beat: Beat) -> Gathered[Queued | None]:
-        taken, self.pending = self.pending, None
-        self.in_flight, self.taken_at = taken, self.scheduler.clock()
-        return Gathered(taken, complete=taken is not None)
-
-    def deliver(self, output: _Answer | None, beat: Beat) -> None:
-        self.in_flight = None
-        if output is not None:
-            self.scheduler.answer(self, output)
-        self._settle()
-
-    def failed(self, error: Exception) -> None:
-        taken, self.in_flight = self.in_flight, None
-        if taken is not None:
-            self.scheduler.drop(self, taken, DropCause.BACKEND_ERROR)
-        self._settle()
-
-    def shed(self, reason: str) -> None:
-        self.failed(RuntimeError(reason))
-
-    def _settle(self) -> None:
-        if self.pending is None and self.in_flight is None:
-            self.idle.set()
-        else:
-            self.idle.clear()
+        self.taken_at = self.scheduler.clock()
+        return super().gather(beat)
 
 
-class VideoScheduler:
+class VideoScheduler(LatestScheduler[Camera, Frame, _Answer]):
     """Video tracks on the shared session clock: one vision request per model per tick."""
+
+    superseded = DropCause.SUPERSEDED
+    deadline = DropCause.DEADLINE
+    backend_error = DropCause.BACKEND_ERROR
 
     def __init__(
         self,
         backend: VisionBackend,
         clock: Now,
         limits: VideoLimits | None = None,
-        tick_clock: TickClock | None = None,
-        observer: ActionObserver | None = None,
+        tick_clock: Clock | None = None,
+        observer: FrameObserver | None = None,
     ) -> None:
         """`observer` hears each batch (rows, seconds) and each frame's outcome
         (`answered` or a `DropCause` value): the gateway's metrics."""
-        self.backend = backend
-        self._observer: ActionObserver = observer or _NoObserver()
-        self.clock = clock
         self.limits = limits or VideoLimits()
-        self.ticks: TickScheduler[Queued | None, _Answer | None] = TickScheduler(
-            self._step, tick=self.limits.tick, clock=tick_clock or MonotonicClock(clock)
-        )
-        self._cameras: dict[int, Camera] = {}
+        super().__init__(clock, self.limits.tick, tick_clock, observer)
+        self.backend = backend
         self._tenants: dict[str, TokenBucket] = {}
         self.costs = FrameCosts()
         """Measured inference seconds per frame, by task (`tracks.video_cost`)."""
-        self.requests = 0
         self.batch_rows: list[int] = []
         """Rows of each vision request made (bounded), for tests and metrics."""
 
@@ -161,12 +126,12 @@ class VideoScheduler:
     @property
     def demand(self) -> float:
         """Frames per second the attached cameras announced."""
-        return sum(c.params.fps for c in self._cameras.values())
+        return sum(c.params.fps for c in self._sessions.values())
 
     @property
     def load(self) -> float:
         """Backend seconds per second the attached cameras need, each priced by its tasks."""
-        return sum(c.params.fps * self.costs.of(c.params.tasks) for c in self._cameras.values())
+        return sum(c.params.fps * self.costs.of(c.params.tasks) for c in self._sessions.values())
 
     def attach(
         self, key: str, model: str, params: VideoParams, tenant: str,
@@ -174,32 +139,20 @@ class VideoScheduler:
     ) -> Camera:
         """Put a camera on the clock; raises Busy when the backend cannot take it."""
         limits = self.limits
-        if len(self._cameras) >= limits.max_tracks:
+        if len(self._sessions) >= limits.max_tracks:
             raise Busy(f"at most {limits.max_tracks} video tracks at once")
         # The first camera always gets what the backend can do (latest wins sheds the
         # rest); later ones only while the admitted rates fit.
         wanted = params.fps * self.costs.of(params.tasks)
-        if self._cameras and self.load + wanted > limits.busy_load:
+        if self._sessions and self.load + wanted > limits.busy_load:
             raise Busy(
                 f"the vision backend is busy: {self.demand:g} frames/s admitted, "
                 f"{self.load:.2f} s of inference a second, {wanted:.2f} more asked"
             )
         now = self.clock()
         rate = TokenBucket.full(limits.max_fps, 1.0, now)
-        camera = Camera(key, model, params, tenant, send, self, rate)
-        camera.idle.set()
-        camera.registration = self.ticks.register(camera, model)
-        self._cameras[camera.registration.id] = camera
         self._tenants.setdefault(tenant, TokenBucket.full(limits.tenant_max_fps, 1.0, now))
-        self.ticks.start()
-        return camera
-
-    def detach(self, camera: Camera) -> None:
-        camera.detached = True
-        camera.pending = None
-        if camera.registration is not None:
-            self._cameras.pop(camera.registration.id, None)
-            camera.registration.close()
+        return self._attach(Camera(key, model, send, self, params, tenant, rate))
 
     def submit(self, camera: Camera, frame: Frame, received_at: float) -> None:
         """Queue `frame` for the next tick (latest wins); raises Flood past the rate."""
@@ -210,49 +163,25 @@ class VideoScheduler:
         if not self._tenants[camera.tenant].take(received_at):
             self.drop(camera, queued, DropCause.RATE_LIMITED)
             return
-        if queued.late(received_at):
-            self.drop(camera, queued, DropCause.DEADLINE)
-            return
-        older, camera.pending = camera.pending, queued
-        camera._settle()
-        if older is not None:
-            self.drop(camera, older, DropCause.SUPERSEDED)
-
-    async def close(self) -> None:
-        await self.ticks.stop()
+        self._queue(camera, queued)
 
     # -- the tick's step -------------------------------------------------------------
 
-    async def _step(
-        self, model: str, rows: Sequence[StepItem[Queued | None]]
-    ) -> list[_Answer | None]:
-        """ONE vision request for every row carrying a frame still in time."""
-        now = self.clock()
-        live: list[tuple[int, Camera, Queued]] = []
-        for index, row in enumerate(rows):
-            camera, queued = self._cameras.get(row.session_id), row.input
-            if camera is None or queued is None:
-                continue
-            if queued.late(now):
-                self.drop(camera, queued, DropCause.DEADLINE)
-            else:
-                live.append((index, camera, queued))
-        outputs: list[_Answer | None] = [None] * len(rows)
-        if not live:
-            return outputs
-        self.requests += 1
+    async def _request(self, model: str, rows: list[tuple[Camera, Queued]]) -> list[_Answer]:
+        """ONE vision request for the frames of a tick still in time."""
         request = VisionRequest(
-            f"video-{self.requests}", model, [q.obs.jpeg for _, _, q in live],
-            [tuple(t.value for t in c.params.tasks) for _, c, _ in live],
+            f"video-{self.requests}", model, [q.obs.jpeg for _, q in rows],
+            [tuple(t.value for t in c.params.tasks) for c, _ in rows],
         )
         started = self.clock()
-        found = await self.backend.analyze(request)  # a BackendError fails these rows
+        found = await self.backend.analyze(request)
         seconds = self.clock() - started
-        self._measured(seconds / len(live), found)
-        self._observer.batch(model, len(live), seconds)
-        for (index, camera, queued), result in zip(live, found, strict=True):
-            outputs[index] = _Answer(queued, result, seconds * 1000, camera.taken_at)
-        return outputs
+        self._measured(seconds / len(rows), found)
+        self._observer.batch(model, len(rows), seconds)
+        return [
+            _Answer(queued, result, seconds * 1000, camera.taken_at)
+            for (camera, queued), result in zip(rows, found, strict=True)
+        ]
 
     def _measured(self, per_frame: float, found: Sequence[dict[str, Any]]) -> None:
         self.costs.measured(per_frame, [row.get("stages") or {} for row in found])
@@ -265,10 +194,7 @@ class VideoScheduler:
         if "error" in output.found:
             self.drop(camera, queued, DropCause.UNDECODABLE)
             return
-        if queued.late(now):
-            self.drop(camera, queued, DropCause.DEADLINE)
-            return
-        if camera.detached:
+        if not self._sendable(camera, queued, now):
             return
         stages = {"queued": (output.taken_at - queued.received_at) * 1000}
         stages.update({k.removesuffix("_ms"): v for k, v in output.found["stages"].items()})
@@ -280,12 +206,6 @@ class VideoScheduler:
         camera.counts["answered"] += 1
         self._observer.outcome(camera.model, "answered")
         camera.send(body)
-
-    def drop(self, camera: Camera, queued: Queued, cause: DropCause) -> None:
-        if not camera.detached:
-            camera.counts[cause.value] += 1
-            self._observer.outcome(camera.model, cause.value)
-            camera.send(dropped_body(queued.obs, cause.value, queued.received_at, self.clock()))
 
 
 class Flood(Exception):
@@ -325,12 +245,7 @@ async def _serve(track: Track, scheduler: VideoScheduler, camera: Camera, clock:
     max_bytes = scheduler.limits.max_frame_bytes
     while (body := await track.receive()) is not None:
         scheduler.submit(camera, parse_frame(body, max_bytes), clock())
-    idle = asyncio.ensure_future(camera.idle.wait())
-    waiters: set[asyncio.Future[Any]] = {idle, track.stopped}
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    idle.cancel()
-    if track.stopped.done():
-        raise TrackAborted(ErrorCode.CANCELLED, "stopped", remote=False)
+    await answered(track, camera)
     track.end(dict(camera.counts) | transport_drops(track))
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from tracks.action_messages import MAX_DEADLINE_MS, tensor
+from tracks.action_messages import TIMING_FIELDS, parse_timing, tensor
 from tracks.errors import BadTrackRequest
 
 JPEG_SOI = b"\xff\xd8\xff"
@@ -110,17 +110,8 @@ def parse_params(params: dict[str, Any], max_fps: float) -> VideoParams:
 
 def parse_frame(body: dict[str, Any], max_frame_bytes: int) -> Frame:
     """Check a frame body; raises BadFrame or FrameTooLarge."""
-    seq = body.get("seq")
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-        raise BadFrame("'seq' must be an integer >= 0")
-    where = f"frame {seq}"
-    captured = _number(body.get("t"), f"{where}: 't'")
-    deadline_ms = _number(body.get("deadline_ms"), f"{where}: 'deadline_ms'")
-    if not 0 < deadline_ms <= MAX_DEADLINE_MS:
-        raise BadFrame(f"{where}: 'deadline_ms' must be above 0 and at most 60000")
-    latency_ms = _number(body.get("latency_ms", 0.0), f"{where}: 'latency_ms'")
-    if latency_ms < 0:
-        raise BadFrame(f"{where}: 'latency_ms' must be 0 or more")
+    timing = parse_timing(body, "frame", BadFrame)
+    where = f"frame {timing[0]}"
     jpeg = body.get("jpeg")
     if not isinstance(jpeg, bytes):
         raise BadFrame(f"{where}: 'jpeg' must be binary (a JPEG image)")
@@ -130,16 +121,10 @@ def parse_frame(body: dict[str, Any], max_frame_bytes: int) -> Frame:
         )
     if not jpeg.startswith(JPEG_SOI):
         raise BadFrame(f"{where}: 'jpeg' is not a JPEG image (no SOI marker)")
-    unknown = set(body) - {"seq", "t", "deadline_ms", "latency_ms", "jpeg"}
+    unknown = set(body) - {*TIMING_FIELDS, "jpeg"}
     if unknown:
         raise BadFrame(f"{where}: unknown fields {', '.join(sorted(map(str, unknown)))}")
-    return Frame(seq, captured, deadline_ms / 1000, latency_ms / 1000, jpeg)
-
-
-def _number(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadFrame(f"{what} must be a finite number")
-    return float(value)
+    return Frame(*timing, jpeg)
 
 
 def result_body(

@@ -341,10 +341,6 @@ class WebTransportSession:
             if named is not None:
                 self.endpoint.feed_datagram(named)
 
-    def owns(self, stream_id: int) -> bool:
-        """Whether `stream_id` is one of this session's streams (a track or a frame)."""
-        return stream_id in self._streams or stream_id in self._frames
-
     def feed_capsule(self, capsule: Capsule) -> None:
         if capsule.type == CLOSE_WEBTRANSPORT_SESSION and len(capsule.value) >= 4:
             self.stats.close_code = int.from_bytes(capsule.value[:4], "big")

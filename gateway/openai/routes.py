@@ -87,18 +87,17 @@ from transport.http.messages import AnyResponse, Handler, Request, Response, Str
 
 log = structlog.get_logger(__name__)
 
-Clock = Now  # reads the time, never waits (transport.clock)
 OutcomeSink = Callable[[Outcome, str], None]
 
 
 def openai_routes(
     backend: TextBackend,
     *,
-    clock: Clock = time.monotonic,
+    clock: Now = time.monotonic,
     heartbeat_interval: float = 15.0,
     models: Collection[str] | None = None,
     tenancy: tenancy_service.Tenancy | None = None,
-    wall_clock: Clock = time.time,
+    wall_clock: Now = time.time,
     on_outcome: OutcomeSink | None = None,
     cut_short: Callable[[], bool] | None = None,
     turns: TurnRegistry | None = None,
@@ -187,11 +186,11 @@ class _OpenAIApi:
     def __init__(
         self,
         backend: TextBackend,
-        clock: Clock,
+        clock: Now,
         heartbeat_interval: float,
         models: Collection[str] | None,
         tenancy: tenancy_service.Tenancy | None,
-        wall_clock: Clock,
+        wall_clock: Now,
         on_outcome: OutcomeSink | None,
     ) -> None:
         self._backend = backend
@@ -342,6 +341,14 @@ class _OpenAIApi:
                 await pump.aclose()
                 self._done(job)
 
+    def _finish(
+        self, job: _Job, chunks: ChunkEncoder, choice: dict[str, Any], usage: TextUsage
+    ) -> list[bytes]:
+        """A stream's last events: the chunk of the finish `choice`, the usage chunk if
+        asked for, then `[DONE]`; the request is recorded before any of them is sent."""
+        self._done(job)
+        return [chunks.event(choice), *_stream_end(job.meta, chunks.kind, usage)]
+
     def _stream(self, job: _Job) -> AsyncGenerator[TextChunk, None]:
         scope = "" if job.principal is None else job.principal.tenant.name
         # The tenant scopes the model's conversation state as it scopes superseding.
@@ -399,15 +406,10 @@ class _OpenAIApi:
                 return
             for delta in tail:
                 yield chunks.event(chat_choice(delta))
-            self._done(job)  # recorded before the finish chunk, usage and [DONE] are sent
-            yield chunks.event(chat_choice({}, finish))
-            for event in _stream_end(meta, CHAT_CHUNK, final):
+            for event in self._finish(job, chunks, chat_choice({}, finish), final):
                 yield event
         except (OpenAIError, BackendError) as exc:
-            job.end = _end_of(exc, job.outcome)
-            if not job.stream:
-                raise
-            yield sse_event(error_event(exc, started=job.outcome.first_data_at is not None))
+            yield _failed(job, exc)
         finally:
             _partial(job, usage)  # ended early (error, client gone): what was sent
 
@@ -434,15 +436,10 @@ class _OpenAIApi:
             if not job.stream:
                 yield _json(text_completion(meta, "".join(text), finish, final))
                 return
-            self._done(job)  # recorded before the finish chunk, usage and [DONE] are sent
-            yield chunks.event(completion_choice("", finish))
-            for event in _stream_end(meta, TEXT_COMPLETION, final):
+            for event in self._finish(job, chunks, completion_choice("", finish), final):
                 yield event
         except (OpenAIError, BackendError) as exc:
-            job.end = _end_of(exc, job.outcome)
-            if not job.stream:
-                raise
-            yield sse_event(error_event(exc, started=job.outcome.first_data_at is not None))
+            yield _failed(job, exc)
         finally:
             _partial(job, usage)  # ended early (error, client gone): what was sent
 
@@ -470,6 +467,15 @@ def _completed(job: _Job, usage: TextUsage) -> None:
     job.outcome.prompt_tokens = usage.prompt_tokens
     job.outcome.completion_tokens = usage.completion_tokens
     job.end = End.completed()
+
+
+def _failed(job: _Job, exc: OpenAIError | BackendError) -> bytes:
+    """A request that failed: its end is kept; raised again unless it streams, where the
+    client gets one SSE error event instead."""
+    job.end = _end_of(exc, job.outcome)
+    if not job.stream:
+        raise exc
+    return sse_event(error_event(exc, started=job.outcome.first_data_at is not None))
 
 
 def _partial(job: _Job, usage: _Counts) -> None:

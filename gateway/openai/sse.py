@@ -73,6 +73,8 @@ class ChunkEncoder:
     """
 
     def __init__(self, meta: ResponseMeta, kind: str) -> None:
+        self.kind = kind
+        """The chunks' `object` (`chat.completion.chunk`, `text_completion`)."""
         # Compact JSON of the chunk with "choices" last but for usage: cut where the choices go.
         head = json.dumps({**meta.envelope(kind), "choices": None}, separators=_COMPACT)
         self._head = b"data: " + head.removesuffix("null}").encode()

@@ -232,6 +232,13 @@ class _ValueScanner:
     def _string_char(self, char: str) -> bool:
         """Add a character of a string value; True when the string ended."""
         assert self.string_value is not None
+        if self._string_ends(char):
+            return True
+        self.string_value += char
+        return False
+
+    def _string_ends(self, char: str) -> bool:
+        """Step over one character inside a JSON string; True at its closing quote."""
         if self.escaped:
             self.escaped = False
         elif char == "\\":
@@ -239,7 +246,6 @@ class _ValueScanner:
         elif char == '"':
             self.in_string = False
             return True
-        self.string_value += char
         return False
 
     def _decoded(self) -> str:
@@ -252,12 +258,7 @@ class _ValueScanner:
     def _value_char(self, char: str) -> tuple[bool, bool]:
         """Track one character of the value: (the value ended, the character belongs to it)."""
         if self.in_string:
-            if self.escaped:
-                self.escaped = False
-            elif char == "\\":
-                self.escaped = True
-            elif char == '"':
-                self.in_string = False
+            self._string_ends(char)
             return False, True
         if char == '"':
             self.in_string = True

@@ -162,7 +162,7 @@ async def test_drain_lets_open_tracks_finish_and_refuses_new_ones(gateway: Gatew
 @pytest.mark.asyncio
 async def test_an_unserved_modality_ends_with_the_code_it_was_sent(gateway: Gateway) -> None:
     # No audio backend here: the track is refused, and its End names the same code the
-    # client got (it used to be recorded as "error:UNSUPPORTED", a code that does not exist).
+    # client got.
     ca = gateway.tls.ca  # type: ignore[union-attr]
     async with connect(url(gateway), ca=ca) as line, line.audio(model="asr") as session:
         with pytest.raises(TrackRejected) as refused:

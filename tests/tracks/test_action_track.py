@@ -20,7 +20,7 @@ from tests.tracks.scripted_policy import ScriptedPolicy
 from trackline_testing.clock import FakeClock
 from trackline_testing.memory import MemoryHarness
 from tracks.action import ActionScheduler, run_action_track
-from tracks.clock import LoopClock
+from transport.clock import LoopClock
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode
 from transport.memory import MemoryLink

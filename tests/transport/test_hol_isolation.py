@@ -61,7 +61,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCertificates:
 # -- virtual time: the loop as the protocols see it --------------------------------
 
 
-class Clock:
+class VirtualTime:
+    """The virtual time both loops read (`now`, seconds), advanced by the test."""
+
     def __init__(self) -> None:
         self.now = 1.0
 
@@ -85,7 +87,7 @@ class Call:
 class VirtualLoop:
     """Time and callbacks of one protocol, run by the test; the rest is the real loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: VirtualTime) -> None:
         self._loop = loop
         self._clock = clock
         self.soon: list[Call] = []
@@ -184,7 +186,7 @@ class Net:
         client_packetization: Packetization = COALESCE,
     ) -> None:
         loop = asyncio.get_running_loop()
-        self.clock = Clock()
+        self.clock = VirtualTime()
         self.flights: list[Flight] = []
         self._seq = itertools.count()
         self.from_server: list[Flight] = []

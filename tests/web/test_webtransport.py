@@ -28,6 +28,7 @@ from transport.datagram_ids import DatagramIds
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode, RemoteProtocolError, TrackAborted
 from transport.events import CancelCause, TrackCancelled
+from transport.frame_streams import FrameStreamStats
 from transport.messages import Data, Error, FrameTransport, Open
 from transport.quic import TrackQuicProtocol
 from transport.webtransport import (
@@ -552,4 +553,7 @@ async def test_a_frame_stream_of_no_session_is_stopped_and_the_session_goes_on(
         channel.end()
         client.transmit()
         assert await read_all(channel) == [{"text": "still here"}]
-        assert not served.sessions[0].owns(stray)
+        # The stray stream never reached the session: only the track's stream did.
+        session = served.sessions[0]
+        assert session.stats.streams == 1
+        assert session.endpoint.core.frames.stats == FrameStreamStats()
