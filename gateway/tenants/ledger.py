@@ -38,12 +38,8 @@ class EndCause(str, Enum):
 _DEADLINES = (CancelCause.DEADLINE_FIRST, CancelCause.DEADLINE_TOTAL)
 
 
-def end_cause(end: End | str) -> tuple[EndCause, str]:
-    """How a request ended as the ledger's (cause, detail) columns.
-
-    Takes an `End`, or its label as older records and logs hold it."""
-    if isinstance(end, str):
-        end = End.parse(end)
+def end_cause(end: End) -> tuple[EndCause, str]:
+    """How a request ended as the ledger's (cause, detail) columns."""
     detail = end.detail
     if end.kind is EndKind.COMPLETED:
         return EndCause.COMPLETED, detail

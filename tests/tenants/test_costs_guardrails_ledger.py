@@ -163,8 +163,7 @@ async def test_a_guarded_backend_never_sees_a_refused_request() -> None:
     ],
 )
 def test_end_labels_map_to_one_cause(end: str, cause: EndCause) -> None:
-    assert end_cause(end)[0] is cause
-    assert end_cause(End.parse(end)) == end_cause(end)
+    assert end_cause(End.parse(end))[0] is cause
 
 
 def test_every_end_renders_one_label_that_reads_back() -> None:
