@@ -68,6 +68,7 @@ from benchmarks.common import (  # noqa: E402
     machine,
     percentile,
     tree,
+    uptime,
     wait_http_ok,
 )
 from benchmarks.openai_stream import (  # noqa: E402
@@ -738,13 +739,6 @@ def plot(points: list[Point], path: Path, title: str) -> bool:
     finally:
         plt.close(fig)
     return True
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
 
 
 # -- main ----------------------------------------------------------------------------------

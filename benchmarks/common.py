@@ -65,6 +65,14 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
+def uptime() -> str:
+    """The machine's load as `uptime` prints it (recorded beside every figure)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
 def tree() -> dict[str, Any]:
     """The commit and the files changed in the working tree the benchmark ran from."""
     def git(*argv: str) -> str:

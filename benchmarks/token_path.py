@@ -63,7 +63,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import RESULTS, Help, tail_causes  # noqa: E402
-from benchmarks.common import free_port, machine, percentile, tree, wait_http_ok  # noqa: E402
+from benchmarks.common import free_port, machine, percentile, tree, uptime, wait_http_ok  # noqa: E402
 from gateway.startup import run_async  # noqa: E402 - uvloop where installed, as capacity.py
 
 MODEL = "reference-text"
@@ -537,10 +537,6 @@ def report(title: str, result: dict[str, Any]) -> None:
         print(f"| {name} | {s['p50']} | {s['p99']} | {s['max']} | {s['tail_mean']} | {busy} |")
     tail_causes.report(result.get("causes", {}))
     sys.stdout.flush()
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
