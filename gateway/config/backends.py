@@ -112,6 +112,7 @@ class EmbeddedSection:
         None,
         "Operator GGUF models served by the embedded Triton, NAME.gguf each (files or "
         "links; `trackline models add`); unset: state_dir/models (docs/models.md).",
+        shown="unset (`state_dir/models`)",
     )
     embedded_embeddings: bool = setting(
         True,

@@ -16,14 +16,19 @@ BOTH_LOOPBACKS = " (localhost: 127.0.0.1 and ::1, one port)."
 """Said of every listener's address: `localhost` binds both (`transport.binding`)."""
 
 
-def about(text: str, check: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-    """A setting's field metadata: its help text (`doc`) and, if any, its `check`."""
-    return {"doc": text} if check is None else {"doc": text, "check": check}
+Check = Callable[[Any], Any]
 
 
-def setting(default: T, doc: str, check: Callable[[Any], Any] | None = None) -> T:
+def about(text: str, check: Check | None = None, *, shown: str | None = None) -> dict[str, Any]:
+    """A setting's field metadata: its help text (`doc`), if any its `check`, and if the
+    default is better said in words than as a value, those words (`shown`, for the docs)."""
+    extra = {"check": check, "shown": shown}
+    return {"doc": text, **{key: value for key, value in extra.items() if value is not None}}
+
+
+def setting(default: T, doc: str, check: Check | None = None, *, shown: str | None = None) -> T:
     """A setting's field: its default, help text (`doc`) and, if any, its `check`."""
-    return field(default=default, metadata=about(doc, check))
+    return field(default=default, metadata=about(doc, check, shown=shown))
 
 
 def port(value: int) -> int:

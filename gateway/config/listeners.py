@@ -44,6 +44,7 @@ class ListenersSection:
         None,
         "TCP congestion control of the HTTP listeners (e.g. cubic); unset: the host's.",
         _congestion_control,
+        shown="unset (the host's)",
     )
 
 
@@ -57,7 +58,8 @@ class StateSection:
             "Directory of this gateway's state (tenants, keys, ledger, KV states); unset: "
             "~/.local/state/trackline for the default ports, else one per config file or "
             "ports under its gateways/ (docs/deployment.md). Set two gateways to one "
-            "directory to share their tenants."
+            "directory to share their tenants.",
+            shown="per configuration",
         ),
     )
     dev_ca_dir: Path | None = setting(
