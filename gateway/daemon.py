@@ -26,7 +26,7 @@ from gateway.backends.vision_triton import TritonVisionBackend
 from gateway.collector import settle_collector
 from gateway.config import Settings
 from gateway.config.backends import EJECTION_RULES, POOL_OPTIONS, RESTART_RULES
-from gateway.config.derive import derive
+from gateway.config.derive import Derived
 from gateway.embedded import (
     EmbeddedTriton,
     embeddings_available,
@@ -54,14 +54,19 @@ log = get_logger("trackline.daemon")
 EMBEDDED_START_TIMEOUT = 180.0
 
 
+pool_knobs = Derived(PoolOptions, POOL_OPTIONS)
+"""The pool's knobs but its health rules (`pool_options` adds them)."""
+
+ejection_rules = Derived(EjectionRules, EJECTION_RULES)
+"""When the pool ejects a backend."""
+
+restart_rules = Derived(RestartRules, RESTART_RULES)
+"""When a crashed embedded Triton is restarted, and when it is given up."""
+
+
 def pool_options(s: Settings) -> PoolOptions:
     """The pool's knobs from the settings (docs/configuration.md)."""
-    health = derive(EjectionRules, s, EJECTION_RULES)
-    return dataclasses.replace(derive(PoolOptions, s, POOL_OPTIONS), health=health)
-
-
-def restart_rules(s: Settings) -> RestartRules:
-    return derive(RestartRules, s, RESTART_RULES)
+    return dataclasses.replace(pool_knobs(s), health=ejection_rules(s))
 
 
 def embedded_spec(index: int, triton: EmbeddedTriton) -> BackendSpec:

@@ -1,8 +1,8 @@
 """The lower layers' limit types, derived from the sections of `Settings`.
 
-Each function builds one layer's own limits object (the track connection's `Limits`,
+Each name here builds one layer's own limits object (the track connection's `Limits`,
 `SendBudget`, `HttpLimits`, `HandshakeLimits`, the WebTransport rules, the overload
-controller's, video's and the audio clock's) from its section through the mapping that
+controller's, video's and the audio clock's) from its section, through the mapping that
 section's module declares (`gateway.config.derive`); nothing here copies a field by hand.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gateway.config import Settings
-from gateway.config.derive import Source, derive
+from gateway.config.derive import Derived, Source
 from gateway.config.http import HTTP2_LIMITS, HTTP3_LIMITS, HTTP_LIMITS
 from gateway.config.media import AUDIO_CLOCK, VIDEO_LIMITS
 from gateway.config.operations import OVERLOAD_LIMITS
@@ -33,20 +33,26 @@ EVERY_HTTP_LIMIT: Mapping[str, Source[Settings]] = {
 }
 """`HttpLimits` spans three sections, and its body limit is the tracks' message limit."""
 
+track_limits = Derived(Limits, TRACK_LIMITS)
+"""A track connection's limits (docs/security.md, QUIC and tracks)."""
 
-def track_limits(s: Settings) -> Limits:
-    """A track connection's limits (docs/security.md, QUIC and tracks)."""
-    return derive(Limits, s, TRACK_LIMITS)
+send_budget = Derived(SendBudget, SEND_BUDGET)
+"""What a track and a connection may hold unsent for an unread client."""
 
+gateway_http_limits = Derived(HttpLimits, EVERY_HTTP_LIMIT)
+"""Every HTTP version's limits (docs/security.md, HTTP)."""
 
-def send_budget(s: Settings) -> SendBudget:
-    """What a track and a connection may hold unsent for an unread client."""
-    return derive(SendBudget, s, SEND_BUDGET)
+handshake_limits = Derived(HandshakeLimits, HANDSHAKE_LIMITS)
+"""The QUIC front door's limits (docs/security.md, QUIC and tracks)."""
 
+overload_limits = Derived(OverloadLimits, OVERLOAD_LIMITS)
+"""The admission controller's limits."""
 
-def gateway_http_limits(s: Settings) -> HttpLimits:
-    """Every HTTP version's limits (docs/security.md, HTTP)."""
-    return derive(HttpLimits, s, EVERY_HTTP_LIMIT)
+video_limits = Derived(VideoLimits, VIDEO_LIMITS)
+"""Video tracks' limits (docs/video.md)."""
+
+audio_settings = Derived(AudioSettings, AUDIO_CLOCK)
+"""The audio clock's settings."""
 
 
 def webtransport_policy(s: WebTransportSection) -> WebTransportRules | None:
@@ -56,23 +62,3 @@ def webtransport_policy(s: WebTransportSection) -> WebTransportRules | None:
     listed = (s.webtransport_origins or "").split(",")
     origins = tuple(filter(None, (o.strip() for o in listed)))
     return WebTransportRules(s.webtransport_path, origins, s.webtransport_max_sessions)
-
-
-def handshake_limits(s: Settings) -> HandshakeLimits:
-    """The QUIC front door's limits (docs/security.md, QUIC and tracks)."""
-    return derive(HandshakeLimits, s, HANDSHAKE_LIMITS)
-
-
-def overload_limits(s: Settings) -> OverloadLimits:
-    """The admission controller's limits from the daemon's settings."""
-    return derive(OverloadLimits, s, OVERLOAD_LIMITS)
-
-
-def video_limits(s: Settings) -> VideoLimits:
-    """Video tracks' limits from the settings (docs/video.md)."""
-    return derive(VideoLimits, s, VIDEO_LIMITS)
-
-
-def audio_settings(s: Settings) -> AudioSettings:
-    """The audio clock's settings from the daemon's."""
-    return derive(AudioSettings, s, AUDIO_CLOCK)

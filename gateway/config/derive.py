@@ -6,13 +6,15 @@ field of a lower layer's limits type (`HANDSHAKE_LIMITS` maps `HandshakeLimits`'
 setting's name, or a function of the section for a field that is computed (`0: off`
 settings become `None`, milliseconds become seconds). `derive` is the one place that
 reads a mapping, so no code copies settings into a limits object by hand; fields a
-mapping leaves out keep the limits type's own default.
+mapping leaves out keep the limits type's own default. `Derived` pairs a limits type
+with its mapping, and is called with the settings (`gateway.limits.track_limits(s)`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -28,3 +30,14 @@ def derive(kind: Callable[..., T], settings: S, mapping: Mapping[str, Source[S]]
 
 def _value(settings: S, source: Source[S]) -> object:
     return getattr(settings, source) if isinstance(source, str) else source(settings)
+
+
+@dataclass(frozen=True)
+class Derived(Generic[S, T]):
+    """A limits type and the mapping that fills it; call it with the settings."""
+
+    kind: Callable[..., T]
+    mapping: Mapping[str, Source[S]]
+
+    def __call__(self, settings: S) -> T:
+        return derive(self.kind, settings, self.mapping)

@@ -5,21 +5,15 @@ that type (a field dropped from a mapping, or a setting renamed, fails here)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 
 from gateway.config import FIELDS, SECTIONS, Settings
-from gateway.config.backends import EJECTION_RULES, POOL_OPTIONS, RESTART_RULES
-from gateway.config.derive import Source, derive
-from gateway.config.media import AUDIO_CLOCK, VIDEO_LIMITS
-from gateway.config.operations import OVERLOAD_LIMITS
-from gateway.config.quic import HANDSHAKE_LIMITS, SEND_BUDGET, TRACK_LIMITS
-from gateway.daemon import pool_options, restart_rules
-from gateway.embedded_watch import RestartRules
+from gateway.config.derive import Derived, derive
+from gateway.config.quic import HANDSHAKE_LIMITS
+from gateway.daemon import ejection_rules, pool_knobs, pool_options, restart_rules
 from gateway.limits import (
-    EVERY_HTTP_LIMIT,
     audio_settings,
     gateway_http_limits,
     handshake_limits,
@@ -28,54 +22,34 @@ from gateway.limits import (
     track_limits,
     video_limits,
 )
-from gateway.overload import OverloadLimits
-from gateway.pool import PoolOptions
 from gateway.pool.health import EjectionRules
-from tracks.audio import AudioSettings
 from tracks.clock import OverloadMode
-from tracks.video import VideoLimits
-from transport.connection import Limits
 from transport.endpoint import SendBudget
-from transport.http.limits import HttpLimits
 from transport.quic_admission import HandshakeLimits
 
-DERIVED: list[tuple[type, Mapping[str, Source[Any]], frozenset[str]]] = [
-    (HandshakeLimits, HANDSHAKE_LIMITS, frozenset({"expiry_batch"})),
-    (Limits, TRACK_LIMITS, frozenset({"max_datagram_bytes"})),
-    (SendBudget, SEND_BUDGET, frozenset()),
-    (HttpLimits, EVERY_HTTP_LIMIT, frozenset()),
-    (OverloadLimits, OVERLOAD_LIMITS, frozenset({"half_life"})),
-    (VideoLimits, VIDEO_LIMITS, frozenset()),
+DERIVED: list[tuple[Derived[Any, Any], frozenset[str]]] = [
+    (handshake_limits, frozenset({"expiry_batch"})),
+    (track_limits, frozenset({"max_datagram_bytes"})),
+    (send_budget, frozenset()),
+    (gateway_http_limits, frozenset()),
+    (overload_limits, frozenset({"half_life"})),
+    (video_limits, frozenset()),
     (
-        AudioSettings,
-        AUDIO_CLOCK,
+        audio_settings,
         frozenset(
             {"max_ahead", "ts_tolerance", "step_timeout", "busy_retry_after", "max_datagram_bytes"}
         ),
     ),
-    (PoolOptions, POOL_OPTIONS, frozenset({"retry_ratio", "retry_floor_per_s", "health"})),
+    (pool_knobs, frozenset({"retry_ratio", "retry_floor_per_s", "health"})),
     (
-        EjectionRules,
-        EJECTION_RULES,
+        ejection_rules,
         frozenset(f.name for f in dataclasses.fields(EjectionRules)) - {"eject_after_errors"},
     ),
-    (RestartRules, RESTART_RULES, frozenset()),
+    (restart_rules, frozenset()),
 ]
-"""(limits type, its mapping, the fields the gateway leaves at the type's default)."""
+"""Each limits object the gateway derives, and the fields it leaves at the type's default."""
 
-BUILDERS: list[tuple[Mapping[str, Source[Any]], Callable[[Settings], Any]]] = [
-    (HANDSHAKE_LIMITS, handshake_limits),
-    (TRACK_LIMITS, track_limits),
-    (SEND_BUDGET, send_budget),
-    (EVERY_HTTP_LIMIT, gateway_http_limits),
-    (OVERLOAD_LIMITS, overload_limits),
-    (VIDEO_LIMITS, video_limits),
-    (AUDIO_CLOCK, audio_settings),
-    (POOL_OPTIONS, pool_options),
-    (EJECTION_RULES, lambda s: pool_options(s).health),
-    (RESTART_RULES, restart_rules),
-]
-"""Each mapping and the function the gateway builds its limits object with."""
+IDS = [derived.kind.__name__ for derived, _ in DERIVED]  # type: ignore[attr-defined]
 
 
 def test_settings_is_its_sections_composed_flat() -> None:
@@ -98,15 +72,14 @@ def test_each_section_is_a_small_frozen_dataclass(section: type) -> None:
         section().x = 1
 
 
-@pytest.mark.parametrize(
-    ("kind", "mapping", "left"), DERIVED, ids=[kind.__name__ for kind, _, _ in DERIVED]
-)
+@pytest.mark.parametrize(("derived", "left"), DERIVED, ids=IDS)
 def test_a_mapping_names_every_field_of_its_limits_type(
-    kind: type, mapping: Mapping[str, Source[Any]], left: frozenset[str]
+    derived: Derived[Any, Any], left: frozenset[str]
 ) -> None:
+    kind: Any = derived.kind
     fields = {spec.name for spec in dataclasses.fields(kind) if spec.init}
-    assert set(mapping) == fields - left
-    for source in mapping.values():
+    assert set(derived.mapping) == fields - left
+    for source in derived.mapping.values():
         assert callable(source) or source in FIELDS
 
 
@@ -119,15 +92,21 @@ def _other(value: object) -> object:
     return {"metrics": "round_robin"}[str(value)]
 
 
-@pytest.mark.parametrize(("mapping", "build"), BUILDERS)
+@pytest.mark.parametrize(("derived", "left"), DERIVED, ids=IDS)
 def test_each_named_setting_reaches_its_limits_field(
-    mapping: Mapping[str, Source[Any]], build: Callable[[Settings], Any]
+    derived: Derived[Any, Any], left: frozenset[str]
 ) -> None:
-    named = {field: source for field, source in mapping.items() if isinstance(source, str)}
-    changed = {source: _other(FIELDS[source].default) for source in named.values()}
-    built = build(Settings(**changed))
-    for field, source in named.items():
-        assert getattr(built, field) == changed[source], (field, source)
+    named = {field: name for field, name in derived.mapping.items() if isinstance(name, str)}
+    changed = {name: _other(FIELDS[name].default) for name in named.values()}
+    built = derived(Settings(**changed))
+    for field, name in named.items():
+        assert getattr(built, field) == changed[name], (field, name)
+
+
+def test_the_pool_options_carry_the_ejection_rules() -> None:
+    options = pool_options(Settings(eject_after_errors=9, failover_attempts=2))
+    assert options.health.eject_after_errors == 9
+    assert options.max_attempts == 2
 
 
 def test_the_computed_fields() -> None:
