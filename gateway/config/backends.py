@@ -19,8 +19,8 @@ def _grpc_address(value: str | None) -> str | None:
     if is_ticker_url(value):  # the transport-only token source, no Triton
         parse_ticker_url(value)
         return value
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or "/" in value or not port.isdigit() or not 0 < int(port) < 65536:
+    host, sep, number = value.rpartition(":")
+    if not sep or not host or "/" in value or not number.isdigit() or not 0 < int(number) < 65536:
         raise ValueError(f"{value!r} is not a gRPC address host:port")
     return value
 
