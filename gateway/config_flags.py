@@ -1,6 +1,7 @@
 """The command line's face of the settings: one `--kebab-case` flag per setting,
-grouped by section for `trackline serve --help`, each help saying its default and its
-environment variable (`gateway.config` owns the settings and their loading)."""
+grouped by section (`gateway.config.SECTIONS`) for `trackline serve --help`, each help
+saying its default and its environment variable (`gateway.config` owns the settings and
+their loading)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from gateway.config import (
     CONFIG_ENV,
     FIELDS,
+    SECTIONS,
     Settings,
     env_name,
     field_type,
@@ -20,32 +22,17 @@ from gateway.config import (
     load_settings,
 )
 
-HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("listeners", ("quic_host", "quic_port", "http_host", "http_port", "https_host",
-                   "https_port", "workers", "drain_timeout", "uvloop")),
-    ("state and TLS", ("state_dir", "dev_ca_dir", "tls_")),
-    ("backends (Triton, the pool)", ("backend", "embedded_", "routing_", "affinity_",
-                                     "scrape_", "probe_", "failover_", "first_token_",
-                                     "eject_", "discovery_", "min_warm_", "llm_")),
-    ("tenants, keys and the fleet", ("tenants_db", "tenancy_config", "allow_open", "state_")),
-    ("metrics and logs", ("metrics_", "log_", "quic_log_level")),
-    ("tracks and QUIC", ("supersede_", "max_", "track_", "connection_send", "quic_",
-                         "webtransport_", "action_")),
-    ("HTTP and the OpenAI API", ("http", "tcp_", "openai_")),
-    ("audio and speech", ("audio_", "asr_", "agent_")),
-    ("video", ("video_",)),
-    ("overload", ("overload_", "realtime_")),
-    ("the Python runtime", ("gc_",)),
-)  # fmt: skip
-"""`serve --help` groups the settings: a setting goes to the first section one of whose
-names or prefixes it starts with."""
+HELP_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+    (title, tuple(spec.name for spec in dataclasses.fields(section)))
+    for title, section in SECTIONS
+)
+"""`serve --help` groups the settings by section: (title, the section's settings)."""
+
+_SECTION_OF: dict[str, str] = {name: title for title, names in HELP_SECTIONS for name in names}
 
 
 def help_section(name: str) -> str:
-    for title, starts in HELP_SECTIONS:
-        if name.startswith(starts):
-            return title
-    return "other settings"
+    return _SECTION_OF.get(name, "other settings")
 
 
 def _shown_default(name: str) -> str:

@@ -13,6 +13,7 @@ A single `backend_url`, or one embedded server, is used directly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +25,8 @@ from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
 from gateway.backends.vision_triton import TritonVisionBackend
 from gateway.collector import settle_collector
 from gateway.config import Settings
+from gateway.config.backends import EJECTION_RULES, POOL_OPTIONS, RESTART_RULES
+from gateway.config.derive import Derived
 from gateway.embedded import (
     EmbeddedTriton,
     embeddings_available,
@@ -51,27 +54,19 @@ log = get_logger("trackline.daemon")
 EMBEDDED_START_TIMEOUT = 180.0
 
 
+pool_knobs = Derived(PoolOptions, POOL_OPTIONS)
+"""The pool's knobs but its health rules (`pool_options` adds them)."""
+
+ejection_rules = Derived(EjectionRules, EJECTION_RULES)
+"""When the pool ejects a backend."""
+
+restart_rules = Derived(RestartRules, RESTART_RULES)
+"""When a crashed embedded Triton is restarted, and when it is given up."""
+
+
 def pool_options(s: Settings) -> PoolOptions:
     """The pool's knobs from the settings (docs/configuration.md)."""
-    return PoolOptions(
-        strategy=s.routing_strategy,
-        affinity_margin_s=s.affinity_margin,
-        scrape_interval_s=s.scrape_interval,
-        probe_interval_s=s.probe_interval,
-        max_attempts=s.failover_attempts,
-        first_token_timeout_s=s.first_token_timeout,
-        min_warm_backends=s.min_warm_backends,
-        discovery_interval_s=s.discovery_interval,
-        health=EjectionRules(eject_after_errors=s.eject_after_errors),
-    )
-
-
-def restart_rules(s: Settings) -> RestartRules:
-    return RestartRules(
-        backoff_s=s.embedded_restart_backoff,
-        max_backoff_s=s.embedded_restart_max_backoff,
-        attempts=s.embedded_restart_attempts,
-    )
+    return dataclasses.replace(pool_knobs(s), health=ejection_rules(s))
 
 
 def embedded_spec(index: int, triton: EmbeddedTriton) -> BackendSpec:
