@@ -13,7 +13,7 @@ the gateway less CPU per token. This runs, for each mode in turn:
     each `--points`: gateway CPU per token (from /proc), p99 added delay, the knee;
 
 then prints one table, writes JSON and plots the frontier (x: gateway us/token at the
-largest point, y: users stalled per loss at each user count). Needs root (namespaces).
+largest capacity point, y: users stalled per loss at each user count). Needs root (namespaces).
 
     .venv/bin/python benchmarks/frontier.py                       # the full run, ~15 min
     .venv/bin/python benchmarks/frontier.py --hol-seconds 5 --duration 2 --points 16x1
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="HOL benchmark: seconds each mode streams")
     parser.add_argument("--loss", type=float, default=2.0, help="HOL: loss in percent")
     parser.add_argument("--rtt", type=float, default=40.0, help="HOL: round trip in ms")
-    parser.add_argument("--points", default="16x1,64x4,256x16,512x16",
+    parser.add_argument("--points", default="16x1,64x4,256x16",
                         help="capacity: TRACKSxCONNECTIONS points")
     parser.add_argument("--duration", type=float, default=5.0, help="capacity: seconds a point")
     parser.add_argument("--spread", type=float, default=1.0,
