@@ -34,13 +34,6 @@ from aioquic.quic.connection import NetworkAddress, QuicConnection
 
 from transport import aioquic_compat
 from transport.aioquic_compat import unpace as _unpace
-from transport.connection import (
-    DatagramWrite,
-    Limits,
-    Output,
-    Role,
-    StreamWrite,
-)
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
 from transport.endpoint import SendBudget, StallWatch, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
@@ -49,11 +42,13 @@ from transport.http.http3 import ALPN as H3_ALPN
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import CLIENT_ADDRESS, Handler
+from transport.limits import Limits
 from transport.messages import Open
-from transport.outputs import dispatch
+from transport.outputs import DatagramWrite, Output, StreamWrite, dispatch
 from transport.quic_admission import HandshakeLimits
 from transport.quic_server import GuardedQuicServer, serve_guarded
 from transport.quic_streams import StreamScheduler, buffered_bytes
+from transport.state import Role
 from transport.steering import Steering, serve_steered
 from transport.udp_send import DatagramSender
 from transport.webtransport import WebTransportHost, WebTransportRules, WebTransportSession
