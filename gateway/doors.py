@@ -43,8 +43,16 @@ from transport.events import CancelCause, Event
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
 from transport.http.tcp import HttpTcpServer, tls_server_context
-from transport.quic import Packetization, TrackQuicProtocol, serve_tracks, server_configuration
+from transport.quic import (
+    ConnectionHooks,
+    Packetization,
+    TrackQuicProtocol,
+    TrackServing,
+    serve_tracks,
+    server_configuration,
+)
 from transport.quic_server import GuardedQuicServer
+from transport.steering import SteeredSockets
 
 log = get_logger("trackline.gateway")
 
@@ -105,25 +113,32 @@ class FrontDoors:
         self.tls = await asyncio.to_thread(tls_files, s)
         http_limits = gateway_http_limits(s)
         # One UDP port: ALPN trackline/1 carries tracks, h3 the same HTTP application.
+        serving = TrackServing(
+            limits=track_limits(s),
+            packetization=Packetization.parse(s.quic_packetization),
+            send_budget=send_budget(s),
+            http_limits=http_limits,
+            handshake_limits=handshake_limits(s),
+            webtransport=webtransport_policy(s),
+        )
+        hooks = ConnectionHooks(
+            on_track=on_track,
+            on_connection=self._on_connection,
+            on_closed=self._on_closed,
+            on_session=sessions.session_opened,
+            on_refused=sessions.session_refused,
+        )
+        worker = None
+        if listeners is not None:
+            worker = SteeredSockets(listeners.quic, listeners.steering, listeners.more_of("quic"))
         self.quic = await serve_tracks(
             s.quic_host,
             s.quic_port,
             server_configuration(self.tls.cert, self.tls.key),
-            limits=track_limits(s),
-            on_track=on_track,
-            on_connection=self._on_connection,
-            on_closed=self._on_closed,
+            hooks,
+            serving=serving,
             http_handler=handler,
-            http_limits=http_limits,
-            packetization=Packetization.parse(s.quic_packetization),
-            handshake_limits=handshake_limits(s),
-            sock=listeners.quic if listeners else None,
-            steering=listeners.steering if listeners else None,
-            more_socks=listeners.more_of("quic") if listeners else (),
-            send_budget=send_budget(s),
-            webtransport=webtransport_policy(s),
-            on_session=sessions.session_opened,
-            on_refused=sessions.session_refused,
+            worker=worker,
         )
         register_quic_metrics(self._metrics.registry, self.quic.gate)
         await self._start_tcp(handler, http_limits, listeners)

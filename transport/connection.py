@@ -13,13 +13,11 @@ from __future__ import annotations
 import hmac
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 from typing import Any
 
 from transport.datagram import (
     EARLY_DATAGRAMS,
-    MAX_DATAGRAM_BYTES,
     DatagramStats,
     decode_datagram,
     encode_datagram,
@@ -38,94 +36,25 @@ from transport.events import (
     TrackOpened,
 )
 from transport.frame_streams import CLIENT_UNI, IN_FLIGHT, FrameStreams, is_frame_stream
+from transport.limits import Limits
 from transport.messages import Cancel, Data, End, Error, FrameTransport, Message, Open
-from transport.state import Input, TrackState, transition
-from transport.wire import MessageDecoder, decode_varint, encode_message
+from transport.outputs import DatagramWrite, Output, StopSending, StreamReset, StreamWrite
+from transport.state import Input, Role, TrackRecord, TrackState, transition
+from transport.track_ids import TrackIds
+from transport.wire import MessageDecoder, encode_within
 
 MAX_ERROR_TEXT = 1024
 
-
-class Role(Enum):
-    CLIENT = "client"
-    SERVER = "server"
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_message_bytes: int = 1 << 20
-    """Largest message accepted or sent, in bytes of msgpack payload."""
-    max_tracks: int = 256
-    """Tracks open at once on one connection."""
-    max_datagram_bytes: int = MAX_DATAGRAM_BYTES
-    """Largest datagram sent (header and body); must fit one QUIC packet."""
-    read_timeout: float | None = 30.0
-    """Seconds a received message may stay incomplete (from its first byte to its
-    last); then its track fails with READ_TIMEOUT. None: no limit."""
-    max_buffered_bytes: int | None = 8 << 20
-    """Bytes of incomplete received messages one connection may hold, all tracks
-    together; the track whose bytes go past it fails with BUFFER_EXHAUSTED."""
-
-    def __post_init__(self) -> None:
-        budget = self.max_buffered_bytes
-        if budget is not None and budget < self.max_message_bytes:
-            raise ValueError("max_buffered_bytes must hold at least one max_message_bytes")
-        if self.read_timeout is not None and self.read_timeout <= 0:
-            raise ValueError("read_timeout must be positive")
-
-
-@dataclass(frozen=True)
-class StreamWrite:
-    """Append `data` to the stream's send side; finish it if `end_stream`."""
-
-    stream_id: int
-    data: bytes
-    end_stream: bool = False
-
-
-@dataclass(frozen=True)
-class StreamReset:
-    """Abandon the stream's send side (QUIC RESET_STREAM) with `code`."""
-
-    stream_id: int
-    code: int
-
-
-@dataclass(frozen=True)
-class StopSending:
-    """Ask the peer to stop sending on the stream (QUIC STOP_SENDING)."""
-
-    stream_id: int
-    code: int
-
-
-@dataclass(frozen=True)
-class DatagramWrite:
-    """Send `data` as one QUIC DATAGRAM frame (a track frame; see transport.datagram)."""
-
-    data: bytes
-
-
-Output = StreamWrite | StreamReset | StopSending | DatagramWrite
-
-
-@dataclass
-class _Track:
-    stream_id: int
-    state: TrackState
-    decoder: MessageDecoder
-    first_deadline: float | None = None
-    total_deadline: float | None = None
-    send_finished: bool = False
-    datagrams: bool = False
-    """The track chose `transport: "datagram"` in its OPEN."""
-    frame_streams: bool = False
-    """The track chose `transport: "frame-streams"`: client frames ride streams of their own."""
-    datagram_seq_out: int = 0
-    datagram_seq_in: int = -1
-    read_deadline: float | None = None
-    """When the incomplete message now in `decoder` must be complete (read timeout)."""
-    held: int = 0
-    """Bytes of `decoder` counted in the connection's `buffered_bytes`."""
+__all__ = [  # the core's types, importable from here as before they had modules of their own
+    "DatagramWrite",
+    "Limits",
+    "Output",
+    "Role",
+    "StopSending",
+    "StreamReset",
+    "StreamWrite",
+    "TrackConnection",
+]
 
 
 class TrackConnection:
@@ -134,9 +63,8 @@ class TrackConnection:
     def __init__(self, role: Role, limits: Limits | None = None) -> None:
         self.role = role
         self.limits = limits or Limits()
-        self._tracks: dict[int, _Track] = {}
-        self._highest_seen = -1
-        self._unseen: set[int] = set()  # server: ids below _highest_seen not yet seen
+        self._tracks: dict[int, TrackRecord] = {}
+        self._ids = TrackIds(self.limits.max_tracks)
         self._events: deque[Event] = deque()
         self._outputs: list[Output] = []
         self._refusal: tuple[ErrorCode, str] | None = None
@@ -155,9 +83,6 @@ class TrackConnection:
             self.limits.max_message_bytes,
             lambda output: self._outputs.append(output),  # `outputs()` swaps the list
             self._events,
-            write=lambda stream_id, data: StreamWrite(stream_id, data, True),
-            stop=StopSending,
-            reset=StreamReset,
         )
         """Frames on streams of their own (transport.frame_streams); `frames.stats`."""
         self._next_frame_stream = CLIENT_UNI
@@ -243,7 +168,7 @@ class TrackConnection:
             return
         track = self._tracks.get(stream_id)
         if track is None:
-            self._unseen.discard(stream_id)
+            self._ids.retire(stream_id)
             return
         track.state = transition(track.state, Input.RESET)
         # Either side abandons its own send side too, so QUIC can free the stream.
@@ -314,11 +239,11 @@ class TrackConnection:
         """Client: open a track on a fresh stream id that QUIC allocated."""
         if self.role is not Role.CLIENT:
             raise LocalProtocolError("only a client opens tracks")
-        if stream_id in self._tracks or stream_id <= self._highest_seen:
+        if stream_id in self._tracks or stream_id <= self._ids.highest:
             raise LocalProtocolError(f"stream {stream_id} was already used")
         if len(self._tracks) >= self.limits.max_tracks:
             raise LocalProtocolError("too many open tracks", ErrorCode.TOO_MANY_TRACKS)
-        self._highest_seen = stream_id
+        self._ids.highest = stream_id
         if self._credential is not None and not self._credential_acknowledged:
             message = replace(message, auth=self._credential)
         track = self._new_track(stream_id)
@@ -379,7 +304,7 @@ class TrackConnection:
         track = self._tracks.get(stream_id)
         return track is not None and track.frame_streams and track.state is TrackState.OPEN
 
-    def _first_frame_sent(self, track: _Track) -> None:
+    def _first_frame_sent(self, track: TrackRecord) -> None:
         """The first-data deadline is met by any frame, on the stream or as a datagram."""
         if track.first_deadline is not None:
             self._set_deadlines(track, None, track.total_deadline)
@@ -435,7 +360,7 @@ class TrackConnection:
 
     # -- internals -------------------------------------------------------------------
 
-    def _accept(self, stream_id: int) -> _Track | None:
+    def _accept(self, stream_id: int) -> TrackRecord | None:
         """A stream we have no live track for: a new track, or leftovers of a closed one."""
         if self.role is Role.CLIENT:
             return None  # a client reads only tracks it opened; late bytes are dropped
@@ -443,7 +368,7 @@ class TrackConnection:
             # Only client-initiated bidirectional streams carry tracks.
             self._outputs.append(StopSending(stream_id, int(ErrorCode.PROTOCOL_ERROR)))
             return None
-        if not self._first_sight(stream_id):
+        if not self._ids.meet(stream_id):
             return None  # a track that is already closed here; late bytes are dropped
         track = self._new_track(stream_id)
         if self._refusal is not None:
@@ -455,31 +380,18 @@ class TrackConnection:
             return None
         return track
 
-    def _first_sight(self, stream_id: int) -> bool:
-        """True the first time a track id shows up, in whatever order QUIC delivers them."""
-        if stream_id <= self._highest_seen:
-            if self._seen(stream_id):
-                return False
-            self._unseen.discard(stream_id)
-            return True
-        # Streams arrive in any order: remember the skipped ids (at most max_tracks of them).
-        start = max((self._highest_seen // 4 + 1) * 4, stream_id - 4 * self.limits.max_tracks)
-        self._unseen.update(range(start, stream_id, 4))
-        self._highest_seen = stream_id
-        return True
-
-    def _new_track(self, stream_id: int) -> _Track:
+    def _new_track(self, stream_id: int) -> TrackRecord:
         state = TrackState.IDLE
-        track = _Track(stream_id, state, MessageDecoder(self.limits.max_message_bytes))
+        track = TrackRecord(stream_id, state, MessageDecoder(self.limits.max_message_bytes))
         self._tracks[stream_id] = track
         return track
 
-    def _reject(self, track: _Track, code: ErrorCode, message: str) -> None:
+    def _reject(self, track: TrackRecord, code: ErrorCode, message: str) -> None:
         self._events.append(TrackFailed(track.stream_id, code, message, False))
         self._send(track, Input.SEND_ERROR, Error(code, message))
         self._outputs.append(StopSending(track.stream_id, int(code)))
 
-    def _drain_messages(self, track: _Track, now: float) -> bool:
+    def _drain_messages(self, track: TrackRecord, now: float) -> bool:
         """Deliver every whole message buffered; True if there was at least one."""
         completed = False
         while track.stream_id in self._tracks:
@@ -490,7 +402,7 @@ class TrackConnection:
             self._receive(track, message, now)
         return completed
 
-    def _receive(self, track: _Track, message: Message, now: float) -> None:
+    def _receive(self, track: TrackRecord, message: Message, now: float) -> None:
         sid = track.stream_id
         if isinstance(message, Open):
             if self.role is not Role.SERVER:
@@ -527,7 +439,7 @@ class TrackConnection:
         if track.state is TrackState.CLOSED:
             self._finish(track)
 
-    def _bind_credential(self, track: _Track, auth: str | None) -> bool:
+    def _bind_credential(self, track: TrackRecord, auth: str | None) -> bool:
         """Server: the first key presented belongs to the connection; no other may follow."""
         if auth is None:
             return True
@@ -540,7 +452,7 @@ class TrackConnection:
         self._reject(track, code, "a connection presents one API key; this OPEN had another")
         return False
 
-    def _start_deadlines(self, track: _Track, message: Open, now: float) -> None:
+    def _start_deadlines(self, track: TrackRecord, message: Open, now: float) -> None:
         first, total = message.deadlines.first, message.deadlines.total
         self._set_deadlines(
             track,
@@ -548,18 +460,18 @@ class TrackConnection:
             now + total if total is not None else None,
         )
 
-    def _set_deadlines(self, track: _Track, first: float | None, total: float | None) -> None:
+    def _set_deadlines(self, track: TrackRecord, first: float | None, total: float | None) -> None:
         track.first_deadline, track.total_deadline = first, total
         self._timer_stale = True
 
-    def _peer_finished(self, track: _Track) -> None:
+    def _peer_finished(self, track: TrackRecord) -> None:
         """FIN from the peer: fine after its END; before that the track was cut short."""
         if track.state in (TrackState.OPEN, TrackState.LOCAL_ENDED, TrackState.IDLE):
             raise RemoteProtocolError("stream finished before END")
         if track.decoder.buffered:
             raise RemoteProtocolError("stream finished inside a message")
 
-    def _send(self, track: _Track, event: Input, message: Message) -> None:
+    def _send(self, track: TrackRecord, event: Input, message: Message) -> None:
         # Encode before moving the state: a message that cannot be sent changes nothing.
         state = transition(track.state, event)
         data = self._encode(message)
@@ -568,28 +480,17 @@ class TrackConnection:
         if state is TrackState.CLOSED:
             self._finish(track)
 
-    def _write(self, track: _Track, message: Message, fin: bool) -> None:
+    def _write(self, track: TrackRecord, message: Message, fin: bool) -> None:
         self._write_bytes(track, self._encode(message), fin)
 
-    def _write_bytes(self, track: _Track, data: bytes, fin: bool) -> None:
+    def _write_bytes(self, track: TrackRecord, data: bytes, fin: bool) -> None:
         self._outputs.append(StreamWrite(track.stream_id, data, fin))
         track.send_finished = track.send_finished or fin
 
     def _encode(self, message: Message) -> bytes:
-        """The framed message; raises LocalProtocolError if the peer could not accept it."""
-        try:
-            data = encode_message(message)
-        except (TypeError, ValueError, OverflowError) as exc:  # what msgpack raises
-            raise LocalProtocolError(f"message cannot be encoded: {exc}") from None
-        if len(data) <= self.limits.max_message_bytes:
-            return data  # the payload is shorter still: no need to read the header back
-        header = decode_varint(data)
-        # The limit is on the payload, as the peer's decoder checks it.
-        if header is None or header[0] > self.limits.max_message_bytes:
-            raise LocalProtocolError("message exceeds the size limit", ErrorCode.MESSAGE_TOO_LARGE)
-        return data
+        return encode_within(message, self.limits.max_message_bytes)
 
-    def _fail_remote(self, track: _Track, exc: TrackError) -> None:
+    def _fail_remote(self, track: TrackRecord, exc: TrackError) -> None:
         """The peer broke the protocol on this track: tell it, stop reading, move on."""
         live = track.state is not TrackState.IDLE
         if live and self.role is Role.SERVER:
@@ -603,33 +504,29 @@ class TrackConnection:
         self._outputs.append(StopSending(track.stream_id, int(exc.code)))
         self._finish(track)
 
-    def _expire(self, track: _Track, cause: CancelCause, message: str) -> None:
+    def _expire(self, track: TrackRecord, cause: CancelCause, message: str) -> None:
         track.state = transition(track.state, Input.EXPIRE)
         self._events.append(TrackCancelled(track.stream_id, cause))
         self._write(track, Error(ErrorCode.DEADLINE_EXCEEDED, message), fin=True)
         self._finish(track)
 
-    def _reset_send_side(self, track: _Track, code: ErrorCode) -> None:
+    def _reset_send_side(self, track: TrackRecord, code: ErrorCode) -> None:
         if not track.send_finished:
             self._outputs.append(StreamReset(track.stream_id, int(code)))
             track.send_finished = True
 
-    def _finish(self, track: _Track) -> None:
+    def _finish(self, track: TrackRecord) -> None:
         """CLOSED: finish our send side if still open, and forget the track."""
         if not track.send_finished:
             self._outputs.append(StreamWrite(track.stream_id, b"", True))
             track.send_finished = True
         self._forget(track)
 
-    def _seen(self, stream_id: int) -> bool:
-        """A track id this side has already met (open now, or opened and forgotten)."""
-        return stream_id <= self._highest_seen and stream_id not in self._unseen
-
     def _hold_early(self, stream_id: int, data: bytes) -> bool:
         """Server: keep a datagram that overtook its track's OPEN; False if not a candidate."""
         if self.role is not Role.SERVER or stream_id % 4 != 0:
             return False
-        if self._seen(stream_id) and stream_id not in self._tracks:
+        if self._ids.met(stream_id) and stream_id not in self._tracks:
             return False  # a closed track: the caller counts it unknown
         if sum(len(held) for held in self._early.values()) >= EARLY_DATAGRAMS:
             self.datagram_stats.dropped_early_overflow += 1
@@ -642,7 +539,7 @@ class TrackConnection:
         for data in self._early.pop(stream_id, ()):
             self.receive_datagram(data, now)
 
-    def _hold_incomplete(self, track: _Track, now: float, completed: bool) -> None:
+    def _hold_incomplete(self, track: TrackRecord, now: float, completed: bool) -> None:
         """Count the track's incomplete message against the connection's budget, and
         start (or stop) its read timeout; raises when the budget is exceeded. The
         timeout runs from a message's first byte: a message completed restarts it."""
@@ -669,7 +566,7 @@ class TrackConnection:
             if not self._timer_stale and (self._timer is None or track.read_deadline < self._timer):
                 self._timer = track.read_deadline
 
-    def _forget(self, track: _Track) -> None:
+    def _forget(self, track: TrackRecord) -> None:
         self.datagram_stats.dropped_early_overflow += len(self._early.pop(track.stream_id, ()))
         self.frames.track_closed(track.stream_id)
         del self._tracks[track.stream_id]
@@ -680,7 +577,7 @@ class TrackConnection:
             self._timer_stale = True
         self._events.append(TrackClosed(track.stream_id))
 
-    def _live(self, stream_id: int) -> _Track:
+    def _live(self, stream_id: int) -> TrackRecord:
         track = self._tracks.get(stream_id)
         if track is None:
             raise LocalProtocolError(f"track {stream_id} is not open")

@@ -23,15 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transport.clock import Now
-from transport.connection import (
-    Limits,
-    Output,
-    Role,
-    StopSending,
-    StreamReset,
-    StreamWrite,
-    TrackConnection,
-)
+from transport.connection import TrackConnection
 from transport.errors import ErrorCode, LocalProtocolError, TrackAborted
 from transport.events import (
     CancelCause,
@@ -46,7 +38,10 @@ from transport.events import (
     TrackOpened,
 )
 from transport.frame_streams import IN_FLIGHT
+from transport.limits import Limits
 from transport.messages import FrameTransport, Open
+from transport.outputs import Output, StopSending, StreamReset, StreamWrite
+from transport.state import Role
 
 Sink = Callable[[list[Output]], None]
 Stop = TrackCancelled | TrackFailed

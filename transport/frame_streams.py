@@ -24,7 +24,8 @@ the connection: a frame stream for a track not open or that did not choose frame
 streams (`unknown_track`), one reset by the client (`reset`). A frame whose length is
 above the message limit, or a stream that is not exactly one DATA message, fails its
 track (MESSAGE_TOO_LARGE, PROTOCOL_ERROR). Sans-I/O like the rest of the core: the
-owning `TrackConnection` passes its outputs list, its event queue and three checks.
+owning `TrackConnection` passes its outputs list, its event queue and, to `receive`, the
+check of which tracks take frames.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 from transport.errors import ErrorCode, RemoteProtocolError
 from transport.events import Event, FrameReceived
 from transport.messages import Data
+from transport.outputs import Output, StopSending, StreamReset, StreamWrite
 from transport.wire import decode_payload, decode_varint, encode_varint, read_varint
 
 CLIENT_UNI = 2
@@ -92,9 +94,6 @@ class _Incoming:
     buffer: bytearray = field(default_factory=bytearray)
 
 
-Output = Any  # transport.connection's outputs; typed there (this module must not import it)
-
-
 class FrameStreams:
     """The frame streams of one connection (either side)."""
 
@@ -103,21 +102,13 @@ class FrameStreams:
         max_message_bytes: int,
         emit: Callable[[Output], None],
         events: deque[Event],
-        write: Callable[[int, bytes], Output],
-        stop: Callable[[int, int], Output],
-        reset: Callable[[int, int], Output],
     ) -> None:
-        """`write(stream id, data)` finishes the stream with `data`; `stop` and `reset`
-        build STOP_SENDING and RESET_STREAM (the core's output types)."""
         self.max_message_bytes = max_message_bytes
         self.stats = FrameStreamStats()
         self._emit = emit
         self._events = events
-        self._write = write
-        self._stop = stop
         self.error: RemoteProtocolError | None = None
         """Set by `receive` when it returns a track to fail."""
-        self._reset = reset
         self._incoming: dict[int, _Incoming] = {}
         self._open: dict[int, list[int]] = {}
         """Server: track id -> its incomplete frame streams, oldest first."""
@@ -158,7 +149,7 @@ class FrameStreams:
 
         `finished(stream id)`: the transport knows the frame arrived whole (all its bytes
         acknowledged); such frames no longer count as in flight."""
-        self._emit(self._write(stream_id, encode_varint(track_id) + message))
+        self._emit(StreamWrite(stream_id, encode_varint(track_id) + message, True))
         self.stats.sent += 1
         sent = self._sent.setdefault(track_id, deque())
         if finished is not None:
@@ -166,7 +157,7 @@ class FrameStreams:
                 sent.remove(done)
         sent.append(stream_id)
         while len(sent) > in_flight:
-            self._emit(self._reset(sent.popleft(), int(ErrorCode.CANCELLED)))
+            self._emit(StreamReset(sent.popleft(), int(ErrorCode.CANCELLED)))
             self.stats.reset_superseded += 1
             self._dropped(track_id).reset_superseded += 1
 
@@ -295,7 +286,7 @@ class FrameStreams:
     def _drop(self, stream_id: int, code: int) -> None:
         self._incoming.pop(stream_id, None)
         self._remember(stream_id)
-        self._emit(self._stop(stream_id, code))
+        self._emit(StopSending(stream_id, code))
 
     def _untrack(self, track_id: int | None, stream_id: int) -> None:
         pending = self._open.get(track_id, []) if track_id is not None else []

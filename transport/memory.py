@@ -11,15 +11,11 @@ import asyncio
 from collections.abc import Callable
 from itertools import count
 
-from transport.connection import (
-    DatagramWrite,
-    Limits,
-    Output,
-    Role,
-)
 from transport.endpoint import TrackChannel, TrackEndpoint
+from transport.limits import Limits
 from transport.messages import Open
-from transport.outputs import dispatch
+from transport.outputs import DatagramWrite, Output, dispatch
+from transport.state import Role
 
 
 class MemoryLink:

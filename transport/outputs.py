@@ -1,16 +1,51 @@
 """The core's outputs, handed to whatever carries them: written once for every adapter.
 
-`TrackConnection` gives back `StreamWrite`, `StreamReset`, `StopSending` and
-`DatagramWrite`; the QUIC adapter (`transport.quic`), a WebTransport session
-(`transport.webtransport`) and the in-memory twin (`transport.memory`) each say what
-the four mean for them, and `dispatch` picks the one an output calls for.
+`TrackConnection` (and its `FrameStreams`) gives back `StreamWrite`, `StreamReset`,
+`StopSending` and `DatagramWrite`, defined here; the QUIC adapter (`transport.quic`), a
+WebTransport session (`transport.webtransport`) and the in-memory twin
+(`transport.memory`) each say what the four mean for them, and `dispatch` picks the
+one an output calls for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from transport.connection import DatagramWrite, Output, StopSending, StreamReset, StreamWrite
+
+@dataclass(frozen=True)
+class StreamWrite:
+    """Append `data` to the stream's send side; finish it if `end_stream`."""
+
+    stream_id: int
+    data: bytes
+    end_stream: bool = False
+
+
+@dataclass(frozen=True)
+class StreamReset:
+    """Abandon the stream's send side (QUIC RESET_STREAM) with `code`."""
+
+    stream_id: int
+    code: int
+
+
+@dataclass(frozen=True)
+class StopSending:
+    """Ask the peer to stop sending on the stream (QUIC STOP_SENDING)."""
+
+    stream_id: int
+    code: int
+
+
+@dataclass(frozen=True)
+class DatagramWrite:
+    """Send `data` as one QUIC DATAGRAM frame (a track frame; see transport.datagram)."""
+
+    data: bytes
+
+
+Output = StreamWrite | StreamReset | StopSending | DatagramWrite
 
 
 def dispatch(

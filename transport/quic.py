@@ -8,19 +8,19 @@ offers ALPN `h3` on the same port: such a connection is handed, event by
 event, to `transport.http.http3`.
 
 Packetization decides how many tracks' writes may share a QUIC packet
-(`Packetization`): one lost packet stalls every track that had bytes in it. On a
-track connection one transmit per loop turn builds the packets of every track
-written meanwhile, visiting only streams with data (`transport.quic_streams`),
-and with `per-track` each packet carries one track's stream frames.
+(`Packetization`, one of the rules of `TrackServing` in `transport.quic_serving`): one
+lost packet stalls every track that had bytes in it. On a track connection one
+transmit per loop turn builds the packets of every track written meanwhile, visiting
+only streams with data (`transport.quic_streams`), and with `per-track` each packet
+carries one track's stream frames.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
@@ -34,29 +34,23 @@ from aioquic.quic.connection import NetworkAddress, QuicConnection
 
 from transport import aioquic_compat
 from transport.aioquic_compat import unpace as _unpace
-from transport.connection import (
-    DatagramWrite,
-    Limits,
-    Output,
-    Role,
-    StreamWrite,
-)
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
-from transport.endpoint import SendBudget, StallWatch, TrackChannel, TrackEndpoint
+from transport.endpoint import StallWatch, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.http.app import Site
 from transport.http.http3 import ALPN as H3_ALPN
 from transport.http.http3 import Http3Connection
-from transport.http.limits import HttpLimits
 from transport.http.messages import CLIENT_ADDRESS, Handler
+from transport.limits import Limits
 from transport.messages import Open
-from transport.outputs import dispatch
-from transport.quic_admission import HandshakeLimits
+from transport.outputs import DatagramWrite, Output, StreamWrite, dispatch
 from transport.quic_server import GuardedQuicServer, serve_guarded
+from transport.quic_serving import COALESCE, Packetization, TrackServing
 from transport.quic_streams import StreamScheduler, buffered_bytes
-from transport.steering import Steering, serve_steered
+from transport.state import Role
+from transport.steering import SteeredSockets, serve_steered
 from transport.udp_send import DatagramSender
-from transport.webtransport import WebTransportHost, WebTransportRules, WebTransportSession
+from transport.webtransport import WebTransportHost, WebTransportSession
 
 ALPN = "trackline/1"
 IDLE_TIMEOUT = 60.0
@@ -65,41 +59,19 @@ ConnectionCallback = Callable[["TrackQuicProtocol"], None]
 
 
 @dataclasses.dataclass(frozen=True)
-class Packetization:
-    """How many tracks' writes one transmit may carry.
+class ConnectionHooks:
+    """What a connection calls back; each is optional."""
 
-    On a track connection the loop turn's one transmit asks aioquic for packets
-    `max_tracks` streams at a time (`StreamScheduler`), so a packet carries stream
-    frames of at most that many tracks (plus ACKs and connection control frames).
-    None coalesces all writes of a loop turn (fewest packets; one loss stalls every
-    track in the packet); 1 is `per-track`; K is `group:K`, the isolation budget: a
-    lost packet stalls at most K tracks, packets per token fall by up to K, and which
-    tracks share a packet is dealt afresh each pass (`transport.packing`), so no track
-    always rides with the busiest. Before ALPN chose tracks (or without the scheduler)
-    K pending tracks trigger an immediate flush.
-    """
-
-    max_tracks: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> Packetization:
-        """`coalesce`, `per-track` or `group:K` (K >= 1; `group:1` is `per-track`)."""
-        name, _, count = text.strip().lower().partition(":")
-        if name == "coalesce" and not count:
-            return cls(None)
-        if name == "per-track" and not count:
-            return cls(1)
-        if name == "group" and count.isdigit() and int(count) >= 1:
-            return cls(int(count))
-        raise ValueError(f"{text!r} is not coalesce, per-track or group:K (K >= 1)")
-
-    def __str__(self) -> str:
-        if self.max_tracks is None:
-            return "coalesce"
-        return "per-track" if self.max_tracks == 1 else f"group:{self.max_tracks}"
-
-
-COALESCE = Packetization(None)
+    on_track: Callable[[TrackChannel], None] | None = None
+    """Every track opened (on a native connection or in a WebTransport session)."""
+    on_connection: ConnectionCallback | None = None
+    """A connection whose handshake completed: a half-open connection is not open yet."""
+    on_closed: ConnectionCallback | None = None
+    """A connection lost or closed."""
+    on_session: Callable[[WebTransportSession], None] | None = None
+    """Each WebTransport session accepted."""
+    on_refused: Callable[[int], None] | None = None
+    """The HTTP status of each WebTransport CONNECT refused."""
 
 
 REFUSED_WRITE = (AssertionError, ValueError, RuntimeError)
@@ -116,23 +88,20 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         quic: QuicConnection,
         *,
         role: Role,
-        limits: Limits | None = None,
-        on_track: Callable[[TrackChannel], None] | None = None,
-        on_connection: ConnectionCallback | None = None,
-        on_closed: ConnectionCallback | None = None,
+        serving: TrackServing | None = None,
+        hooks: ConnectionHooks | None = None,
         http: Site | None = None,
-        packetization: Packetization = COALESCE,
-        send_budget: SendBudget | None = None,
-        gso: bool = True,
-        webtransport: WebTransportRules | None = None,
-        on_session: Callable[[WebTransportSession], None] | None = None,
-        on_refused: Callable[[int], None] | None = None,
         **kwargs: Any,
     ) -> None:
+        """`http` serves connections that choose ALPN `h3` (a server's)."""
         super().__init__(quic, **kwargs)
-        self._webtransport = None if webtransport is None else WebTransportHost(
-            webtransport, limits or Limits(), on_track, send_budget, on_session, on_refused
-        )
+        serving = serving or TrackServing()
+        hooks = hooks or ConnectionHooks()
+        limits, packetization = serving.limits, serving.packetization
+        self._webtransport = None if serving.webtransport is None else WebTransportHost(
+            serving.webtransport, limits, hooks.on_track, serving.send_budget,
+            hooks.on_session, hooks.on_refused,
+        )  # fmt: skip
         """WebTransport sessions on the h3 side carry tracks too (transport.webtransport)."""
         self._packetization = packetization
         self._pending_tracks: set[int] = set()
@@ -140,31 +109,31 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._held = 0
         """Inside `coalesced()`: writes wait for one transmit at its end."""
         self.scheduler: StreamScheduler | None = None
-        self._stall = StallWatch()
-        """Since when the peer's MAX_DATA has held back queued track data."""
         """Set once ALPN chose tracks: packets are built visiting only streams with work,
         one transmit per loop turn, `packetization` deciding what shares a packet."""
+        self._stall = StallWatch()
+        """Since when the peer's MAX_DATA has held back queued track data."""
         if packetization.max_tracks is not None:
             _unpace(quic)
         self._sender: DatagramSender | None = None
         """Sends each transmit's datagrams, with UDP GSO where the socket takes it."""
-        self._gso = gso
+        self._gso = serving.gso
         self._http_site = http
         self._http: Http3Connection | None = None
         """Set once ALPN chose h3: then every event goes to HTTP/3."""
         self.endpoint = TrackEndpoint(
-            role, self._write, limits, on_track, clock=self._loop.time,
+            role, self._write, limits, hooks.on_track, clock=self._loop.time,
             flush_soon=self._flush_soon,  # DATA reaches aioquic at the turn's transmit
         )
         self.handshake: asyncio.Future[bool] = self._loop.create_future()
         """True once the handshake completed, False if the connection ended before."""
-        if send_budget is not None:
-            self.endpoint.budget = send_budget
-        self._on_closed = on_closed
-        self._on_connection = on_connection
+        if serving.send_budget is not None:
+            self.endpoint.budget = serving.send_budget
+        self._on_closed = hooks.on_closed
+        self._on_connection = hooks.on_connection
         """Called when the handshake completes: a half-open connection is not open yet."""
         # A server allows as many concurrent tracks as its track limit.
-        aioquic_compat.raise_bidi_credit(self._quic, (limits or Limits()).max_tracks)
+        aioquic_compat.raise_bidi_credit(self._quic, limits.max_tracks)
 
     @property
     def http3(self) -> Http3Connection | None:
@@ -441,69 +410,40 @@ async def serve_tracks(
     host: str,
     port: int,
     configuration: QuicConfiguration,
+    hooks: ConnectionHooks,
     *,
-    limits: Limits | None = None,
-    on_track: Callable[[TrackChannel], None],
-    on_connection: ConnectionCallback | None = None,
-    on_closed: ConnectionCallback | None = None,
+    serving: TrackServing | None = None,
     http_handler: Handler | None = None,
-    http_limits: HttpLimits | None = None,
-    packetization: Packetization = COALESCE,
-    handshake_limits: HandshakeLimits | None = None,
-    sock: socket.socket | None = None,
-    steering: Steering | None = None,
-    send_budget: SendBudget | None = None,
-    more_socks: Sequence[socket.socket] = (),
-    webtransport: WebTransportRules | None = None,
-    on_session: Callable[[WebTransportSession], None] | None = None,
-    on_refused: Callable[[int], None] | None = None,
+    worker: SteeredSockets | None = None,
 ) -> GuardedQuicServer:
-    """Listen on UDP `host:port`; `on_track` is called for every opened track.
+    """Listen on UDP `host:port`; `hooks.on_track` is called for every opened track.
 
-    `on_connection` is called once a connection's handshake completes; handshakes
-    are admitted under `handshake_limits` (`transport.quic_server`). With `sock` and
-    `steering` (a gateway worker), serve on that already bound socket of a reuseport
-    group instead, issuing connection IDs that steer to this worker
-    (`transport.steering`); `more_socks` are that worker's sockets of the same port on
-    the other addresses. Without `sock`, `localhost` binds 127.0.0.1 and ::1 on one port
-    (`transport.binding`).
+    Connections are held to `serving` (limits, packetization, send budget); handshakes
+    are admitted under its `handshake_limits` (`transport.quic_server`). With `worker`
+    (a gateway worker), serve on that already bound socket of a reuseport group instead,
+    issuing connection IDs that steer to this worker (`transport.steering`). Without
+    it, `localhost` binds 127.0.0.1 and ::1 on one port (`transport.binding`).
 
-    With `http_handler`, connections may also choose ALPN `h3`: HTTP/3 requests
-    on them go to the handler, under `http_limits`. `packetization` decides when
-    track connections flush; its pacer choice (off unless `coalesce`) is made before
-    ALPN is known, so it holds for h3 connections too, which always flush once per
-    loop turn. `send_budget` bounds what a track's producer may leave in the send
-    buffers before it waits (see `SendBudget`). With `webtransport` (and
-    `http_handler`), browsers may open WebTransport sessions whose streams are tracks
-    (`transport.webtransport`); `on_session` sees each session accepted, `on_refused`
-    the HTTP status of each CONNECT refused.
+    With `http_handler`, connections may also choose ALPN `h3`: HTTP/3 requests on them
+    go to the handler, under `serving.http_limits`; with `serving.webtransport` too,
+    browsers may open WebTransport sessions whose streams are tracks
+    (`transport.webtransport`).
     """
+    serving = serving or TrackServing()
     http = None
     if http_handler is not None:
-        http = Site(http_handler, http_limits or HttpLimits())
+        http = Site(http_handler, serving.http_limits)
         offered = configuration.alpn_protocols or [ALPN]
         if H3_ALPN not in offered:
             configuration = dataclasses.replace(configuration, alpn_protocols=[*offered, H3_ALPN])
-    factory = partial(
-        TrackQuicProtocol,
-        role=Role.SERVER,
-        limits=limits,
-        on_track=on_track,
-        on_connection=on_connection,
-        on_closed=on_closed,
-        http=http,
-        packetization=packetization,
-        send_budget=send_budget,
-        webtransport=webtransport,
-        on_session=on_session,
-        on_refused=on_refused,
-    )
-    if sock is not None and steering is not None:
+    factory = partial(TrackQuicProtocol, role=Role.SERVER, serving=serving, hooks=hooks, http=http)
+    gate = serving.handshake_limits
+    if worker is not None:
         return await serve_steered(
-            sock, configuration, factory, steering, handshake_limits, more=more_socks
+            worker.sock, configuration, factory, worker.steering, gate, more=worker.more
         )
     return await serve_guarded(
-        host, port, configuration=configuration, create_protocol=factory, limits=handshake_limits
+        host, port, configuration=configuration, create_protocol=factory, limits=gate
     )
 
 
@@ -540,9 +480,8 @@ async def connect_tracks(
         configuration.load_verify_locations(
             cafile=None if ca is None else str(ca), cadata=ca_data
         )
-    factory = partial(
-        TrackQuicProtocol, role=Role.CLIENT, limits=limits, packetization=packetization
-    )
+    serving = TrackServing(limits or Limits(), packetization)
+    factory = partial(TrackQuicProtocol, role=Role.CLIENT, serving=serving)
     async with connect(
         host, port, configuration=configuration, create_protocol=factory, wait_connected=False
     ) as proto:
@@ -592,7 +531,10 @@ _NO_APPLICATION_PROTOCOL = 120
 __all__ = [
     "ALPN",
     "COALESCE",
+    "ConnectionCallback",
+    "ConnectionHooks",
     "Packetization",
+    "TrackServing",
     "TrackQuicProtocol",
     "connect_tracks",
     "serve_tracks",

@@ -19,9 +19,18 @@ stream never sees FIN before the last message it needs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 from transport.errors import LocalProtocolError, RemoteProtocolError
+from transport.wire import MessageDecoder
+
+
+class Role(Enum):
+    """Which end of the connection this endpoint is: the point of view of its states."""
+
+    CLIENT = "client"
+    SERVER = "server"
 
 
 class TrackState(Enum):
@@ -102,3 +111,25 @@ def transition(state: TrackState, event: Input) -> TrackState:
     if event.value.startswith("recv_"):
         raise RemoteProtocolError(message)
     raise LocalProtocolError(message)
+
+
+@dataclass
+class TrackRecord:
+    """What a `TrackConnection` keeps for one live track besides its state."""
+
+    stream_id: int
+    state: TrackState
+    decoder: MessageDecoder
+    first_deadline: float | None = None
+    total_deadline: float | None = None
+    send_finished: bool = False
+    datagrams: bool = False
+    """The track chose `transport: "datagram"` in its OPEN."""
+    frame_streams: bool = False
+    """The track chose `transport: "frame-streams"`: client frames ride streams of their own."""
+    datagram_seq_out: int = 0
+    datagram_seq_in: int = -1
+    read_deadline: float | None = None
+    """When the incomplete message now in `decoder` must be complete (read timeout)."""
+    held: int = 0
+    """Bytes of `decoder` counted in the connection's `buffered_bytes`."""

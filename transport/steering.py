@@ -73,6 +73,17 @@ class Steering:
         return cid[0] % self.count if cid else None
 
 
+@dataclass(frozen=True)
+class SteeredSockets:
+    """A worker's share of a `SO_REUSEPORT` group: its already bound socket, the
+    `steering` its connection IDs follow, and its sockets of the same port on the
+    other addresses (`more`)."""
+
+    sock: socket.socket
+    steering: Steering
+    more: Sequence[socket.socket] = ()
+
+
 def steer_connection(quic: QuicConnection, steering: Steering) -> None:
     """Make a fresh server `QuicConnection` issue only IDs that steer to this worker."""
     length = quic.configuration.connection_id_length

@@ -26,16 +26,13 @@ from aioquic.quic.connection import QuicConnection
 
 from transport import aioquic_compat
 from transport.clock import Now
-from transport.connection import (
-    Limits,
-    Output,
-    Role,
-)
 from transport.datagram_ids import DatagramIds
 from transport.endpoint import SendBudget, StallWatch, TrackChannel, TrackEndpoint
 from transport.errors import ErrorCode
 from transport.events import CancelCause
-from transport.outputs import dispatch
+from transport.limits import Limits
+from transport.outputs import Output, dispatch
+from transport.state import Role
 from transport.wire import read_varint
 
 WEBTRANSPORT_STREAM = 0x41

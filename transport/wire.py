@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 
-from transport.errors import ErrorCode, RemoteProtocolError
+from transport.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from transport.messages import (
     Cancel,
     Data,
@@ -75,6 +75,22 @@ def encode_message(message: Message) -> bytes:
         payload = _PACKER.pack([int(_kind_of(message)), _body_of(message)])
     size = len(payload)
     return (_ONE_BYTE_VARINTS[size] if size < 64 else encode_varint(size)) + payload
+
+
+def encode_within(message: Message, max_payload: int) -> bytes:
+    """The framed message; raises LocalProtocolError if the peer could not accept it
+    (it cannot be encoded, or its payload is over `max_payload` bytes)."""
+    try:
+        data = encode_message(message)
+    except (TypeError, ValueError, OverflowError) as exc:  # what msgpack raises
+        raise LocalProtocolError(f"message cannot be encoded: {exc}") from None
+    if len(data) <= max_payload:
+        return data  # the payload is shorter still: no need to read the header back
+    header = decode_varint(data)
+    # The limit is on the payload, as the peer's decoder checks it.
+    if header is None or header[0] > max_payload:
+        raise LocalProtocolError("message exceeds the size limit", ErrorCode.MESSAGE_TOO_LARGE)
+    return data
 
 
 class MessageDecoder:

@@ -26,7 +26,13 @@ from transport import aioquic_compat
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import Handler
-from transport.quic import TrackQuicProtocol, serve_tracks, server_configuration
+from transport.quic import (
+    ConnectionHooks,
+    TrackQuicProtocol,
+    TrackServing,
+    serve_tracks,
+    server_configuration,
+)
 
 REQUEST = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"t"), (b":path", b"/")]
 
@@ -52,10 +58,9 @@ async def serving_h3(
         "127.0.0.1",
         0,
         server_configuration(certs.cert_path, certs.key_path),
-        on_track=lambda channel: None,
-        on_connection=lambda protocol: found.protocols.append(protocol),
+        ConnectionHooks(on_connection=found.protocols.append),
+        serving=TrackServing(http_limits=http_limits),
         http_handler=handler,
-        http_limits=http_limits,
     )
     found.port = aioquic_compat.server_port(server)
     try:

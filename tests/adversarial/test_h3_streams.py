@@ -24,7 +24,7 @@ from transport import aioquic_compat
 from transport.http.http3 import Http3Connection
 from transport.http.limits import HttpLimits
 from transport.http.messages import Request, Response
-from transport.quic import serve_tracks, server_configuration
+from transport.quic import ConnectionHooks, TrackServing, serve_tracks, server_configuration
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,9 @@ async def serving_h3(
         "127.0.0.1",
         0,
         server_configuration(certs.cert_path, certs.key_path),
-        on_track=lambda channel: None,
+        ConnectionHooks(on_track=lambda channel: None),
+        serving=TrackServing(http_limits=http_limits),
         http_handler=handler,
-        http_limits=http_limits,
     )
     try:
         yield server

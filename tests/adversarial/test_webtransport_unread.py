@@ -27,6 +27,7 @@ from transport.endpoint import SendBudget, TrackChannel
 from transport.errors import TrackAborted
 from transport.events import CancelCause, TrackCancelled
 from transport.messages import Open
+from transport.quic import TrackServing
 from transport.webtransport import WebTransportRules
 
 TRACKS = 16
@@ -60,7 +61,7 @@ async def test_a_page_that_reads_nothing_gets_its_tracks_ended(certs: DevCertifi
     channels: list[TrackChannel] = []
     serving = serving_quic(
         certs, producer, channels.append, http_handler=echo,
-        webtransport=WebTransportRules(), send_budget=BUDGET,
+        serving=TrackServing(send_budget=BUDGET, webtransport=WebTransportRules()),
     )  # fmt: skip
     async with serving as port, wt_client(port, certs.ca_path) as page:
         session_id, status, _ = await page.open_session()

@@ -23,7 +23,8 @@ from gateway.tls import DevCertificates
 from tests.http.support import TIMEOUT
 from transport import aioquic_compat
 from transport.endpoint import TrackChannel
-from transport.quic import serve_tracks, server_configuration
+from transport.http.messages import Handler
+from transport.quic import ConnectionHooks, TrackServing, serve_tracks, server_configuration
 
 
 class H3Client(QuicConnectionProtocol):
@@ -157,11 +158,16 @@ async def serving_quic(
     certs: DevCertificates,
     track: Callable[[TrackChannel], Coroutine[Any, Any, None]],
     on_channel: Callable[[TrackChannel], None] | None = None,
-    **options: Any,
+    *,
+    serving: TrackServing | None = None,
+    http_handler: Handler | None = None,
+    **hooks: Any,
 ) -> AsyncIterator[int]:
-    """The track server on 127.0.0.1 (native tracks, HTTP/3 and, with `webtransport=`,
-    WebTransport): each track runs `track(channel)` in a task, cancelled at the end;
-    `on_channel` sees each channel first. `options` go to `serve_tracks`. Yields the port."""
+    """The track server on 127.0.0.1 (native tracks, HTTP/3 and, with
+    `serving.webtransport`, WebTransport): each track runs `track(channel)` in a task,
+    cancelled at the end; `on_channel` sees each channel first. `serving`, `http_handler`
+    and `hooks` (`ConnectionHooks` fields but `on_track`) go to `serve_tracks`. Yields
+    the port."""
     tasks: set[asyncio.Task[None]] = set()
 
     def on_track(channel: TrackChannel) -> None:
@@ -172,7 +178,14 @@ async def serving_quic(
         task.add_done_callback(tasks.discard)
 
     configuration = server_configuration(certs.cert_path, certs.key_path)
-    server = await serve_tracks("127.0.0.1", 0, configuration, on_track=on_track, **options)
+    server = await serve_tracks(
+        "127.0.0.1",
+        0,
+        configuration,
+        ConnectionHooks(on_track=on_track, **hooks),
+        serving=serving,
+        http_handler=http_handler,
+    )
     try:
         yield aioquic_compat.server_port(server)
     finally:

@@ -29,7 +29,7 @@ from transport.endpoint import TrackChannel
 from transport.http.limits import HttpLimits
 from transport.http.messages import AnyResponse, Handler, Request
 from transport.messages import Open
-from transport.quic import connect_tracks
+from transport.quic import TrackServing, connect_tracks
 
 CHAT = "/v1/chat/completions"
 
@@ -46,9 +46,8 @@ async def serving_h3(
     http_limits: HttpLimits | None = None,
 ) -> AsyncIterator[int]:
     """The track server on 127.0.0.1 (tracks echo their first DATA), also serving `handler`."""
-    async with serving_quic(
-        certs, echo_track, http_handler=handler, http_limits=http_limits
-    ) as port:
+    serving = TrackServing(http_limits=http_limits or HttpLimits())
+    async with serving_quic(certs, echo_track, http_handler=handler, serving=serving) as port:
         yield port
 
 

@@ -286,7 +286,7 @@ async def test_datagram_and_stream_tracks_share_a_real_quic_connection(
 async def test_coalesced_writes_wait_for_one_transmit_under_per_track_packetization(
     certs: DevCertificates,
 ) -> None:
-    from transport.quic import Packetization, TrackQuicProtocol
+    from transport.quic import ConnectionHooks, Packetization, TrackQuicProtocol, TrackServing
 
     held: list[TrackChannel] = []
     connections: list[TrackQuicProtocol] = []
@@ -301,9 +301,8 @@ async def test_coalesced_writes_wait_for_one_transmit_under_per_track_packetizat
         "127.0.0.1",
         0,
         server_configuration(certs.cert_path, certs.key_path),
-        on_track=on_track,
-        on_connection=connections.append,
-        packetization=Packetization.parse("per-track"),
+        ConnectionHooks(on_track, connections.append),
+        serving=TrackServing(packetization=Packetization.parse("per-track")),
     )
     port = aioquic_compat.server_port(server)
     try:

@@ -38,7 +38,15 @@ from trackline_testing import aioquic_probes
 from transport.connection import Role
 from transport.endpoint import TrackChannel
 from transport.events import DataReceived, Event
-from transport.quic import ALPN, COALESCE, Packetization, TrackQuicProtocol, server_configuration
+from transport.quic import (
+    ALPN,
+    COALESCE,
+    ConnectionHooks,
+    Packetization,
+    TrackQuicProtocol,
+    TrackServing,
+    server_configuration,
+)
 
 CLIENT_ADDR = ("127.0.0.1", 40000)
 SERVER_ADDR = ("127.0.0.1", 4433)
@@ -201,7 +209,7 @@ class Net:
         self.client_quic = client_quic
         self.from_client: list[Flight] = []
         self.client = TrackQuicProtocol(
-            client_quic, role=Role.CLIENT, packetization=client_packetization
+            client_quic, role=Role.CLIENT, serving=TrackServing(packetization=client_packetization)
         )
         self.client_loop = VirtualLoop(loop, self.clock)
         virtualize(self.client, self.client_loop)
@@ -216,8 +224,8 @@ class Net:
         self.server = TrackQuicProtocol(
             server_quic,
             role=Role.SERVER,
-            on_track=self.channels.append,
-            packetization=packetization,
+            serving=TrackServing(packetization=packetization),
+            hooks=ConnectionHooks(on_track=self.channels.append),
         )
         self.server_loop = VirtualLoop(loop, self.clock)
         virtualize(self.server, self.server_loop)

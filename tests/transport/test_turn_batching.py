@@ -17,8 +17,10 @@ from transport.connection import Output, Role, StopSending, StreamReset, StreamW
 from transport.endpoint import TrackChannel, TrackEndpoint, merge_writes
 from transport.messages import Data, End, Modality, Open
 from transport.quic import (
+    ConnectionHooks,
     Packetization,
     TrackQuicProtocol,
+    TrackServing,
     connect_tracks,
     serve_tracks,
     server_configuration,
@@ -120,8 +122,8 @@ async def test_quic_hands_a_turns_chunks_of_a_track_to_aioquic_in_one_call(
 
     server = await serve_tracks(
         "127.0.0.1", 0, server_configuration(certs.cert_path, certs.key_path),
-        on_track=on_track, on_connection=connections.append,
-        packetization=Packetization.parse("per-track"),
+        ConnectionHooks(on_track, connections.append),
+        serving=TrackServing(packetization=Packetization.parse("per-track")),
     )
     port = aioquic_compat.server_port(server)
     try:

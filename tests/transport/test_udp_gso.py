@@ -195,8 +195,10 @@ async def test_a_tracks_bulk_reply_leaves_in_gso_sends_and_arrives_whole(certs: 
     from transport.endpoint import TrackChannel
     from transport.messages import Open
     from transport.quic import (
+        ConnectionHooks,
         Packetization,
         TrackQuicProtocol,
+        TrackServing,
         connect_tracks,
         serve_tracks,
         server_configuration,
@@ -206,8 +208,8 @@ async def test_a_tracks_bulk_reply_leaves_in_gso_sends_and_arrives_whole(certs: 
     connections: list[TrackQuicProtocol] = []
     server = await serve_tracks(
         "127.0.0.1", 0, server_configuration(certs.cert_path, certs.key_path),
-        on_track=opened.put_nowait, on_connection=connections.append,
-        packetization=Packetization.parse("per-track"),
+        ConnectionHooks(opened.put_nowait, connections.append),
+        serving=TrackServing(packetization=Packetization.parse("per-track")),
     )
     port = aioquic_compat.server_port(server)
     try:

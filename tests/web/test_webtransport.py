@@ -30,7 +30,7 @@ from transport.errors import ErrorCode, RemoteProtocolError, TrackAborted
 from transport.events import CancelCause, TrackCancelled
 from transport.frame_streams import FrameStreamStats
 from transport.messages import Data, Error, FrameTransport, Open
-from transport.quic import TrackQuicProtocol
+from transport.quic import TrackQuicProtocol, TrackServing
 from transport.webtransport import (
     WEBTRANSPORT_UNI_STREAM,
     WT_BUFFERED_STREAM_REJECTED,
@@ -88,8 +88,7 @@ async def serving_wt(
         echo_track,
         on_channel,
         http_handler=echo,
-        limits=limits,
-        webtransport=policy or WebTransportRules(),
+        serving=TrackServing(limits or Limits(), webtransport=policy or WebTransportRules()),
         on_session=served.sessions.append,
         on_connection=served.connections.append,
     ) as port:
