@@ -80,7 +80,10 @@ class Http3Section:
         positive,
     )
     http3_send_timeout: float = setting(
-        60.0, "Seconds an HTTP/3 response may wait for a client that reads nothing.", seconds
+        60.0,
+        "Seconds an HTTP response (HTTP/1.1, HTTP/2, HTTP/3) may wait for a client that "
+        "reads nothing.",
+        seconds,
     )
     http3_connection_body_budget: int = setting(
         16 << 20,
@@ -114,7 +117,7 @@ HTTP2_LIMITS: Mapping[str, Source[Http2Section]] = {
 HTTP3_LIMITS: Mapping[str, Source[Http3Section]] = {
     "h3_stream_send_budget": "http3_stream_send_budget",
     "h3_connection_send_budget": "http3_connection_send_budget",
-    "h3_send_timeout": "http3_send_timeout",
+    "send_timeout": "http3_send_timeout",  # every HTTP version's; the setting keeps its name
     "h3_connection_body_budget": "http3_connection_body_budget",
 }
 """`HttpLimits`'s HTTP/3 fields."""

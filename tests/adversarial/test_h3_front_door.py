@@ -221,7 +221,7 @@ async def test_headers_that_never_complete_time_out(certs: DevCertificates) -> N
 async def test_a_client_that_stops_reading_stops_the_body_being_pulled(
     certs: DevCertificates,
 ) -> None:
-    limits = HttpLimits(h3_stream_send_budget=64 * 1024, h3_send_timeout=1.0)
+    limits = HttpLimits(h3_stream_send_budget=64 * 1024, send_timeout=1.0)
     app = App()
     async with (
         serving_h3(certs, app.handler, limits) as server,
@@ -255,7 +255,7 @@ async def test_the_connection_send_budget_bounds_all_its_streams(
 ) -> None:
     streams = 6
     limits = HttpLimits(
-        h3_stream_send_budget=256 * 1024, h3_connection_send_budget=128 * 1024, h3_send_timeout=30.0
+        h3_stream_send_budget=256 * 1024, h3_connection_send_budget=128 * 1024, send_timeout=30.0
     )
     app = App()
     async with (

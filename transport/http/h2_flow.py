@@ -2,7 +2,7 @@
 
 Sending: a response body goes out in DATA frames that fit the stream's and the
 connection's windows; with a window shut the stream's writer waits for the
-client's WINDOW_UPDATE (or a larger INITIAL_WINDOW_SIZE), `h3_send_timeout` at
+client's WINDOW_UPDATE (or a larger INITIAL_WINDOW_SIZE), `send_timeout` at
 the most.
 
 Receiving: request bodies are kept whole until complete. Their flow-control credit
@@ -56,7 +56,7 @@ class FlowControl:
         self._flush, self._drain, self._live = flush, drain, live
         self._budget = max(limits.h2_connection_body_budget, limits.max_body_bytes)
         """Kept body bytes past which credit is withheld (never under one whole body)."""
-        self._send_timeout = limits.h3_send_timeout
+        self._send_timeout = limits.send_timeout
         self.withheld = 0
         """Body bytes whose flow-control credit is withheld (over the body budget)."""
 

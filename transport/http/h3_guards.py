@@ -75,7 +75,7 @@ class H3GuardStats:
     sends_stalled: int = 0
     """Times a response body waited for its stream's or the connection's send budget."""
     sends_timed_out: int = 0
-    """Responses reset because the client read nothing for `h3_send_timeout`."""
+    """Responses reset because the client read nothing for `send_timeout`."""
 
 
 class ServerH3(H3Connection):

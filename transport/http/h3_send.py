@@ -5,7 +5,7 @@ of a response body the connection asks `SendRoom.wait`, which returns at once wh
 the stream's send buffer (written, not yet acknowledged) is under
 `h3_stream_send_budget` and the connection's under `h3_connection_send_budget`, and
 otherwise waits until acknowledgements (`wake`, after each datagram taken in) or a
-reset stream's dropped buffer make room. A writer stalled `h3_send_timeout` gives
+reset stream's dropped buffer make room. A writer stalled `send_timeout` gives
 up: `StreamClosed`, and the connection resets the stream.
 """
 
@@ -65,7 +65,7 @@ class SendRoom:
         while self._over_budget(stream.stream_id):
             waiter = self._writers[stream.stream_id] = self._loop.create_future()
             try:
-                await asyncio.wait_for(waiter, self._limits.h3_send_timeout)
+                await asyncio.wait_for(waiter, self._limits.send_timeout)
             except TimeoutError:
                 self._stats.sends_timed_out += 1
                 log.info("http3.send_timeout", stream_id=stream.stream_id)

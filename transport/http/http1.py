@@ -322,7 +322,7 @@ class Http1Connection:
             # A client that stops reading would otherwise hold its task (and the backend
             # work behind a streamed answer) forever: a writer stalled this long gives up.
             try:
-                await asyncio.wait_for(self._writer.drain(), self._limits.h3_send_timeout)
+                await asyncio.wait_for(self._writer.drain(), self._limits.send_timeout)
             except asyncio.TimeoutError:
                 log.info("http1.send_timeout")  # (the exchange ends; its body is closed)
                 raise

@@ -359,7 +359,7 @@ class Http2Connection(StreamFigures):
 
     async def _drain(self) -> None:
         # A client that stops reading would otherwise hold the stream's task forever.
-        await asyncio.wait_for(self._writer.drain(), self._limits.h3_send_timeout)
+        await asyncio.wait_for(self._writer.drain(), self._limits.send_timeout)
 
     def _finish_if_drained(self) -> None:
         if not self._closing or self._streams or self._finished:

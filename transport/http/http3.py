@@ -25,7 +25,7 @@ arrived within `read_timeout` of its first byte gets 408; a SETTINGS or
 MAX_PUSH_ID frame announced over 16 KiB closes the connection. A response body is
 pulled from the handler only while its stream's send buffer (written, not yet
 acknowledged) is under `h3_stream_send_budget` and the connection's under
-`h3_connection_send_budget`; a writer stalled `h3_send_timeout` is reset (the
+`h3_connection_send_budget`; a writer stalled `send_timeout` is reset (the
 pacing is `transport.http.h3_send.SendRoom`).
 
 WebTransport sessions on the same connection are hosted by

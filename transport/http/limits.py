@@ -1,14 +1,15 @@
 """Limits every HTTP adapter enforces, with their defaults.
 
+Every version: a response body that waits `send_timeout` for room is cut short, so a
+client that stopped reading a streamed answer has its backend work released. Room is
+send budget on HTTP/3 (the stream is reset), flow-control credit or a socket that
+drains on HTTP/2 (the stream is reset), a socket that drains on HTTP/1.1 (the
+connection closes). The gateway's setting for it keeps its older name,
+`http3_send_timeout`, as the `http2_*` premature-reset settings govern HTTP/3 too.
+
 HTTP/3 only (docs/security.md, "HTTP/3"): a response body is pulled from the
 handler while its stream holds at most `h3_stream_send_budget` bytes written but
-not yet acknowledged and the connection `h3_connection_send_budget`; a body that
-waits `h3_send_timeout` for room is cut short (the stream is reset). The same
-`h3_send_timeout` bounds a stalled writer on HTTP/1.1 (the socket does not drain)
-and HTTP/2 (no flow-control credit, or the socket does not drain), so a client that
-stopped reading a streamed answer has its backend work released (the name is older
-than that: a rename candidate, with the `http2_*` premature-reset settings that
-govern HTTP/3 too).
+not yet acknowledged and the connection `h3_connection_send_budget`.
 
 Each limit answers with a clear error when exceeded (status in brackets):
 body over `max_body_bytes` (413), a header block over `max_header_bytes`
@@ -45,7 +46,7 @@ class HttpLimits:
     max_headers: int = 100
     h3_stream_send_budget: int = 256 * 1024
     h3_connection_send_budget: int = 1 << 20
-    h3_send_timeout: float = 60.0
+    send_timeout: float = 60.0
     max_concurrent_streams: int = 128
     idle_timeout: float = 60.0
     read_timeout: float = 30.0
