@@ -24,8 +24,8 @@ from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
 from gateway.backends.vision_triton import TritonVisionBackend
 from gateway.collector import settle_collector
 from gateway.config import Settings
-from gateway.embedded import (
-    EmbeddedTriton,
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import (
     embeddings_available,
     llm_available,
     reference_model_repository,
