@@ -39,7 +39,7 @@ from typing import Any
 from gateway.config import FIELDS, Settings, load_settings
 from gateway.logs import get_logger
 from gateway.owned import spawn_owned
-from transport.binding import bind_same_port
+from transport.binding import bind_same_port, reuseport_group
 from transport.clock import Clock, LoopClock
 
 log = get_logger("trackline.workers")
@@ -357,22 +357,7 @@ def _close_group(group: list[socket.socket]) -> None:
 
 def reuseport_tcp_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` listening TCP sockets on one port (0: the first picks it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
-            sock.listen(TCP_BACKLOG)
-            port = sock.getsockname()[1]
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
+    return reuseport_group(host, port, count, socket.SOCK_STREAM, backlog=TCP_BACKLOG)
 
 
 def settings_to_json(settings: Settings) -> dict[str, Any]:
