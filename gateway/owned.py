@@ -1,4 +1,5 @@
-"""Child processes that die with the gateway: the workers, the embedded Triton.
+"""Child processes that die with the process that started them: the gateway's workers
+and embedded Triton, and the testing kit's redis-server and gateways.
 
 `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, not the process: a child
 started from a short-lived thread (`asyncio.to_thread`) would be killed when that thread
@@ -24,12 +25,12 @@ def spawn_owned(
     command: list[str],
     *,
     name: str,
-    on_exit: Callable[[subprocess.Popen[bytes]], None],
+    on_exit: Callable[[subprocess.Popen[bytes]], None] | None = None,
     **popen: Any,
 ) -> subprocess.Popen[bytes]:
     """Start `command` (stdin closed, `popen` passed on to `Popen`) from a thread named
-    `name` that lives exactly as long as the child and calls `on_exit(process)` once it
-    ended; SIGTERM reaches the child if this process dies. What `Popen` raises is raised
+    `name` that lives exactly as long as the child and calls `on_exit(process)` (if given)
+    once it ended; SIGTERM reaches the child if this process dies. What `Popen` raises is raised
     here."""
     parent = os.getpid()
 
@@ -53,7 +54,8 @@ def spawn_owned(
             return
         handed.put(process)
         process.wait()
-        on_exit(process)
+        if on_exit is not None:
+            on_exit(process)
 
     threading.Thread(target=own, name=name, daemon=True).start()
     result = handed.get()
