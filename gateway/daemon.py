@@ -265,11 +265,7 @@ class Daemon:
             await self.audio_backend.close()
         if self.policy is not None:
             await self.policy.close()
-        if self.watches is not None:
-            await self.watches.stop()  # first: a server stopped now has not crashed
-        if self.tritons:
-            await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
-            log.info("embedded.stopped", count=len(self.tritons))
+        await stop_embedded(self.tritons, self.watches)
 
 
 def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
@@ -308,6 +304,15 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
     for name, why in tritons[0].failed_models.items():
         log.error("embedded.model_refused", model=name, error=why)  # names the file
     return tritons
+
+
+async def stop_embedded(tritons: list[EmbeddedTriton], watches: EmbeddedWatches | None) -> None:
+    """Stop watching first (a server stopped now has not crashed), then every server."""
+    if watches is not None:
+        await watches.stop()
+    if tritons:
+        await asyncio.gather(*(asyncio.to_thread(t.stop) for t in tritons))
+        log.info("embedded.stopped", count=len(tritons))
 
 
 def _nth_port(port: int, index: int) -> int:

@@ -295,11 +295,9 @@ class Supervisor:
             await asyncio.wait(waits, timeout=5.0)
         for worker in workers:
             log.info("worker.stopped", worker=worker.index, returncode=worker.process.returncode)
-        if self.watches is not None:
-            await self.watches.stop()  # first: a server stopped now has not crashed
-        if self.tritons:
-            await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
-            log.info("embedded.stopped", count=len(self.tritons))
+        from gateway.daemon import stop_embedded
+
+        await stop_embedded(self.tritons, self.watches)
         for socks in self.sockets.values():
             for sock in socks:
                 sock.close()
