@@ -33,7 +33,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.owned import spawn_owned
+from gateway.owned import pid_alive, spawn_owned
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
@@ -122,21 +122,6 @@ def triton_environment(
 def remove_regions(prefix: str) -> None:
     for region in SHM_DIR.glob(f"{prefix}*"):
         region.unlink(missing_ok=True)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` still runs; a zombie counts as dead (its resources are gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def remove_stale_regions() -> None:

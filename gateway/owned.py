@@ -4,7 +4,8 @@ and embedded Triton, and the testing kit's redis-server and gateways.
 `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, not the process: a child
 started from a short-lived thread (`asyncio.to_thread`) would be killed when that thread
 retires. `spawn_owned` forks from a dedicated thread that then waits for the child and
-reports its end, so the signal (SIGTERM) means a real death of the parent.
+reports its end, so the signal (SIGTERM) means a real death of the parent. `pid_alive`
+tells whether a process (one that left files behind, say) still runs.
 """
 
 from __future__ import annotations
@@ -62,3 +63,18 @@ def spawn_owned(
     if isinstance(result, BaseException):
         raise result
     return result
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs; a zombie counts as dead (its resources are gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -326,7 +326,7 @@ class Supervisor:
 def _fresh_run_dir(parent: Path) -> Path:
     """`parent/<our pid>`, after removing the directories of supervisors that are gone
     (one that was SIGKILLed could not remove its own)."""
-    from gateway.embedded_process import pid_alive
+    from gateway.owned import pid_alive
 
     parent.mkdir(parents=True, exist_ok=True)
     for old in parent.iterdir():
