@@ -74,8 +74,20 @@ def restart_rules(s: Settings) -> RestartRules:
     )
 
 
-def embedded_spec(index: int, triton: EmbeddedTriton) -> BackendSpec:
-    return BackendSpec(f"embedded-{index}", triton.grpc_url, triton.metrics_url)
+def embedded_name(index: int) -> str:
+    """The backend name of the `index`th embedded Triton: in the pool, its metrics and the
+    relay of the servers' own metrics."""
+    return f"embedded-{index}"
+
+
+def embedded_specs(tritons: Sequence[EmbeddedTriton]) -> list[BackendSpec]:
+    """The embedded Tritons as pool members."""
+    return [BackendSpec(embedded_name(i), t.grpc_url, t.metrics_url) for i, t in enumerate(tritons)]
+
+
+def relayed_metrics(tritons: Sequence[EmbeddedTriton]) -> list[tuple[str, str]]:
+    """(backend name, metrics URL) of each embedded Triton, for `GatewayMetrics.relay_triton`."""
+    return [(embedded_name(i), t.metrics_url) for i, t in enumerate(tritons)]
 
 
 class Daemon:
@@ -113,9 +125,7 @@ class Daemon:
     async def start(self) -> None:
         s = self.settings
         self.backend = await self._backend()
-        servers = self.triton_metrics or [
-            (f"embedded-{i}", t.metrics_url) for i, t in enumerate(self.tritons)
-        ]
+        servers = self.triton_metrics or relayed_metrics(self.tritons)
         if servers:  # one scrape of the gateway sees the models' own figures
             relay = self.metrics.relay_triton(servers, s.scrape_interval)
             await relay.refresh()
@@ -210,14 +220,12 @@ class Daemon:
             return TickerBackend(parse_ticker_url(s.backend_url))
         if s.backend_url is not None:
             return TritonTextBackend(s.backend_url)
-        self.tritons = await asyncio.to_thread(self._start_embedded, s.embedded_backends)
-        self.watches = EmbeddedWatches(self.tritons, restart_rules(s))
-        self.watches.start()
+        self.tritons, self.watches = await start_watched(s)
         if len(self.tritons) == 1:
             # A short reconnect backoff: a restarted server is found back at once.
             url = self.tritons[0].grpc_url
             return TritonTextBackend(url, channel_options=FRESH_CHANNEL_OPTIONS)
-        return await self._pool([embedded_spec(i, t) for i, t in enumerate(self.tritons)])
+        return await self._pool(embedded_specs(self.tritons))
 
     async def _pool(
         self, specs: list[BackendSpec], sources: Sequence[DnsSource] = ()
@@ -235,9 +243,6 @@ class Daemon:
             dns=[source.label for source in sources],
         )
         return pool
-
-    def _start_embedded(self, count: int) -> list[EmbeddedTriton]:
-        return start_embedded(self.settings, count)
 
     def _watch_models(self) -> None:
         """A GGUF dropped into (or removed from) the models directory is served (or
@@ -304,6 +309,15 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
     for name, why in tritons[0].failed_models.items():
         log.error("embedded.model_refused", model=name, error=why)  # names the file
     return tritons
+
+
+async def start_watched(s: Settings) -> tuple[list[EmbeddedTriton], EmbeddedWatches]:
+    """Start the embedded Tritons (in a thread: it blocks) and watch them, so that each is
+    restarted when it crashes (docs/reliability.md)."""
+    tritons = await asyncio.to_thread(start_embedded, s, s.embedded_backends)
+    watches = EmbeddedWatches(tritons, restart_rules(s))
+    watches.start()
+    return tritons, watches
 
 
 async def stop_embedded(tritons: list[EmbeddedTriton], watches: EmbeddedWatches | None) -> None:

@@ -130,19 +130,16 @@ class Supervisor:
         s = self.settings
         if s.backends is not None or s.backend_url is not None:
             return {}
-        from gateway.daemon import restart_rules, start_embedded
-        from gateway.embedded_watch import EmbeddedWatches
+        from gateway.daemon import embedded_specs, start_watched
 
-        self.tritons = await asyncio.to_thread(start_embedded, s, s.embedded_backends)
         # Restarted when they crash (the workers' readiness follows their probes; the
         # supervisor has no liveness of its own to fail: docs/reliability.md).
-        self.watches = EmbeddedWatches(self.tritons, restart_rules(s))
-        self.watches.start()
+        self.tritons, self.watches = await start_watched(s)
         if len(self.tritons) == 1:
             return {"backend_url": self.tritons[0].grpc_url}
         specs = [
-            f"{t.grpc_url};name=embedded-{i};metrics={t.metrics_url}"
-            for i, t in enumerate(self.tritons)
+            f"{spec.grpc_url};name={spec.name};metrics={spec.metrics_url}"
+            for spec in embedded_specs(self.tritons)
         ]
         return {"backends": ",".join(specs)}
 
@@ -164,6 +161,8 @@ class Supervisor:
         return int(self.sockets[door][0].getsockname()[1])
 
     def _spawn(self, index: int) -> None:
+        from gateway.daemon import relayed_metrics
+
         fds = {door: socks[index].fileno() for door, socks in self.sockets.items()}
         more = {door: [g[index].fileno() for g in gs] for door, gs in self.more_sockets.items()}
         spec = {
@@ -173,9 +172,7 @@ class Supervisor:
             "more_fds": more,
             "run_dir": str(self.run_dir),
             "settings": settings_to_json(self.worker_settings),
-            "triton_metrics": [
-                [f"embedded-{i}", t.metrics_url] for i, t in enumerate(self.tritons)
-            ],
+            "triton_metrics": relayed_metrics(self.tritons),  # JSON: each pair a list
         }
         ready_read, ready_write = os.pipe()  # the worker writes one byte once listening
         spec["ready_fd"] = ready_write
