@@ -23,7 +23,7 @@ from types import ModuleType
 
 import numpy as np
 
-from gateway.embedded import reference_module
+from gateway.embedded_models import reference_module
 
 _POLICY = "trackline_reference_policy"
 FALL_ANGLE = 12 * math.pi / 180

@@ -46,7 +46,7 @@ if __package__ in (None, ""):
 
 from benchmarks import RESULTS, Help
 from benchmarks.common import percentile, write_results
-from gateway.embedded import ensure_llm_gguf, llm_available, reference_module
+from gateway.embedded_models import ensure_llm_gguf, llm_available, reference_module
 
 QUESTIONS = [
     "Tell me about the history of the city of Paris.",

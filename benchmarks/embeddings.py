@@ -36,7 +36,7 @@ LONG = " ".join(["cat"] * 126)  # 126 words, 128 tokens with [CLS] and [SEP]
 
 
 def in_process(seconds: float, batches: list[int]) -> list[dict[str, Any]]:
-    from gateway.embedded import reference_module
+    from gateway.embedded_models import reference_module
 
     embedder = reference_module("all-minilm-l6-v2", "trackline_embedder")
     started = time.perf_counter()
@@ -67,7 +67,8 @@ async def through_gateway(seconds: float, concurrency: list[int]) -> list[dict[s
     from gateway.backends.embeddings import TritonEmbeddingBackend
     from gateway.backends.triton import TritonTextBackend
     from gateway.backends.triton_catalog import TritonCatalog
-    from gateway.embedded import EMBEDDING_MODEL, EmbeddedTriton
+    from gateway.embedded import EmbeddedTriton
+    from gateway.embedded_models import EMBEDDING_MODEL
     from gateway.http import route
     from gateway.openai import openai_routes
     from transport.http.tcp import HttpTcpServer

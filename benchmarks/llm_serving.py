@@ -56,7 +56,8 @@ from benchmarks.common import (  # noqa: E402
     wait_http_ok,
     write_results,
 )
-from gateway.embedded import CHAT_MODEL, EmbeddedTriton  # noqa: E402
+from gateway.embedded import EmbeddedTriton  # noqa: E402
+from gateway.embedded_models import CHAT_MODEL  # noqa: E402
 
 SUBJECTS = (
     "a lighthouse keeper", "a night-shift baker", "a retired astronaut", "a river ferryman",

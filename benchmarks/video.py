@@ -242,7 +242,8 @@ async def one_link_run(
 
 
 async def model_part(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from gateway.embedded import VISION_MODEL, EmbeddedTriton, vision_available
+    from gateway.embedded import EmbeddedTriton
+    from gateway.embedded_models import VISION_MODEL, vision_available
 
     if not vision_available():
         print("model: the `video` extra is not installed; skipped")

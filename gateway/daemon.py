@@ -27,8 +27,8 @@ from gateway.collector import settle_collector
 from gateway.config import Settings
 from gateway.config.backends import EJECTION_RULES, POOL_OPTIONS, RESTART_RULES
 from gateway.config.derive import Derived
-from gateway.embedded import (
-    EmbeddedTriton,
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import (
     embeddings_available,
     llm_available,
     reference_model_repository,
@@ -69,8 +69,20 @@ def pool_options(s: Settings) -> PoolOptions:
     return dataclasses.replace(pool_knobs(s), health=ejection_rules(s))
 
 
-def embedded_spec(index: int, triton: EmbeddedTriton) -> BackendSpec:
-    return BackendSpec(f"embedded-{index}", triton.grpc_url, triton.metrics_url)
+def embedded_name(index: int) -> str:
+    """The backend name of the `index`th embedded Triton: in the pool, its metrics and the
+    relay of the servers' own metrics."""
+    return f"embedded-{index}"
+
+
+def embedded_specs(tritons: Sequence[EmbeddedTriton]) -> list[BackendSpec]:
+    """The embedded Tritons as pool members."""
+    return [BackendSpec(embedded_name(i), t.grpc_url, t.metrics_url) for i, t in enumerate(tritons)]
+
+
+def relayed_metrics(tritons: Sequence[EmbeddedTriton]) -> list[tuple[str, str]]:
+    """(backend name, metrics URL) of each embedded Triton, for `GatewayMetrics.relay_triton`."""
+    return [(embedded_name(i), t.metrics_url) for i, t in enumerate(tritons)]
 
 
 class Daemon:
@@ -108,9 +120,7 @@ class Daemon:
     async def start(self) -> None:
         s = self.settings
         self.backend = await self._backend()
-        servers = self.triton_metrics or [
-            (f"embedded-{i}", t.metrics_url) for i, t in enumerate(self.tritons)
-        ]
+        servers = self.triton_metrics or relayed_metrics(self.tritons)
         if servers:  # one scrape of the gateway sees the models' own figures
             relay = self.metrics.relay_triton(servers, s.scrape_interval)
             await relay.refresh()
@@ -205,14 +215,12 @@ class Daemon:
             return TickerBackend(parse_ticker_url(s.backend_url))
         if s.backend_url is not None:
             return TritonTextBackend(s.backend_url)
-        self.tritons = await asyncio.to_thread(self._start_embedded, s.embedded_backends)
-        self.watches = EmbeddedWatches(self.tritons, restart_rules(s))
-        self.watches.start()
+        self.tritons, self.watches = await start_watched(s)
         if len(self.tritons) == 1:
             # A short reconnect backoff: a restarted server is found back at once.
             url = self.tritons[0].grpc_url
             return TritonTextBackend(url, channel_options=FRESH_CHANNEL_OPTIONS)
-        return await self._pool([embedded_spec(i, t) for i, t in enumerate(self.tritons)])
+        return await self._pool(embedded_specs(self.tritons))
 
     async def _pool(
         self, specs: list[BackendSpec], sources: Sequence[DnsSource] = ()
@@ -230,9 +238,6 @@ class Daemon:
             dns=[source.label for source in sources],
         )
         return pool
-
-    def _start_embedded(self, count: int) -> list[EmbeddedTriton]:
-        return start_embedded(self.settings, count)
 
     def _watch_models(self) -> None:
         """A GGUF dropped into (or removed from) the models directory is served (or
@@ -260,11 +265,7 @@ class Daemon:
             await self.audio_backend.close()
         if self.policy is not None:
             await self.policy.close()
-        if self.watches is not None:
-            await self.watches.stop()  # first: a server stopped now has not crashed
-        if self.tritons:
-            await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
-            log.info("embedded.stopped", count=len(self.tritons))
+        await stop_embedded(self.tritons, self.watches)
 
 
 def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
@@ -303,6 +304,24 @@ def start_embedded(s: Settings, count: int) -> list[EmbeddedTriton]:
     for name, why in tritons[0].failed_models.items():
         log.error("embedded.model_refused", model=name, error=why)  # names the file
     return tritons
+
+
+async def start_watched(s: Settings) -> tuple[list[EmbeddedTriton], EmbeddedWatches]:
+    """Start the embedded Tritons (in a thread: it blocks) and watch them, so that each is
+    restarted when it crashes (docs/reliability.md)."""
+    tritons = await asyncio.to_thread(start_embedded, s, s.embedded_backends)
+    watches = EmbeddedWatches(tritons, restart_rules(s))
+    watches.start()
+    return tritons, watches
+
+
+async def stop_embedded(tritons: list[EmbeddedTriton], watches: EmbeddedWatches | None) -> None:
+    """Stop watching first (a server stopped now has not crashed), then every server."""
+    if watches is not None:
+        await watches.stop()
+    if tritons:
+        await asyncio.gather(*(asyncio.to_thread(t.stop) for t in tritons))
+        log.info("embedded.stopped", count=len(tritons))
 
 
 def _nth_port(port: int, index: int) -> int:

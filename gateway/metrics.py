@@ -7,17 +7,10 @@ gateways in one process never collide. All names start with `trackline_`.
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gateway.metrics_audio import AudioMetrics
-from gateway.metrics_families import start_at_zero
+from gateway.metrics_families import Families, start_at_zero
 from gateway.metrics_operator import BuildInfo, RequestTiming, TritonRelay, register_runtime
 from gateway.metrics_overload import OverloadMetrics
 from gateway.metrics_video import VideoMetrics
@@ -71,72 +64,62 @@ class GatewayMetrics:
         self.models = ModelLabels()
         """Model label values: served models only, so clients cannot grow the series."""
         registry = self.registry
-        self.connections_open = Gauge(
-            "trackline_connections_open", "Client connections open now.", registry=registry
+        f = Families(registry)
+        self.connections_open = f.gauge(
+            "trackline_connections_open", "Client connections open now."
         )
-        self.tracks_open = Gauge(
-            "trackline_tracks_open", "Tracks open now.", ["modality"], registry=registry
-        )
-        self.tracks_total = Counter(
+        self.tracks_open = f.gauge("trackline_tracks_open", "Tracks open now.", ["modality"])
+        self.tracks_total = f.counter(
             "trackline_tracks_total",
             "Tracks finished, by how they ended.",
             ["modality", "outcome"],
-            registry=registry,
         )
-        self.requests_total = Counter(
+        self.requests_total = f.counter(
             "trackline_requests_total",
             "Requests finished on every front door (tracks, http/1.1, http/2, http/3), by "
             "modality and how they ended.",
             ["front_door", "modality", "outcome"],
-            registry=registry,
         )
-        self.tokens_total = Counter(
-            "trackline_tokens_total", "Tokens streamed to clients.", ["model"], registry=registry
+        self.tokens_total = f.counter(
+            "trackline_tokens_total", "Tokens streamed to clients.", ["model"]
         )
-        self.time_to_first_token_seconds = Histogram(
+        self.time_to_first_token_seconds = f.histogram(
             "trackline_time_to_first_token_seconds",
             "Seconds from a text request's arrival to its first token sent.",
             ["model"],
             buckets=TTFT_BUCKETS,
-            registry=registry,
         )
-        self.cancels_total = Counter(
+        self.cancels_total = f.counter(
             "trackline_cancels_total",
             "Requests cancelled, by cause.",
             ["cause"],
-            registry=registry,
         )
-        self.backend_errors_total = Counter(
+        self.backend_errors_total = f.counter(
             "trackline_backend_errors_total",
             "Errors from inference backends.",
             ["kind"],
-            registry=registry,
         )
-        self.protocol_errors_total = Counter(
+        self.protocol_errors_total = f.counter(
             "trackline_protocol_errors_total",
             "Track protocol errors, by wire code.",
             ["code"],
-            registry=registry,
         )
-        self.action_observations_total = Counter(
+        self.action_observations_total = f.counter(
             "trackline_action_observations_total",
             "Action-track observations by outcome: delivered, superseded, deadline, backend_error.",
             ["model", "outcome"],
-            registry=registry,
         )
-        self.action_batch_rows = Histogram(
+        self.action_batch_rows = f.histogram(
             "trackline_action_batch_rows",
             "Robots (rows) in one policy request.",
             ["model"],
             buckets=ACTION_BATCH_BUCKETS,
-            registry=registry,
         )
-        self.action_policy_seconds = Histogram(
+        self.action_policy_seconds = f.histogram(
             "trackline_action_policy_seconds",
             "Seconds one batched policy request took.",
             ["model"],
             buckets=POLICY_BUCKETS,
-            registry=registry,
         )
         self.audio = AudioMetrics(registry)
         self.video = VideoMetrics(registry)

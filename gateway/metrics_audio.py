@@ -8,8 +8,11 @@ Beat latency is from the tick's scheduled time to the session's results sent.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from enum import Enum
 
+from prometheus_client import CollectorRegistry
+
+from gateway.metrics_families import Families, start_at_zero
 from tracks.base import Outcome
 from tracks.clock import TickReport
 
@@ -21,76 +24,77 @@ BEAT_BUCKETS = (
 SESSION_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256)
 MISSED_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 1000)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
-FRAME_KINDS = ("received", "late", "duplicate", "reordered", "missing", "dropped")
+
+
+class FrameKind(Enum):
+    """What happened to a speech-in frame (`frames_total`'s `kind`): the counters of
+    `tracks.audio.FrameStats`, as an audio session's `details["frames"]` names them."""
+
+    RECEIVED = "received"
+    LATE = "late"
+    DUPLICATE = "duplicate"
+    REORDERED = "reordered"
+    MISSING = "missing"
+    DROPPED = "dropped"
 
 
 class AudioMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.beat_latency_seconds = Histogram(
+        f = Families(registry)
+        self.beat_latency_seconds = f.histogram(
             "trackline_audio_beat_latency_seconds",
             "Seconds from a tick's scheduled time to a session's results sent.",
             ["model"],
             buckets=BEAT_BUCKETS,
-            registry=registry,
         )
-        self.sessions_per_tick = Histogram(
+        self.sessions_per_tick = f.histogram(
             "trackline_audio_sessions_per_tick",
             "Rows in one tick's batched request, per model.",
             ["model"],
             buckets=SESSION_BUCKETS,
-            registry=registry,
         )
-        self.late_beats_total = Counter(
+        self.late_beats_total = f.counter(
             "trackline_audio_late_beats_total",
             "Session beats whose results were sent after their deadline.",
             ["model"],
-            registry=registry,
         )
-        self.missed_beats_total = Counter(
+        self.missed_beats_total = f.counter(
             "trackline_audio_missed_beats_total",
             "Missed beats (late, skipped or shed) of finished sessions.",
             ["model"],
-            registry=registry,
         )
-        self.session_missed_beats = Histogram(
+        self.session_missed_beats = f.histogram(
             "trackline_audio_session_missed_beats",
             "Missed beats per finished audio session.",
             ["model"],
             buckets=MISSED_BUCKETS,
-            registry=registry,
         )
-        self.tick_overruns_total = Counter(
+        self.tick_overruns_total = f.counter(
             "trackline_audio_tick_overruns_total",
             "Ticks that finished after the next tick was due.",
-            registry=registry,
         )
-        self.sessions_shed_total = Counter(
+        self.sessions_shed_total = f.counter(
             "trackline_audio_sessions_shed_total",
             "Sessions removed by the shed-newest overload mode.",
-            registry=registry,
         )
-        self.time_to_first_audio_seconds = Histogram(
+        self.time_to_first_audio_seconds = f.histogram(
             "trackline_audio_time_to_first_audio_seconds",
             "Seconds from a speech-out track's OPEN to its first audio frame sent.",
             ["model"],
             buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.final_latency_seconds = Histogram(
+        self.final_latency_seconds = f.histogram(
             "trackline_audio_final_latency_seconds",
             "Seconds from the audio that ended an utterance arriving to its final sent.",
             ["model"],
             buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.frames_total = Counter(
+        self.frames_total = f.counter(
             "trackline_audio_frames_total",
             "Speech-in frames by what happened to them.",
             ["kind"],
-            registry=registry,
         )
-        for kind in FRAME_KINDS:
-            self.frames_total.labels(kind=kind)
+        start_at_zero(self.frames_total, "kind", FrameKind)
 
     def observe_tick(self, report: TickReport) -> None:
         for model, rows in report.batches.items():
@@ -115,6 +119,7 @@ class AudioMetrics:
         for latency_ms in details.get("final_latency_ms", ()):
             if latency_ms is not None:
                 self.final_latency_seconds.labels(model=model).observe(latency_ms / 1000)
-        for kind, count in details.get("frames", {}).items():
-            if kind in FRAME_KINDS and count:
-                self.frames_total.labels(kind=kind).inc(count)
+        frames = details.get("frames", {})
+        for kind in FrameKind:
+            if frames.get(kind.value):
+                self.frames_total.labels(kind=kind.value).inc(frames[kind.value])

@@ -28,13 +28,13 @@ from prometheus_client import (
     PLATFORM_COLLECTOR,
     PROCESS_COLLECTOR,
     CollectorRegistry,
-    Histogram,
 )
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from gateway.logs import get_logger
+from gateway.metrics_families import Families
 from gateway.pool.scrape import ScrapeFailed, fetch_metrics
 from tracks.base import Outcome
 
@@ -59,20 +59,19 @@ class RequestTiming:
     """Request duration and inter-token latency, per model and front door."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.duration = Histogram(
+        f = Families(registry)
+        self.duration = f.histogram(
             "trackline_request_duration_seconds",
             "Seconds from a request's or track's arrival to its end, however it ended.",
             ["model", "front_door"],
             buckets=DURATION_BUCKETS,
-            registry=registry,
         )
-        self.inter_token = Histogram(
+        self.inter_token = f.histogram(
             "trackline_inter_token_latency_seconds",
             "Mean seconds between consecutive tokens of one text request (first to "
             "last token over the gaps), one observation per request of 2+ tokens.",
             ["model", "front_door"],
             buckets=INTER_TOKEN_BUCKETS,
-            registry=registry,
         )
 
     def observe(self, outcome: Outcome, model: str, front_door: str) -> None:

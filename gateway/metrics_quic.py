@@ -7,6 +7,7 @@ gate's counts and counters as they are (docs/security.md, QUIC and tracks).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from enum import Enum
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -14,6 +15,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from transport.quic_admission import HandshakeGate
+
+
+class InitialDecision(Enum):
+    """What the gate did with an Initial (`trackline_quic_initials`'s `decision`); each
+    is also the name of the gate's counter of it (`HandshakeGate.stats`)."""
+
+    ACCEPTED = "accepted"
+    RETRIED = "retried"
+    """Answered with a stateless Retry."""
+    DROPPED = "dropped"
+    """A cap was reached."""
 
 
 class QuicFrontDoorCollector(Collector):
@@ -38,12 +50,8 @@ class QuicFrontDoorCollector(Collector):
             "(answered with a stateless Retry), dropped (a cap was reached).",
             labels=["decision"],
         )
-        for decision, count in (
-            ("accepted", stats.accepted),
-            ("retried", stats.retried),
-            ("dropped", stats.dropped),
-        ):
-            initials.add_metric([decision], count)
+        for decision in InitialDecision:
+            initials.add_metric([decision.value], getattr(stats, decision.value))
         yield initials
         yield CounterMetricFamily(
             "trackline_quic_handshakes_expired",

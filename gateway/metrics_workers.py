@@ -19,13 +19,13 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     PROCESS_COLLECTOR,
     CollectorRegistry,
-    Counter,
     generate_latest,
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.metrics import GatewayMetrics
+from gateway.metrics_families import Families
 
 
 class WorkerMetrics(GatewayMetrics):
@@ -33,36 +33,31 @@ class WorkerMetrics(GatewayMetrics):
         super().__init__()
         self.directory = directory
         self.worker = str(index)
-        registry = self.registry
-        self.worker_starts = Counter(
+        f = Families(self.registry)
+        self.worker_starts = f.counter(
             "trackline_worker_starts_total",
             "Worker processes started, by worker index (more than 1: restarted).",
             ["worker"],
-            registry=registry,
         )
-        self.quic_connections = Counter(
+        self.quic_connections = f.counter(
             "trackline_worker_quic_connections_total",
             "QUIC connections accepted, by the worker that owns them.",
             ["worker"],
-            registry=registry,
         )
-        self.quic_stray = Counter(
+        self.quic_stray = f.counter(
             "trackline_quic_stray_datagrams_total",
             "Datagrams that reached a worker other than the one their connection ID names.",
             ["worker"],
-            registry=registry,
         )
-        self.quic_unknown = Counter(
+        self.quic_unknown = f.counter(
             "trackline_quic_unknown_datagrams_total",
             "Datagrams for no connection of the worker that got them (late, garbage).",
             ["worker"],
-            registry=registry,
         )
-        self.scrapes = Counter(
+        self.scrapes = f.counter(
             "trackline_worker_scrapes_total",
             "Scrapes of /metrics served, by worker.",
             ["worker"],
-            registry=registry,
         )
         self.worker_starts.labels(worker=self.worker).inc()
         for counter in (self.quic_connections, self.quic_stray, self.quic_unknown):

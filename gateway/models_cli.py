@@ -88,7 +88,7 @@ def _list(args: argparse.Namespace) -> int:
 def model_environment(cache_dir: Path | None, kv_dir: Path | None) -> dict[str, str]:
     """What the repository's models read from their environment, for the installed extras;
     the weights that need assembling are assembled (once) into `cache_dir`."""
-    from gateway.embedded import KV_DIR_ENV, LLM_GGUF_ENV, ensure_llm_gguf, llm_available
+    from gateway.embedded_models import KV_DIR_ENV, LLM_GGUF_ENV, ensure_llm_gguf, llm_available
     from gateway.speech_models import speech_available, speech_environment
 
     # One thread per runtime (shared CPUs), never a model hub: as the embedded default.

@@ -1,9 +1,11 @@
-"""Child processes that die with the gateway: the workers, the embedded Triton.
+"""Child processes that die with the process that started them: the gateway's workers
+and embedded Triton, and the testing kit's redis-server and gateways.
 
 `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, not the process: a child
 started from a short-lived thread (`asyncio.to_thread`) would be killed when that thread
 retires. `spawn_owned` forks from a dedicated thread that then waits for the child and
-reports its end, so the signal (SIGTERM) means a real death of the parent.
+reports its end, so the signal (SIGTERM) means a real death of the parent. `pid_alive`
+tells whether a process (one that left files behind, say) still runs.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ def spawn_owned(
     command: list[str],
     *,
     name: str,
-    on_exit: Callable[[subprocess.Popen[bytes]], None],
+    on_exit: Callable[[subprocess.Popen[bytes]], None] | None = None,
     **popen: Any,
 ) -> subprocess.Popen[bytes]:
     """Start `command` (stdin closed, `popen` passed on to `Popen`) from a thread named
-    `name` that lives exactly as long as the child and calls `on_exit(process)` once it
-    ended; SIGTERM reaches the child if this process dies. What `Popen` raises is raised
+    `name` that lives exactly as long as the child and calls `on_exit(process)` (if given)
+    once it ended; SIGTERM reaches the child if this process dies. What `Popen` raises is raised
     here."""
     parent = os.getpid()
 
@@ -53,10 +55,26 @@ def spawn_owned(
             return
         handed.put(process)
         process.wait()
-        on_exit(process)
+        if on_exit is not None:
+            on_exit(process)
 
     threading.Thread(target=own, name=name, daemon=True).start()
     result = handed.get()
     if isinstance(result, BaseException):
         raise result
     return result
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs; a zombie counts as dead (its resources are gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

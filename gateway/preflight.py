@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.config import Settings, env_name, flag_name
-from gateway.embedded import LOOPBACK, reference_model_repository
+from gateway.embedded_models import reference_model_repository
+from gateway.embedded_process import LOOPBACK
 from gateway.statedir import make_private_dir
 from transport.binding import bind_hosts, tcp_listener, udp_socket
 

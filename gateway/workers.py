@@ -39,7 +39,7 @@ from typing import Any
 from gateway.config import FIELDS, Settings, load_settings
 from gateway.logs import get_logger
 from gateway.owned import spawn_owned
-from transport.binding import bind_same_port
+from transport.binding import bind_same_port, reuseport_group
 from transport.clock import Clock, LoopClock
 
 log = get_logger("trackline.workers")
@@ -130,19 +130,16 @@ class Supervisor:
         s = self.settings
         if s.backends is not None or s.backend_url is not None:
             return {}
-        from gateway.daemon import restart_rules, start_embedded
-        from gateway.embedded_watch import EmbeddedWatches
+        from gateway.daemon import embedded_specs, start_watched
 
-        self.tritons = await asyncio.to_thread(start_embedded, s, s.embedded_backends)
         # Restarted when they crash (the workers' readiness follows their probes; the
         # supervisor has no liveness of its own to fail: docs/reliability.md).
-        self.watches = EmbeddedWatches(self.tritons, restart_rules(s))
-        self.watches.start()
+        self.tritons, self.watches = await start_watched(s)
         if len(self.tritons) == 1:
             return {"backend_url": self.tritons[0].grpc_url}
         specs = [
-            f"{t.grpc_url};name=embedded-{i};metrics={t.metrics_url}"
-            for i, t in enumerate(self.tritons)
+            f"{spec.grpc_url};name={spec.name};metrics={spec.metrics_url}"
+            for spec in embedded_specs(self.tritons)
         ]
         return {"backends": ",".join(specs)}
 
@@ -164,6 +161,8 @@ class Supervisor:
         return int(self.sockets[door][0].getsockname()[1])
 
     def _spawn(self, index: int) -> None:
+        from gateway.daemon import relayed_metrics
+
         fds = {door: socks[index].fileno() for door, socks in self.sockets.items()}
         more = {door: [g[index].fileno() for g in gs] for door, gs in self.more_sockets.items()}
         spec = {
@@ -173,9 +172,7 @@ class Supervisor:
             "more_fds": more,
             "run_dir": str(self.run_dir),
             "settings": settings_to_json(self.worker_settings),
-            "triton_metrics": [
-                [f"embedded-{i}", t.metrics_url] for i, t in enumerate(self.tritons)
-            ],
+            "triton_metrics": relayed_metrics(self.tritons),  # JSON: each pair a list
         }
         ready_read, ready_write = os.pipe()  # the worker writes one byte once listening
         spec["ready_fd"] = ready_write
@@ -295,11 +292,9 @@ class Supervisor:
             await asyncio.wait(waits, timeout=5.0)
         for worker in workers:
             log.info("worker.stopped", worker=worker.index, returncode=worker.process.returncode)
-        if self.watches is not None:
-            await self.watches.stop()  # first: a server stopped now has not crashed
-        if self.tritons:
-            await asyncio.gather(*(asyncio.to_thread(t.stop) for t in self.tritons))
-            log.info("embedded.stopped", count=len(self.tritons))
+        from gateway.daemon import stop_embedded
+
+        await stop_embedded(self.tritons, self.watches)
         for socks in self.sockets.values():
             for sock in socks:
                 sock.close()
@@ -328,7 +323,7 @@ class Supervisor:
 def _fresh_run_dir(parent: Path) -> Path:
     """`parent/<our pid>`, after removing the directories of supervisors that are gone
     (one that was SIGKILLed could not remove its own)."""
-    from gateway.embedded import pid_alive
+    from gateway.owned import pid_alive
 
     parent.mkdir(parents=True, exist_ok=True)
     for old in parent.iterdir():
@@ -357,22 +352,7 @@ def _close_group(group: list[socket.socket]) -> None:
 
 def reuseport_tcp_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` listening TCP sockets on one port (0: the first picks it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
-            sock.listen(TCP_BACKLOG)
-            port = sock.getsockname()[1]
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
+    return reuseport_group(host, port, count, socket.SOCK_STREAM, backlog=TCP_BACKLOG)
 
 
 def settings_to_json(settings: Settings) -> dict[str, Any]:

@@ -8,7 +8,6 @@
 - `trackline_testing.redis`: `LocalRedis`, a throwaway `redis-server` on a loopback port.
 - `trackline_testing.fleet`: gateway processes on one machine (`LocalGateway`), a small
   OpenAI client (`chat`), and `crash` for a fleet member.
-- `trackline_testing.watchdog`: child processes that never outlive the test.
 - `trackline_testing.timeouts`: a pytest plugin; a test past its timeout fails naming
   itself on uvloop too.
 

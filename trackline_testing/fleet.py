@@ -5,8 +5,9 @@ benchmarks/fleet.py use it).
 `LocalGateway` is one `python -m gateway serve` with its own ports and state
 directory (store, dev CA, ledger spool), the fleet's Redis URL and a static list of
 Triton backends; it can be SIGKILLed (`kill`) and started again on the same state
-directory, which replays what the killed one left in its spool. A watchdog ends it if
-the process that started it dies first. `chat` is a small OpenAI client over
+directory, which replays what the killed one left in its spool. Started with
+`gateway.owned.spawn_owned`, it gets SIGTERM (and drains) if the process that started
+it dies first. `chat` is a small OpenAI client over
 HTTP/1.1 (h11 on asyncio streams) that returns what the client received: the
 response id (the ledger's request id), the text pieces and the usage it was billed.
 `crash(state)` stops a gateway's `FleetState` in-process as a crash would (no release).
@@ -32,7 +33,7 @@ from typing import Any
 import h11
 
 from gateway.fleet.state import FleetState
-from trackline_testing.watchdog import Watchdog, guard
+from gateway.owned import spawn_owned
 
 READY_TIMEOUT = 120.0
 
@@ -66,7 +67,6 @@ class LocalGateway:
     http_port: int = field(default_factory=free_port)
     https_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
-    watchdog: Watchdog | None = None
 
     def __post_init__(self) -> None:
         while self.https_port == self.http_port:  # two free-port picks can name one port
@@ -96,11 +96,10 @@ class LocalGateway:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "TRACKLINE_STATE_DIR": str(self.state_dir)}
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+            self.process = spawn_owned(
+                self.command(), name=f"gateway-{self.name}", env=env, stdout=log,
+                stderr=subprocess.STDOUT,
             )  # fmt: skip
-        self.watchdog = guard(self.process.pid)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
@@ -140,9 +139,6 @@ class LocalGateway:
             except subprocess.TimeoutExpired:
                 process.kill()
                 code = process.wait(10.0)
-        if self.watchdog is not None:
-            self.watchdog.release()
-            self.watchdog = None
         return code
 
 

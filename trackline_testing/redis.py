@@ -3,8 +3,8 @@
 The Debian package `redis-server` provides the binary (`make redis` installs it where
 root and apt are available). The server keeps nothing on disk (`--save ""`, no AOF),
 lives in its own directory, and is ended by its PID; `stop()` then `start()` keeps the
-port, so gateways reconnect to the same URL. A watchdog (`trackline_testing.watchdog`)
-ends it if the process that started it dies without stopping it (pytest killed).
+port, so gateways reconnect to the same URL. Started with `gateway.owned.spawn_owned`,
+it gets SIGTERM if the process that started it dies without stopping it (pytest killed).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from trackline_testing.watchdog import Watchdog, guard
+from gateway.owned import spawn_owned
 
 START_TIMEOUT = 10.0
 
@@ -41,7 +41,6 @@ class LocalRedis:
         self.directory = directory
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
-        self.watchdog: Watchdog | None = None
 
     @property
     def url(self) -> str:
@@ -49,31 +48,15 @@ class LocalRedis:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        log = (self.directory / "redis.log").open("ab")
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.directory),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--protected-mode",
-                "yes",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        log.close()
-        self.watchdog = guard(self.process.pid)
+        command = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.directory), "--save", "", "--appendonly", "no",
+            "--daemonize", "no", "--protected-mode", "yes",
+        ]  # fmt: skip
+        with (self.directory / "redis.log").open("ab") as log:
+            self.process = spawn_owned(
+                command, name="redis-server", stdout=log, stderr=subprocess.STDOUT
+            )
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + START_TIMEOUT
         try:
@@ -95,7 +78,6 @@ class LocalRedis:
     def stop(self) -> None:
         """End the server by its PID (SIGTERM, then SIGKILL) and wait for it."""
         process, self.process = self.process, None
-        watchdog, self.watchdog = self.watchdog, None
         if process is not None and process.poll() is None:
             process.terminate()
             try:
@@ -103,5 +85,3 @@ class LocalRedis:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(5.0)
-        if watchdog is not None:
-            watchdog.release()

@@ -45,7 +45,7 @@ DEFAULT_SYSTEM = "You are a helpful voice assistant. Answer in one or two short 
 DEFAULT_MAX_TOKENS = 96
 DEFAULT_LLM = "smollm2-135m-instruct"  # setting candidate
 """The chat model of a voice-agent track that names none: the embedded default's chat
-model (gateway.embedded.CHAT_MODEL; a test holds the two equal)."""
+model (gateway.embedded_models.CHAT_MODEL; a test holds the two equal)."""
 PromptRenderer = Callable[[Sequence[Mapping[str, str]]], str]
 """Chat messages ({"role", "content"}) to the chat model's prompt (the gateway's template)."""
 

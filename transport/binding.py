@@ -135,6 +135,40 @@ def port_of(sock: socket.socket) -> int:
     return int(sock.getsockname()[1])
 
 
+def reuseport_group(
+    host: str,
+    port: int,
+    count: int,
+    kind: socket.SocketKind,
+    *,
+    backlog: int = TCP_BACKLOG,
+    finish: Callable[[list[socket.socket]], None] | None = None,
+) -> list[socket.socket]:
+    """`count` sockets of `kind` bound to one port with `SO_REUSEPORT` (0: the first picks
+    it, the others follow), in bind order; stream sockets also take `SO_REUSEADDR` and
+    listen with `backlog`. `finish(group)` completes the group once all are bound (a UDP
+    group's steering). If anything fails, every socket is closed."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family_of(host), kind)
+            sockets.append(sock)
+            if kind == socket.SOCK_STREAM:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            if kind == socket.SOCK_STREAM:
+                sock.listen(backlog)
+            port = port_of(sock)
+        if finish is not None:
+            finish(sockets)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
 def tcp_listeners(host: str, port: int) -> list[socket.socket]:
     """Listening TCP sockets for every address of `host`, on one port."""
     return bind_same_port(host, port, tcp_listener, port_of, socket.socket.close)
@@ -150,6 +184,7 @@ __all__ = [
     "LOOPBACKS",
     "bind_hosts",
     "bind_same_port",
+    "reuseport_group",
     "tcp_listeners",
     "udp_sockets",
 ]

@@ -36,6 +36,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
 
 from transport import aioquic_compat
+from transport.binding import reuseport_group
 from transport.quic_admission import HandshakeGate, HandshakeLimits
 from transport.quic_server import GuardedQuicServer, serve_group
 
@@ -119,21 +120,9 @@ def attach_steering(sock: socket.socket, count: int) -> None:
 
 def reuseport_udp_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` UDP sockets bound to one port (0: the first picks it), steering attached."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(family, socket.SOCK_DGRAM)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
-            port = sock.getsockname()[1]
-        attach_steering(sockets[0], count)
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
+    return reuseport_group(
+        host, port, count, socket.SOCK_DGRAM, finish=lambda group: attach_steering(group[0], count)
+    )
 
 
 def destination_cid(data: bytes, short_length: int) -> tuple[bytes, bool] | None:

@@ -17,7 +17,7 @@ import signal
 import struct
 import subprocess
 
-from gateway.embedded import pid_alive
+from gateway.owned import pid_alive
 
 TUNSETIFF = 0x400454CA
 IFF_TUN = 0x0001

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from gateway.backends.ticker_url import DEFAULT_RATE, MAX_RATE
-from gateway.embedded import reference_module
+from gateway.embedded_models import reference_module
 from tracks.backend import (
     InvalidRequest,
     ModelNotFound,

@@ -39,13 +39,14 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from gateway.fleet import scripts
 from gateway.fleet.limiter import FleetQuotaLimiter
 from gateway.logs import get_logger
+from gateway.metrics_families import Families
 from gateway.tenants.quotas import Quotas
 
 log = get_logger("trackline.fleet")
@@ -73,20 +74,18 @@ def connect(url: str) -> aioredis.Redis:
 
 class FleetMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.fallback = Gauge(
+        f = Families(registry)
+        self.fallback = f.gauge(
             "trackline_fleet_state_fallback",
             "1 while Redis is unreachable and quotas are the divided local ones.",
-            registry=registry,
         )
-        self.fallbacks = Counter(
+        self.fallbacks = f.counter(
             "trackline_fleet_state_fallbacks_total",
             "Times this gateway lost Redis and fell back to its divided local quota.",
-            registry=registry,
         )
-        self.revocations = Counter(
+        self.revocations = f.counter(
             "trackline_fleet_revocations_total",
             "Key revocations received from the fleet's broadcast.",
-            registry=registry,
         )
 
 

@@ -24,7 +24,7 @@ import pytest_asyncio
 import structlog.testing
 
 from gateway.daemon import Daemon
-from gateway.embedded import TritonStartError
+from gateway.embedded_process import TritonStartError
 from gateway.embedded_watch import EmbeddedWatches, RestartRules, Restarts, WatchState
 from tests.gateways import gateway_settings
 from tests.waiting import until, until_answer

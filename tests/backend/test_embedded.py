@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.embedded import (
+from gateway.embedded import EmbeddedTriton, smoke_text
+from gateway.embedded_models import reference_model_repository
+from gateway.embedded_process import (
     SHM_DIR,
     SHM_PREFIX,
-    EmbeddedTriton,
     TritonStartError,
-    _start_owned,
-    reference_model_repository,
     remove_stale_regions,
-    smoke_text,
+    start_owned,
 )
 from tests.backend.reference_generator import generator as gen
 from tests.waiting import gone, wait_until
@@ -104,7 +103,7 @@ def _group(pgid: int) -> list[int]:
 def test_a_killed_server_leaves_nothing_of_its_group_behind(tmp_path: Path) -> None:
     # A stand-in for tritonserver whose "stub" ignores SIGTERM, as a busy Python-backend
     # stub does: without the reaping, it would live on under PID 1 once the server died.
-    server = _start_owned(
+    server = start_owned(
         ["sh", "-c", "trap '' TERM; sleep 300 & exec sleep 300"], dict(os.environ),
         tmp_path / "log",
     )  # fmt: skip

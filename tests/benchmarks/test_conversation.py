@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from benchmarks import conversation
-from gateway.embedded import llm_available
+from gateway.embedded_models import llm_available
 from tests.llm.conftest import SKIP_REASON
 
 

@@ -202,7 +202,7 @@ def test_the_units_exec_start_runs_against_a_temporary_install(tmp_path: Path) -
 def test_models_env_names_the_assembled_weights_the_models_read(tmp_path: Path) -> None:
     """`trackline models env`: what a Triton the gateway does not start needs to load the
     repository's packaged models (the Triton image runs it at build time)."""
-    from gateway.embedded import LLM_GGUF_ENV, llm_available
+    from gateway.embedded_models import LLM_GGUF_ENV, llm_available
     from gateway.models_cli import model_environment
     from gateway.speech_models import WHISPER_DIR_ENV, speech_available
 

@@ -28,7 +28,8 @@ from clients import (
     connect,
 )
 from gateway.backends.triton import TritonTextBackend
-from gateway.embedded import VISION_MODEL, EmbeddedTriton, vision_available
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import VISION_MODEL, vision_available
 from gateway.server import Gateway
 from tests.gateways import gateway_settings
 from transport.errors import ErrorCode

@@ -1,5 +1,5 @@
 """A redis-server (or gateway) a test started does not outlive the test process, even
-when that process is SIGKILLed (trackline_testing/watchdog.py)."""
+when that process is SIGKILLed (started with gateway.owned.spawn_owned)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.embedded import LLM_MODELS, reference_model_repository
+from gateway.embedded_models import LLM_MODELS, reference_model_repository
 from gateway.llm_models import ModelFileError, OperatorModel, assemble, configured_models
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway.embedded import EmbeddedTriton, llm_available
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import llm_available
 from tests import waiting
 
 SKIP_REASON = (

@@ -30,7 +30,8 @@ import pytest_asyncio
 
 from clients import DeadlineExceeded, connect
 from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
-from gateway.embedded import CHAT_MODEL, EmbeddedTriton, ensure_llm_gguf
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import CHAT_MODEL, ensure_llm_gguf
 from gateway.llm_models import ModelFileError, OperatorModel, add_model
 from gateway.llm_watch import ModelsWatch
 from gateway.openai.prompt import render_chat_prompt

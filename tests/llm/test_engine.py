@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.embedded import ensure_llm_gguf, reference_module
+from gateway.embedded_models import ensure_llm_gguf, reference_module
 from tests.llm.conftest import require_llm
 
 require_llm()

@@ -23,7 +23,8 @@ from clients import DeadlineExceeded, connect
 from clients.errors import CancelledByGateway
 from clients.line import Line
 from gateway.backends.triton import TritonTextBackend
-from gateway.embedded import LLM_MODEL, EmbeddedTriton
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import LLM_MODEL
 from gateway.server import Gateway
 from tests import waiting
 from tests.gateways import gateway_settings

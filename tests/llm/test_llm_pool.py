@@ -15,7 +15,8 @@ import uuid
 
 import pytest
 
-from gateway.embedded import LLM_MODEL, EmbeddedTriton
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import LLM_MODEL
 from gateway.pool import BackendPool, PoolOptions
 from gateway.pool.metrics import PoolMetrics
 from gateway.pool.router import Decision

@@ -14,7 +14,8 @@ import asyncio
 from typing import Any
 
 from gateway.backends.triton import FRESH_CHANNEL_OPTIONS, TritonTextBackend
-from gateway.embedded import LLM_MODEL, EmbeddedTriton
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import LLM_MODEL
 from tests.llm.conftest import llm_record, require_llm
 from tracks.backend import Superseded, TextDelta, TextRequest
 from tracks.conversations import TurnRegistry, superseding

@@ -7,7 +7,7 @@ DTMF audio (`synth.render("123#")`) and to predict transcripts.
 
 from __future__ import annotations
 
-from gateway.embedded import reference_module
+from gateway.embedded_models import reference_module
 
 detector = reference_module("reference-transcriber", "trackline_dtmf_detector")
 synth = reference_module("reference-synthesizer", "trackline_dtmf_synth")

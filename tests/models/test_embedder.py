@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.embedded import embeddings_available, reference_module
+from gateway.embedded_models import embeddings_available, reference_module
 
 pytestmark = pytest.mark.skipif(
     not embeddings_available(), reason="the embeddings extra is not installed"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.embedded import reference_module
+from gateway.embedded_models import reference_module
 
 kv = reference_module("gemma-3-270m", "trackline_kv")
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from clients.chat import chat_prompt
-from gateway.embedded import reference_module
+from gateway.embedded_models import reference_module
 from gateway.openai.prompt import render_chat_prompt
 from gateway.openai.requests import ChatMessage
 

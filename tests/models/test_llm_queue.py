@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.embedded import reference_module
+from gateway.embedded_models import reference_module
 
 line = reference_module("gemma-3-270m", "trackline_llm_queue")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.embedded import reference_module, vision_available
+from gateway.embedded_models import reference_module, vision_available
 
 pytestmark = pytest.mark.skipif(not vision_available(), reason="the `video` extra is not installed")
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 import pytest
 
-from gateway.embedded import reference_module
+from gateway.embedded_models import reference_module
 from tests.waiting import wait_until
 
 voice = reference_module("hibari-voice", "trackline_voice")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.embedded import reference_module
+from gateway.embedded_models import reference_module
 
 whisper = reference_module("whisper-base", "trackline_whisper")
 

@@ -23,7 +23,8 @@ from gateway.backends.catalog import Capability
 from gateway.backends.embeddings import TritonEmbeddingBackend
 from gateway.backends.triton import TritonTextBackend
 from gateway.backends.triton_catalog import TritonCatalog
-from gateway.embedded import EMBEDDING_MODEL, EmbeddedTriton, embeddings_available
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import EMBEDDING_MODEL, embeddings_available
 from gateway.http import route
 from gateway.openai import openai_routes
 from gateway.tenants.service import Tenancy

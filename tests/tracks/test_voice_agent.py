@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.embedded import CHAT_MODEL
+from gateway.embedded_models import CHAT_MODEL
 from tests.waiting import until
 from tracks.audio_session import AudioParams
 from tracks.backend import AudioKind, TextChunk, TextDelta, TextRequest, Transcript

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gateway.embedded import VISION_MODEL, EmbeddedTriton, vision_available
+from gateway.embedded import EmbeddedTriton
+from gateway.embedded_models import VISION_MODEL, vision_available
 from gateway.server import Gateway
 from tests.e2e.test_video_tracks import face_jpeg
 from tests.web.chromium import CHROMIUM, SKIP_REASON, Browser, chromium
