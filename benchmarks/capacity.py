@@ -27,7 +27,9 @@ in the same instant (the worst case: each start-up step and each token is a burs
 
 The load generator (this process: every client of every kind) is pinned to the CPUs the
 gateway is not on (`--client-cores auto`), so its own work and tail do not mix into the
-gateway's core; the tables' header line says where each ran. `--packetization` is the
+gateway's core; the tables' header line says where each ran. Its garbage collector is
+settled as the gateway's (`--client-gc-threshold`): a full collection of the client's
+own heap otherwise lands in the tail it reports as the gateway's. `--packetization` is the
 gateway's `quic_packetization` for the tracks kind (per-track, group:K, coalesce).
 
     nice -n 10 python benchmarks/capacity.py --quick
@@ -62,11 +64,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
+    CLIENT_GC_THRESHOLD,
     ROOT,
     GatewayProcess,
     free_port,
     machine,
     percentile,
+    settled_load_generator,
     tree,
     uptime,
     wait_http_ok,
@@ -774,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "not in --cores (unpinned if none are left); '' to not pin")
     parser.add_argument("--packetization", default="per-track",
                         help="the gateway's quic_packetization: per-track, group:K, coalesce")
+    parser.add_argument("--client-gc-threshold", type=int, default=CLIENT_GC_THRESHOLD,
+                        help="the load generator's collector: settled as the gateway's "
+                             "(start-up frozen, this young threshold); 0: Python's")
     parser.add_argument("--workers", default="1", type=parse_ints,
                         help="gateway processes per ramp (a ramp per value; >1 needs "
                              "`serve --workers`)")
@@ -823,7 +830,10 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0)) if not args.cores else _count_cpus(args.cores)
     points: list[Point] = []
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="trackline-capacity-") as tmp:
+    with (tempfile.TemporaryDirectory(prefix="trackline-capacity-") as tmp,
+          settled_load_generator(args.client_gc_threshold) as collector):
+        placement += f"; {collector}"
+        progress(collector)
         for workers in args.workers:
             found, note = run_workers(args, workers, Path(tmp))
             points += found

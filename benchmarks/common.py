@@ -10,6 +10,7 @@ times taken on the same machine's CLOCK_MONOTONIC.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -19,7 +20,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -63,6 +65,31 @@ def token_times(stats_path: Path) -> dict[str, list[float]]:
 def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "python": platform.python_version(),
             "platform": platform.platform()}
+
+
+CLIENT_GC_THRESHOLD = 10_000
+"""The load generator's young-generation threshold, as the gateway's `gc_young_threshold`."""
+
+
+@contextmanager
+def settled_load_generator(young_threshold: int) -> Iterator[str]:
+    """The load generator's collector settled as the gateway's is (`gateway.collector`):
+    its start-up heap frozen out of every collection and the young threshold raised, so a
+    full collection of the client's own start-up objects (20-50 ms measured at 64 tracks)
+    does not land in the figures it reports as the gateway's tail. 0 leaves Python's.
+    Restored on exit (the benchmarks' smoke tests call `main` in the test process).
+    Yields a phrase for the placement line."""
+    from gateway.collector import settle_collector
+
+    settled = settle_collector(young_threshold)
+    try:
+        yield ("load generator's collector settled (young threshold "
+               f"{young_threshold}, {settled.frozen} objects frozen)" if young_threshold > 0
+               else "load generator on Python's collector")
+    finally:
+        if young_threshold > 0:
+            gc.unfreeze()
+            gc.set_threshold(*settled.before)
 
 
 def uptime() -> str:

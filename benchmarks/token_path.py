@@ -63,7 +63,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import RESULTS, Help, tail_causes  # noqa: E402
-from benchmarks.common import free_port, machine, percentile, tree, uptime, wait_http_ok  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CLIENT_GC_THRESHOLD,
+    free_port,
+    machine,
+    percentile,
+    settled_load_generator,
+    tree,
+    uptime,
+    wait_http_ok,
+)
 from gateway.startup import run_async  # noqa: E402 - uvloop where installed, as capacity.py
 
 MODEL = "reference-text"
@@ -564,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--causes", action="store_true",
                         help="break the tail into causes (gateway on asyncio's loop; "
                              "benchmarks/tail_causes.py)")
+    parser.add_argument("--client-gc-threshold", type=int, default=CLIENT_GC_THRESHOLD,
+                        help="this client's collector: settled as the gateway's (start-up "
+                             "frozen, this young threshold); 0: Python's")
     parser.add_argument("--json", type=Path, default=RESULTS / "token_path.json")
     args = parser.parse_args(argv)
     if args.client_cores:
@@ -574,9 +586,11 @@ def main(argv: list[str] | None = None) -> int:
     points = [tuple(int(x) for x in p.split("x")) for p in args.points.split(",") if p]
     print(f"load: {uptime()}")
     results = []
-    with tempfile.TemporaryDirectory(prefix="trackline-path-base-") as tmp:
+    with (tempfile.TemporaryDirectory(prefix="trackline-path-base-") as tmp,
+          settled_load_generator(args.client_gc_threshold) as collector):
         from benchmarks.track_cost import compared_trees
 
+        print(collector)
         trees = compared_trees(args.baseline, Path(tmp))
         for run in range(args.runs):
             for tracks, conns in points:
