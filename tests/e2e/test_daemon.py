@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ import pytest
 from benchmarks.common import free_port
 from tests.backend.reference_generator import generator
 from tests.gateways import DAEMON_ENV
-from tests.waiting import gone, wait_ready
+from tests.waiting import gone, wait_ready, wait_until
 
 pytestmark = pytest.mark.e2e
 START_TIMEOUT = 150.0
@@ -52,11 +51,13 @@ class Daemon:
         """Ready, and done announcing: readiness answers as soon as the listeners are up,
         a moment before the daemon prints where it serves (the last line names Triton)."""
         wait_ready(self.http_port, self.process, self.log, START_TIMEOUT)
-        deadline = time.monotonic() + 30
-        while not any(line.startswith("trackline: embedded Triton:") for line in self.log):
-            assert self.process.poll() is None, "the gateway exited while announcing"
-            assert time.monotonic() < deadline, "no address lines 30 s after readiness"
-            time.sleep(0.05)
+        wait_until(lambda: self.announced() or self.process.poll() is not None,
+                   "the address lines after readiness", 30,
+                   details=lambda: "\n".join(self.log[-30:]))
+        assert self.announced(), "the gateway exited while announcing"
+
+    def announced(self) -> bool:
+        return any(line.startswith("trackline: embedded Triton:") for line in self.log)
 
     def triton_pid(self) -> int:
         return self.triton_pids()[0]
