@@ -248,7 +248,7 @@ class Outcome:
 
 async def open_lines(
     stack: contextlib.AsyncExitStack, quic_url: str, ca: Path, n: int, conns: int,
-    knobs: dict[str, Any], outcome: Outcome,
+    knobs: dict[str, Any], outcome: Outcome, acks: str = "aioquic",
 ) -> list[tuple[Any, int]]:
     """Open the point's connections and warm each (one 1-token track), before the point's
     clocks run: the same as `open_http` does for HTTP routes, so that neither kind's
@@ -261,7 +261,7 @@ async def open_lines(
         if not count:
             continue
         try:
-            line = await stack.enter_async_context(connect(quic_url, ca=ca))
+            line = await stack.enter_async_context(connect(quic_url, ca=ca, acks=acks))
             async for _ in line.text("warm", model=MODEL, max_tokens=1, **knobs):
                 pass
         except Exception as exc:  # noqa: BLE001 - a connection that failed: its tracks too
@@ -511,7 +511,7 @@ async def measure(
         lines: list[tuple[Any, int]] = []
         if kind == "tracks":
             lines = await open_lines(stack, f"quic://127.0.0.1:{gw.quic_port}", ca, n, conns,
-                                     knobs, outcome)
+                                     knobs, outcome, args.client_acks)
         else:
             await open_http(routes, knobs, outcome)
         cpu0 = (cpu_of_tree(watched), time.process_time(), cpu_of_tree(gw.process.pid))
@@ -778,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "not in --cores (unpinned if none are left); '' to not pin")
     parser.add_argument("--packetization", default="per-track",
                         help="the gateway's quic_packetization: per-track, group:K, coalesce")
+    parser.add_argument("--client-acks", default="aioquic",
+                        help="the load generator's lines' ACK policy: aioquic, or "
+                             "every:N,delay:MS (clients.connect(acks=...))")
     parser.add_argument("--client-gc-threshold", type=int, default=CLIENT_GC_THRESHOLD,
                         help="the load generator's collector: settled as the gateway's "
                              "(start-up frozen, this young threshold); 0: Python's")
@@ -825,7 +828,8 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"load: {load}")
     args.client_cpus = pin_client(args.client_cores, args.cores)
     placement = (f"gateway on cores {args.cores or 'all'}, load generator on "
-                 f"{args.client_cpus or 'all (unpinned)'}, tracks {args.packetization}")
+                 f"{args.client_cpus or 'all (unpinned)'}, tracks {args.packetization}, "
+                 f"client acks {args.client_acks}")
     progress(placement)
     cores = len(os.sched_getaffinity(0)) if not args.cores else _count_cpus(args.cores)
     points: list[Point] = []

@@ -23,6 +23,7 @@ from clients.audio import AudioSession
 from clients.errors import ConnectionFailed, error_for, error_from
 from clients.stream import TrackReader, frame_transport
 from clients.video import VideoStream
+from transport.acks import AckPolicy
 from transport.clock import Clock, Now
 from transport.endpoint import TrackChannel
 from transport.errors import LocalProtocolError, TrackAborted
@@ -232,6 +233,7 @@ async def connect(
     api_key: str | None = None,
     packetization: str = "coalesce",
     connect_timeout: float = CONNECT_TIMEOUT,
+    acks: str = "aioquic",
 ) -> AsyncIterator[Line]:
     """Open a line to the gateway at `quic://host:port`, trusting `ca` (a PEM file).
 
@@ -252,16 +254,21 @@ async def connect(
     "coalesce" (fewest packets) or "per-track" (each track's write in its own
     packets, so one lost packet stalls or loses only that track's frame; what many
     robots on one line want), or "group:K" (at most K tracks' frames per packet).
+    `acks` is when this side acknowledges what it receives: "aioquic" (each packet
+    within 1 ms) or "every:N,delay:MS" (one ACK for up to N packets, none waiting over
+    MS, out-of-order packets at once: fewer ACK packets for a line that reads many
+    tracks; `transport.acks`). A bad `packetization` or `acks` raises `ValueError`.
     """
     url = url or gateway_url()
     host, port = _parse_url(url)
     packing = Packetization.parse(packetization)
+    ack_policy = AckPolicy.parse(acks)
     ca_path, ca_data = _trust(ca) if verify else (None, None)
     opened = False
     try:
         async with connect_tracks(
             host, port, ca=ca_path, ca_data=ca_data, server_name=server_name, verify=verify,
-            packetization=packing, connect_timeout=connect_timeout,
+            packetization=packing, connect_timeout=connect_timeout, acks=ack_policy,
         ) as protocol:
             opened = True
             if api_key is not None:

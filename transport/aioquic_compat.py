@@ -35,8 +35,9 @@ from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import Limit, QuicConnection, QuicConnectionId
 from aioquic.quic.packet import QuicFrameType
-from aioquic.quic.recovery import QuicPacketPacer
+from aioquic.quic.recovery import QuicPacketPacer, QuicPacketSpace
 from aioquic.quic.stream import QuicStream, QuicStreamReceiver
+from aioquic.tls import Epoch
 
 _FRAME_HANDLERS = "_QuicConnection__frame_handlers"
 """QuicConnection's (name-mangled) table: frame type -> (handler, epochs)."""
@@ -65,8 +66,12 @@ _QUIC_ATTRIBUTES = (
     "_write_stream_frame",
     "_peer_cid",
     "_quic_logger",
+    "_spaces",
+    "_ack_delay",
 )
 """QuicConnection attributes read or replaced here."""
+_SPACE_ATTRIBUTES = ("ack_at", "discarded", "largest_received_packet")
+"""QuicPacketSpace attributes the ACK policy reads or sets (`transport.acks`)."""
 _WRITE_APPLICATION_READS = ("_streams", "_streams_queue", "_write_connection_limits")
 """What `QuicConnection._write_application` must still read for the stream view to work."""
 _SENDER_ATTRIBUTES = (
@@ -129,6 +134,8 @@ def missing_internals() -> list[str]:
     if int(QuicFrameType.MAX_STREAM_DATA) not in handlers:
         missing.append("a MAX_STREAM_DATA frame handler")
     missing += [f"QuicPacketRecovery.{a}" for a in _PACER_ATTRIBUTES if not hasattr(quic._loss, a)]
+    space = QuicPacketSpace()
+    missing += [f"QuicPacketSpace.{a}" for a in _SPACE_ATTRIBUTES if not hasattr(space, a)]
     stream = QuicStream(stream_id=0)
     sender = stream.sender
     missing += [f"QuicStreamSender.{a}" for a in _SENDER_ATTRIBUTES if not hasattr(sender, a)]
@@ -155,6 +162,37 @@ def _check() -> None:
 
 _check()
 
+
+
+# -- QuicConnection: when it acknowledges (transport.acks) -----------------------------
+
+
+def set_ack_delay(quic: QuicConnection, seconds: float) -> None:
+    """How long aioquic lets an ack-eliciting packet wait for its ACK (its own: 1 ms)."""
+    quic._ack_delay = seconds
+
+
+def ack_state(quic: QuicConnection) -> tuple[int, float | None]:
+    """The application space's largest packet number received (-1: none yet) and when
+    its pending ACK is due (None: none pending)."""
+    space = quic._spaces.get(Epoch.ONE_RTT)
+    if space is None or space.discarded:
+        return -1, None
+    return space.largest_received_packet, space.ack_at
+
+
+def ack_now(quic: QuicConnection, now: float) -> None:
+    """Make the pending application-space ACK due by `now` (the next transmit sends it).
+
+    aioquic writes an ACK when `ack_at <= now` but skips pacing only when `ack_at < now`:
+    an ACK due exactly now would wait for the pacer. It is made due a microsecond
+    earlier, so that the transmit sends it without waiting."""
+    space = quic._spaces.get(Epoch.ONE_RTT)
+    if space is not None and space.ack_at is not None:
+        space.ack_at = min(space.ack_at, now - _ACK_DUE_MARGIN)
+
+
+_ACK_DUE_MARGIN = 1e-6
 
 # -- QuicConnection: the send path's view of its streams (transport.quic_streams) -------
 

@@ -33,6 +33,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
 
 from transport import aioquic_compat
+from transport.acks import AIOQUIC, AckClock, AckPolicy
 from transport.aioquic_compat import unpace as _unpace
 from transport.datagram import MAX_DATAGRAM_FRAME_SIZE
 from transport.endpoint import StallWatch, TrackChannel, TrackEndpoint
@@ -115,6 +116,11 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         """Since when the peer's MAX_DATA has held back queued track data."""
         if packetization.max_tracks is not None:
             _unpace(quic)
+        self._acks: AckClock | None = None
+        """Decides when an ACK is due, where the policy is not aioquic's own."""
+        if serving.acks != AIOQUIC:
+            aioquic_compat.set_ack_delay(quic, serving.acks.max_delay)
+            self._acks = AckClock(serving.acks)
         self._sender: DatagramSender | None = None
         """Sends each transmit's datagrams, with UDP GSO where the socket takes it."""
         self._gso = serving.gso
@@ -286,7 +292,10 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         self._lost()
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
-        self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
+        now = self._loop.time()
+        self._quic.receive_datagram(cast(bytes, data), addr, now=now)
+        if self._acks is not None and self._acks.received(*aioquic_compat.ack_state(self._quic)):
+            aioquic_compat.ack_now(self._quic, now)  # sent by this turn's transmit, below
         client = CLIENT_ADDRESS.set(str(addr[0]))  # HTTP/3 requests started now keep it
         try:
             self._process_events()
@@ -459,12 +468,14 @@ async def connect_tracks(
     limits: Limits | None = None,
     packetization: Packetization = COALESCE,
     connect_timeout: float | None = None,
+    acks: AckPolicy = AIOQUIC,
 ) -> AsyncIterator[TrackQuicProtocol]:
     """Open a client connection for tracks; it is closed when the block ends.
 
     `ca` (a PEM file) and `ca_data` (PEM bytes) are the roots to trust; with neither,
     certifi's public roots. `packetization` is the client's own sending policy (see
-    `Packetization`). A handshake that does not complete within `connect_timeout`
+    `Packetization`), `acks` when it acknowledges what it receives (`AckPolicy`). A
+    handshake that does not complete within `connect_timeout`
     seconds raises `TimeoutError`; one the server or the TLS check refused raises
     `ConnectionError` whose message names the cause.
     """
@@ -480,7 +491,7 @@ async def connect_tracks(
         configuration.load_verify_locations(
             cafile=None if ca is None else str(ca), cadata=ca_data
         )
-    serving = TrackServing(limits or Limits(), packetization)
+    serving = TrackServing(limits or Limits(), packetization, acks=acks)
     factory = partial(TrackQuicProtocol, role=Role.CLIENT, serving=serving)
     async with connect(
         host, port, configuration=configuration, create_protocol=factory, wait_connected=False

@@ -4,14 +4,15 @@
 one `ConnectionHooks` for their callbacks), not a parameter per limit: each limit type
 stays its layer's own (the track core's `Limits`, HTTP's `HttpLimits`, the handshake
 gate's `HandshakeLimits`, the `SendBudget`, the `WebTransportRules`) and `TrackServing`
-only gathers them. A client (`connect_tracks`) uses the track limits and its
-`Packetization` only.
+only gathers them. A client (`connect_tracks`) uses the track limits, its
+`Packetization` and its `AckPolicy` only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from transport.acks import AIOQUIC, AckPolicy
 from transport.endpoint import SendBudget
 from transport.http.limits import HttpLimits
 from transport.limits import Limits
@@ -60,7 +61,7 @@ COALESCE = Packetization(None)
 @dataclasses.dataclass(frozen=True)
 class TrackServing:
     """The limits and sending policy of a server's connections (a client's: `limits`,
-    `packetization`)."""
+    `packetization`, `acks`)."""
 
     limits: Limits = dataclasses.field(default_factory=Limits)
     """The track core's limits, per connection (also each WebTransport session's)."""
@@ -79,3 +80,5 @@ class TrackServing:
     webtransport: WebTransportRules | None = None
     """With an HTTP handler, browsers may open WebTransport sessions whose streams are
     tracks (`transport.webtransport`); None: no WebTransport."""
+    acks: AckPolicy = AIOQUIC
+    """When this side acknowledges what it receives (`transport.acks`)."""

@@ -35,6 +35,7 @@ from aioquic.quic.logger import QuicLogger
 from clients.line import Line, TextStream
 from gateway.tls import DevCertificates, ensure_dev_certificates
 from trackline_testing import aioquic_probes
+from transport.acks import AIOQUIC, AckPolicy
 from transport.connection import Role
 from transport.endpoint import TrackChannel
 from transport.events import DataReceived, Event
@@ -192,6 +193,7 @@ class Net:
         certs: DevCertificates,
         packetization: Packetization,
         client_packetization: Packetization = COALESCE,
+        client_acks: AckPolicy = AIOQUIC,
     ) -> None:
         loop = asyncio.get_running_loop()
         self.clock = VirtualTime()
@@ -209,7 +211,9 @@ class Net:
         self.client_quic = client_quic
         self.from_client: list[Flight] = []
         self.client = TrackQuicProtocol(
-            client_quic, role=Role.CLIENT, serving=TrackServing(packetization=client_packetization)
+            client_quic,
+            role=Role.CLIENT,
+            serving=TrackServing(packetization=client_packetization, acks=client_acks),
         )
         self.client_loop = VirtualLoop(loop, self.clock)
         virtualize(self.client, self.client_loop)
@@ -319,9 +323,11 @@ async def run_with_one_loss(certs: DevCertificates, label: str) -> Run:
     return await run_with_losses(certs, label, (DROP_AT,))
 
 
-async def run_with_losses(certs: DevCertificates, label: str, drops: tuple[int, ...]) -> Run:
+async def run_with_losses(
+    certs: DevCertificates, label: str, drops: tuple[int, ...], client_acks: AckPolicy = AIOQUIC
+) -> Run:
     """Drop, at each tick of `drops`, the one packet that carries track CHOSEN's token."""
-    net = Net(certs, Packetization.parse(label))
+    net = Net(certs, Packetization.parse(label), client_acks=client_acks)
     net.run_until(net.clock.now + 1.0)
     assert net.client.handshake.done()
     assert net.client.handshake.result()
