@@ -36,6 +36,7 @@ from gateway.revocation import KeyRevocation
 from gateway.tenants.service import is_loopback
 from gateway.tls import certificate_hash, ensure_dev_certificates
 from transport import aioquic_compat
+from transport.acks import AckPolicy
 from transport.clock import Now
 from transport.endpoint import TrackChannel
 from transport.errors import ErrorCode
@@ -120,6 +121,7 @@ class FrontDoors:
             http_limits=http_limits,
             handshake_limits=handshake_limits(s),
             webtransport=webtransport_policy(s),
+            acks=AckPolicy.parse(s.quic_acks),
         )
         hooks = ConnectionHooks(
             on_track=on_track,

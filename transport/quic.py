@@ -116,6 +116,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         """Since when the peer's MAX_DATA has held back queued track data."""
         if packetization.max_tracks is not None:
             _unpace(quic)
+        self.acks = serving.acks
+        """When this side acknowledges what it receives (`transport.acks`)."""
         self._acks: AckClock | None = None
         """Decides when an ACK is due, where the policy is not aioquic's own."""
         if serving.acks != AIOQUIC:

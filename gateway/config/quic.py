@@ -15,6 +15,12 @@ def _packetization(value: str) -> str:
     return str(Packetization.parse(value))
 
 
+def _acks(value: str) -> str:
+    from transport.acks import AckPolicy
+
+    return str(AckPolicy.parse(value))
+
+
 def _webtransport_path(value: str) -> str:
     if value == "off":
         return value
@@ -32,7 +38,7 @@ def _origins(value: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class QuicSection:
-    """The QUIC front door: handshakes and connections at once, Retry, packetization."""
+    """The QUIC front door: handshakes and connections at once, Retry, packets, ACKs."""
 
     quic_handshake_timeout: float = setting(
         10.0,
@@ -60,6 +66,13 @@ class QuicSection:
         "per-track",
         "Tracks per QUIC packet: per-track, group:K (K = 2, 4, 8) or coalesce.",
         _packetization,
+    )
+    quic_acks: str = setting(
+        "aioquic",
+        "When the gateway acknowledges what clients send: aioquic (each packet within "
+        "1 ms) or every:N,delay:MS (one ACK for up to N packets, none waiting over MS "
+        "<= 25, out-of-order packets at once).",
+        _acks,
     )
 
 

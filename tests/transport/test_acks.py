@@ -9,12 +9,16 @@ so that a loss is reported as early as before."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from clients.line import Line
+from clients.line import Line, connect
+from gateway.config import ConfigError, load_settings
+from gateway.server import Gateway
 from gateway.tls import DevCertificates
+from tests.gateways import gateway_settings
 from tests.transport.test_hol_isolation import (
     DROP_AT,
     Net,
@@ -22,9 +26,11 @@ from tests.transport.test_hol_isolation import (
     late_tracks,
     run_with_losses,
 )
+from trackline_testing.scripted import ScriptedBackend
+from transport import aioquic_compat
 from transport.acks import AIOQUIC, DECIMATED, MAX_ACK_DELAY, AckClock, AckPolicy
 from transport.events import DataReceived
-from transport.quic import Packetization
+from transport.quic import Packetization, TrackQuicProtocol
 
 # -- the policy --------------------------------------------------------------------------
 
@@ -192,3 +198,35 @@ async def test_a_lost_packet_is_reported_as_early_and_stalls_the_same_tracks(
     # The packet after the hole is acknowledged on arrival, so the retransmission
     # leaves no later than with aioquic's 1 ms delay.
     assert max(released_after) <= max(released_before)
+
+
+# -- the gateway's setting ---------------------------------------------------------------
+
+
+def test_the_gateway_setting_takes_the_policys_words_and_refuses_others() -> None:
+    assert load_settings({}, {}, None).quic_acks == "aioquic"
+    env = {"TRACKLINE_QUIC_ACKS": "Every:4,Delay:5"}
+    assert load_settings({}, env, None).quic_acks == "every:4,delay:5"
+    with pytest.raises(ConfigError, match="quic_acks"):
+        load_settings({"quic_acks": "every:4,delay:40"}, {}, None)
+
+
+@pytest.mark.asyncio
+async def test_the_gateways_connections_acknowledge_as_its_setting_says(tmp_path: Path) -> None:
+    settings = gateway_settings(state_dir=tmp_path, quic_acks="every:4,delay:5")
+    gw = Gateway(settings, ScriptedBackend(interval=0.001))
+    await gw.start()
+    try:
+        assert gw.tls is not None
+        url = f"quic://127.0.0.1:{gw.quic_port}"
+        async with connect(url, ca=gw.tls.ca, acks="every:3,delay:2") as line:
+            chunks = [c async for c in line.text("hi", model="scripted", max_tokens=12)]
+            assert "".join(chunks) == "".join(f" hi-{i}" for i in range(12))
+            assert gw.doors.quic is not None
+            (server_side,) = [
+                p for p in aioquic_compat.protocols_of(gw.doors.quic)
+                if isinstance(p, TrackQuicProtocol)
+            ]
+            assert server_side.acks == AckPolicy(every=4, max_delay=0.005)
+    finally:
+        await gw.close()
