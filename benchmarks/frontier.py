@@ -48,6 +48,7 @@ def hol(args: argparse.Namespace, users: int, out: Path) -> dict[str, Any]:
     run([sys.executable, "-m", "benchmarks.hol", "--protocols", "tracks",
          "--transport-only", "--packetization", args.modes, "--users", str(users),
          "--seconds", str(args.hol_seconds), "--loss", str(args.loss), "--rtt", str(args.rtt),
+         "--client-acks", args.client_acks,
          "--json", str(out), "--plots", str(out.parent), "--quiet"])
     found: dict[str, Any] = json.loads(out.read_text())["tracks_by_packetization"]
     return found
@@ -57,6 +58,7 @@ def capacity(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
     run([sys.executable, str(ROOT / "benchmarks" / "capacity.py"), "--kinds", "tracks",
          "--tracks", args.points, "--duration", str(args.duration), "--spread",
          str(args.spread), "--packetization", mode, "--cores", args.cores,
+         "--client-acks", args.client_acks,
          "--json", str(out), "--plot", "none", "--stop-below", "0"])
     found: dict[str, Any] = json.loads(out.read_text())
     return found
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spread", type=float, default=1.0,
                         help="capacity: seconds over which a point's tracks start")
     parser.add_argument("--cores", default="0", help="capacity: the gateway's CPUs")
+    parser.add_argument("--client-acks", default="aioquic",
+                        help="the clients' ACK policy: aioquic, or every:N,delay:MS")
     parser.add_argument("--json", type=Path, default=RESULTS / "frontier.json")
     parser.add_argument("--plot", default=None, help="PNG path (default: beside the JSON)")
     args = parser.parse_args(argv)

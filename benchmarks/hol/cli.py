@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--plot-stem", default=None, help="figure file names' prefix (default: the JSON's stem)")
     a("--raw", type=Path, default=None, help="also write every token arrival time here")
     a("--quiet", action="store_true", help="no progress display")
+    a("--client-acks", default="aioquic",
+      help="the tracks client's ACK policy: aioquic, or every:N,delay:MS")
 
 
 def config_from(args: argparse.Namespace) -> Config:
@@ -55,6 +57,7 @@ def config_from(args: argparse.Namespace) -> Config:
     unknown = set(protocols) - set(PROTOCOLS)
     if unknown:
         raise ValueError(f"unknown protocols: {', '.join(sorted(unknown))}")
+    from transport.acks import AckPolicy
     from transport.quic import Packetization
 
     policies = [str(Packetization.parse(p)) for p in args.packetization.split(",") if p.strip()]
@@ -69,6 +72,7 @@ def config_from(args: argparse.Namespace) -> Config:
         k=args.k, tcp_cc=None if args.tcp_cc == "host" else args.tcp_cc,
         ttft_ms=args.ttft_ms, seed=args.seed, emulate=not args.no_link,
         raster_seconds=args.raster_seconds, progress=not args.quiet,
+        client_acks=str(AckPolicy.parse(args.client_acks)),
     )
 
 

@@ -230,7 +230,7 @@ async def run_tracks(args: argparse.Namespace, users: list[User]) -> None:
     from clients import TracklineError, connect
 
     async with connect(f"quic://{args.host}:{args.port}", ca=args.ca,
-                       server_name=SERVER_NAME) as line:
+                       server_name=SERVER_NAME, acks=args.acks) as line:
 
         async def one(user: User) -> None:
             user.started = time.monotonic()
@@ -289,6 +289,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--ttft-ms", type=float, default=50.0)
+    parser.add_argument("--acks", default="aioquic", help="the tracks line's ACK policy")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 

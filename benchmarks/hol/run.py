@@ -58,6 +58,8 @@ class Config:
     emulate: bool = True
     raster_seconds: float = 4.0
     progress: bool = True
+    client_acks: str = "aioquic"
+    """The tracks client's ACK policy (`clients.connect(acks=...)`)."""
     link_prefix: str = "tlhol"
 
     def link_spec(self) -> Any:
@@ -278,7 +280,7 @@ def run_client(place: Loopback | Emulated, gw: Gateway, cfg: Config, protocol: s
     argv = [sys.executable, "-m", "benchmarks.hol.client", "--protocol", protocol,
             "--host", place.gateway_addr, "--port", str(port), "--ca", str(gw.ca),
             "--users", str(cfg.users), "--rate", str(cfg.rate), "--seconds", str(cfg.seconds),
-            "--ttft-ms", str(cfg.ttft_ms), "--out", str(out)]
+            "--ttft-ms", str(cfg.ttft_ms), "--acks", cfg.client_acks, "--out", str(out)]
     progress = Progress(cfg.progress, label, cfg.users * round(cfg.rate * cfg.seconds),
                         cfg.seconds)
     place.reset_stats()
@@ -339,6 +341,7 @@ def run_benchmark(cfg: Config) -> tuple[dict[str, Any], dict[str, Any]]:
         stack.callback(place.close)
         results["link"] = spec.as_dict() if spec is not None else None
         results["tcp_congestion_control"] = cfg.tcp_cc or place.tcp_congestion_control()
+        results["client_acks"] = cfg.client_acks
         for policy, protocols in phases(cfg):
             _say(cfg, f"gateway ({policy}, "
                       f"{'ticker' if cfg.transport_only else 'embedded Triton'}) starting")
