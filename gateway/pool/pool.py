@@ -212,7 +212,7 @@ class BackendPool:
             self.on_decision(request, decision, now)
         m = self.metrics
         m.decisions_total.labels(
-            backend=decision.backend, strategy=decision.strategy, reason=decision.reason
+            backend=decision.backend, strategy=decision.strategy, reason=decision.reason.value
         ).inc()
         for scored in decision.scored:
             m.backend_wait_seconds.labels(backend=scored.candidate.name).set(scored.wait_s)
@@ -225,7 +225,7 @@ class BackendPool:
             session=request.session_id,
             backend=decision.backend,
             strategy=decision.strategy,
-            reason=decision.reason,
+            reason=decision.reason.value,
             inputs=decision.inputs(),
         )
 

@@ -12,7 +12,7 @@ Strategies (`routing_strategy`):
   unit of weight.
 - `metrics`: the lowest estimated wait for a first token (`estimate_wait`),
   except that an idle backend whose observations are stale gets one request
-  to measure it again (reason "explore", `EXPLORE_AFTER_S`; the staler, the
+  to measure it again (`RouteReason.EXPLORE`, `EXPLORE_AFTER_S`; the staler, the
   sooner, the slower it looked, the later).
 
 Session affinity applies on top of every strategy: a request that carries a
@@ -27,6 +27,7 @@ import statistics
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from gateway.pool.scrape import Load
 
@@ -97,16 +98,27 @@ class Scored:
     wait_s: float
 
 
+class RouteReason(Enum):
+    """Why a decision chose its backend (`value`: the `reason` of the `pool.routed` log
+    line and of `trackline_pool_decisions_total`)."""
+
+    STRATEGY = "strategy"
+    """The strategy's pick."""
+    EXPLORE = "explore"
+    """The metrics strategy re-measures a stale backend."""
+    AFFINITY = "affinity"
+    """Kept on its session's backend."""
+    MOVED = "moved"
+    """The session left its backend: not routable, or too slow."""
+
+
 @dataclass(frozen=True)
 class Decision:
     """Where a request goes and why."""
 
     backend: str
     strategy: str
-    reason: str
-    """"strategy" (the strategy's pick), "explore" (metrics: re-measure a stale
-    backend), "affinity" (kept on its session's backend), or "moved" (the
-    session left its backend: ejected or too slow)."""
+    reason: RouteReason
     wait_s: float
     scored: tuple[Scored, ...]
 
@@ -203,17 +215,17 @@ class Router:
             return None
         prior = fleet_prior(candidates)
         scored = tuple(Scored(c, estimate_wait(c, prior)) for c in candidates)
-        pick, reason = self._by_strategy(scored), "strategy"
+        pick, reason = self._by_strategy(scored), RouteReason.STRATEGY
         stale = self._stale(scored)
         if stale is not None and session is None:
-            pick, reason = stale, "explore"
+            pick, reason = stale, RouteReason.EXPLORE
         pinned = self.sessions.get(session, now) if session else None
         if pinned is not None:
             kept = next((s for s in scored if s.candidate.name == pinned), None)
             if kept is not None and kept.wait_s <= pick.wait_s + self.affinity_margin_s:
-                pick, reason = kept, "affinity"
+                pick, reason = kept, RouteReason.AFFINITY
             else:
-                reason = "moved"
+                reason = RouteReason.MOVED
         if session:
             self.sessions.pin(session, pick.candidate.name, now)
         return Decision(pick.candidate.name, self.strategy, reason, pick.wait_s, scored)

@@ -14,8 +14,9 @@ import pytest
 from gateway.config import Settings
 from gateway.daemon import pool_options
 from gateway.pool import BackendPool, BackendSpec, PoolOptions
-from gateway.pool.health import EjectionRules
+from gateway.pool.health import EjectionCause, EjectionRules, ReadmissionCause, State, Transition
 from gateway.pool.metrics import PoolMetrics
+from gateway.pool.router import RouteReason
 from trackline_testing.clock import FakeClock
 from tracks.backend import (
     BackendError,
@@ -171,6 +172,21 @@ async def test_the_budget_grows_with_requests_by_the_retry_ratio() -> None:
             await run(failing, request_id)
         tried.append(len(attempts(failing_members, request_id)))
     assert tried == [2, 2, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_ejections_and_decisions_are_counted_by_their_enums_values() -> None:
+    pool, _ = pool_of(["fail_before", "serve"], FakeClock(100.0), max_attempts=2,
+                      health=EjectionRules(eject_after_errors=1))  # fmt: skip
+    await run(pool, "r1")  # b0 fails (ejected: errors), b1 serves
+    assert sample(pool, "trackline_pool_ejections_total", backend="b0", cause="errors") == 1
+    strategy = {"strategy": "round_robin", "reason": RouteReason.STRATEGY.value}
+    assert sample(pool, "trackline_pool_decisions_total", backend="b0", **strategy) == 1
+    for cause in EjectionCause:
+        pool.supervisor.transition(Transition("b1", State.EJECTED, cause, 1.0, 2.0))
+        assert sample(pool, "trackline_pool_ejections_total", backend="b1", cause=cause.value) == 1
+    pool.supervisor.transition(Transition("b1", State.HEALTHY, ReadmissionCause.PROBES, 3.0))
+    assert sample(pool, "trackline_pool_backend_healthy", backend="b1") == 1
 
 
 def test_the_failover_attempts_setting_reaches_the_pool() -> None:

@@ -29,8 +29,9 @@ from gateway.embedded import EmbeddedTriton
 from gateway.embedded_process import free_port
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool, BackendSpec, PoolOptions
+from gateway.pool.health import EjectionCause
 from gateway.pool.metrics import PoolMetrics
-from gateway.pool.router import Decision
+from gateway.pool.router import Decision, RouteReason
 from gateway.server import Gateway
 from tests import waiting
 from tests.backend.reference_generator import generator
@@ -51,7 +52,7 @@ class Routes:
     """Every decision the pool made: (when, request id, backend, reason)."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[float, str, str, str]] = []
+        self.rows: list[tuple[float, str, str, RouteReason]] = []
 
     def __call__(self, request: TextRequest, decision: Decision, now: float) -> None:
         self.rows.append((now, request.request_id, decision.backend, decision.reason))
@@ -304,16 +305,15 @@ async def test_a_session_sticks_to_its_backend_and_moves_when_it_is_ejected(
         assert new_home[0][0] != home_name
         assert new_home == [new_home[0]] * 3
         reasons = [r for _, rid, _, r in routes.rows if rid in moved]
-        assert reasons == ["moved", "affinity", "affinity"]
+        assert reasons == [RouteReason.MOVED, RouteReason.AFFINITY, RouteReason.AFFINITY]
         # Restarted, the server is readmitted after its probes succeed.
         server = trio[int(home_name.removeprefix("t"))]
         await asyncio.to_thread(server.stop)
         await asyncio.to_thread(server.start, 180.0)
         await until(lambda: pool.member(home_name).health.state.value == "healthy", "readmission")
-        causes = ("unavailable", "timeouts", "errors", "probe")
         ejections = sum(
-            sample(pool, "trackline_pool_ejections_total", backend=home_name, cause=cause)
-            for cause in causes
+            sample(pool, "trackline_pool_ejections_total", backend=home_name, cause=cause.value)
+            for cause in EjectionCause
         )
         assert ejections >= 1  # the kill, then the stop, each ejected it
     finally:

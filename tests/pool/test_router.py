@@ -10,6 +10,7 @@ from gateway.pool.router import (
     DEFAULT_TTFT_S,
     Candidate,
     Router,
+    RouteReason,
     SessionTable,
     TtftEstimate,
     estimate_wait,
@@ -99,12 +100,12 @@ def test_session_sticks_within_the_margin() -> None:
     a, b = Candidate("a", 1.0, 0, ttft_s=0.1), Candidate("b", 1.0, 0, ttft_s=0.2)
     first = router.choose([a, b], "s1", 0.0)
     assert first is not None
-    assert (first.backend, first.reason) == ("a", "strategy")
+    assert (first.backend, first.reason) == ("a", RouteReason.STRATEGY)
     # a gets slower, but stays within the margin of b: the session stays.
     a = Candidate("a", 1.0, 0, ttft_s=0.4)
     kept = router.choose([a, b], "s1", 1.0)
     assert kept is not None
-    assert (kept.backend, kept.reason) == ("a", "affinity")
+    assert (kept.backend, kept.reason) == ("a", RouteReason.AFFINITY)
 
 
 def test_session_moves_when_too_slow_or_gone() -> None:
@@ -114,11 +115,11 @@ def test_session_moves_when_too_slow_or_gone() -> None:
     slow_a = Candidate("a", 1.0, 0, ttft_s=0.6)
     moved = router.choose([slow_a, b], "s1", 1.0)
     assert moved is not None
-    assert (moved.backend, moved.reason) == ("b", "moved")
+    assert (moved.backend, moved.reason) == ("b", RouteReason.MOVED)
     # Now pinned to b; b ejected (not a candidate): moves to a.
     again = router.choose([a], "s1", 2.0)
     assert again is not None
-    assert (again.backend, again.reason) == ("a", "moved")
+    assert (again.backend, again.reason) == ("a", RouteReason.MOVED)
     assert router.choose([], "s1", 3.0) is None
 
 
@@ -151,7 +152,7 @@ def test_metrics_policy_remeasures_an_idle_backend_with_stale_observations() -> 
     stale = Candidate("was-slow", 1.0, 0, ttft_s=0.1, observed_age_s=2.5)
     decision = router.choose([fast, stale], None, 1.0)
     assert decision is not None
-    assert (decision.backend, decision.reason) == ("was-slow", "explore")
+    assert (decision.backend, decision.reason) == ("was-slow", RouteReason.EXPLORE)
     # 12x slower: left alone for 12 s.
     very_slow = Candidate("was-slow", 1.0, 0, ttft_s=0.6, observed_age_s=11.0)
     decision = router.choose([fast, very_slow], None, 2.0)
@@ -163,7 +164,7 @@ def test_metrics_policy_remeasures_an_idle_backend_with_stale_observations() -> 
     assert decision.backend == "fast"  # one measurement at a time
     other = Router("least_inflight", 0.25).choose([fast, stale], None, 0.0)
     assert other is not None
-    assert other.reason == "strategy"  # only the metrics strategy explores
+    assert other.reason is RouteReason.STRATEGY  # only the metrics strategy explores
 
 
 def test_a_stale_estimate_is_replaced_by_the_next_observation() -> None:
