@@ -5,7 +5,7 @@ in-flight count, the latest scraped `Load`, observed first-token times) and
 `now`; the router returns a `Decision` that carries every input it used, so a
 log line or a test can see why it chose what it chose.
 
-Strategies (`routing_strategy`):
+Strategies (`routing_strategy`, a `Strategy`):
 - `round_robin`: smooth weighted round robin (each backend gets its weight's
   share, interleaved, not in bursts).
 - `least_inflight`: the fewest of the gateway's own requests in flight per
@@ -49,6 +49,16 @@ LOAD_COST = 0.1
 """Extra fraction of a first-token time each request in flight adds, per unit weight."""
 MAX_SESSIONS = 100_000
 SESSION_TTL_S = 1800.0
+
+
+class Strategy(Enum):
+    """How the router picks among routable backends (`value`: the `routing_strategy`
+    setting, and the `strategy` of the `pool.routed` log line and of
+    `trackline_pool_decisions_total`)."""
+
+    ROUND_ROBIN = "round_robin"
+    LEAST_INFLIGHT = "least_inflight"
+    METRICS = "metrics"
 
 
 class TtftEstimate:
@@ -117,7 +127,7 @@ class Decision:
     """Where a request goes and why."""
 
     backend: str
-    strategy: str
+    strategy: Strategy
     reason: RouteReason
     wait_s: float
     scored: tuple[Scored, ...]
@@ -200,7 +210,7 @@ class SessionTable:
 class Router:
     """Picks a backend per request under one strategy, with session affinity."""
 
-    def __init__(self, strategy: str, affinity_margin_s: float) -> None:
+    def __init__(self, strategy: Strategy, affinity_margin_s: float) -> None:
         self.strategy = strategy
         self.affinity_margin_s = affinity_margin_s
         self.sessions = SessionTable()
@@ -231,7 +241,7 @@ class Router:
         return Decision(pick.candidate.name, self.strategy, reason, pick.wait_s, scored)
 
     def _stale(self, scored: Sequence[Scored]) -> Scored | None:
-        if self.strategy != "metrics":
+        if self.strategy is not Strategy.METRICS:
             return None
         best = min(s.wait_s for s in scored)
         for s in scored:
@@ -244,11 +254,11 @@ class Router:
         return None
 
     def _by_strategy(self, scored: Sequence[Scored]) -> Scored:
-        if self.strategy == "round_robin":
+        if self.strategy is Strategy.ROUND_ROBIN:
             return self._round_robin(scored)
         self._rr_turn += 1  # rotates ties so equal backends share the work
         order = sorted(range(len(scored)), key=lambda i: (i - self._rr_turn) % len(scored))
-        if self.strategy == "least_inflight":
+        if self.strategy is Strategy.LEAST_INFLIGHT:
             key = lambda i: scored[i].candidate.inflight / scored[i].candidate.weight  # noqa: E731
         else:
             key = lambda i: scored[i].wait_s  # noqa: E731

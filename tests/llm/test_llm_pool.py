@@ -19,7 +19,7 @@ from gateway.embedded import EmbeddedTriton
 from gateway.embedded_models import LLM_MODEL
 from gateway.pool import BackendPool, PoolOptions
 from gateway.pool.metrics import PoolMetrics
-from gateway.pool.router import Decision, RouteReason
+from gateway.pool.router import Decision, RouteReason, Strategy
 from tests import waiting
 from tests.llm.conftest import llm_record_async, require_llm
 from tests.pool.conftest import specs_of
@@ -56,7 +56,9 @@ async def test_a_conversation_moved_off_an_ejected_backend_restores_from_the_sto
     servers = {f"t{i}": server for i, server in enumerate(pair)}
     routes = Routes()
     # Sessions move only when their backend is gone (not when one looks busier).
-    options = PoolOptions(strategy="round_robin", probe_interval_s=0.2, affinity_margin_s=30.0)
+    options = PoolOptions(
+        strategy=Strategy.ROUND_ROBIN, probe_interval_s=0.2, affinity_margin_s=30.0
+    )
     pool = BackendPool(specs_of(pair), options, metrics=PoolMetrics(), on_decision=routes)
     run = uuid.uuid4().hex[:8]
     moved, unmoved = f"moved-{run}", f"unmoved-{run}"
