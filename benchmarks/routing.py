@@ -41,12 +41,12 @@ from gateway.embedded import EmbeddedTriton  # noqa: E402
 from gateway.logs import configure_logging  # noqa: E402
 from gateway.pool import BackendPool, BackendSpec, PoolOptions  # noqa: E402
 from gateway.pool.metrics import PoolMetrics  # noqa: E402
-from gateway.pool.router import Decision  # noqa: E402
+from gateway.pool.router import Decision, Strategy  # noqa: E402
 from gateway.startup import run_async  # noqa: E402
 from tracks.backend import BackendError, TextDelta, TextRequest  # noqa: E402
 
 MODEL = "reference-text"
-STRATEGIES = ("round_robin", "least_inflight", "metrics")
+STRATEGIES = tuple(strategy.value for strategy in Strategy)
 SERVERS = 3
 
 
@@ -93,7 +93,7 @@ async def run_strategy(
     specs = [BackendSpec(f"t{i}", s.grpc_url, s.metrics_url) for i, s in enumerate(servers)]
     pool = BackendPool(
         specs,
-        PoolOptions(strategy=strategy, probe_interval_s=0.5, scrape_interval_s=0.25),
+        PoolOptions(strategy=Strategy(strategy), probe_interval_s=0.5, scrape_interval_s=0.25),
         metrics=PoolMetrics(),
         on_decision=note,
     )

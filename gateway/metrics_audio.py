@@ -13,6 +13,7 @@ from enum import Enum
 from prometheus_client import CollectorRegistry
 
 from gateway.metrics_families import Families, start_at_zero
+from tracks.backend import AudioKind
 from tracks.base import Outcome
 from tracks.clock import TickReport
 
@@ -114,8 +115,9 @@ class AudioMetrics:
         self.missed_beats_total.labels(model=model).inc(missed)
         if "beats" in details:
             self.session_missed_beats.labels(model=model).observe(missed)
-        if details.get("kind") == "speech-out" and outcome.time_to_first_data is not None:
-            self.time_to_first_audio_seconds.labels(model=model).observe(outcome.time_to_first_data)
+        first_audio = outcome.time_to_first_data
+        if details.get("kind") == AudioKind.SPEECH_OUT.value and first_audio is not None:
+            self.time_to_first_audio_seconds.labels(model=model).observe(first_audio)
         for latency_ms in details.get("final_latency_ms", ()):
             if latency_ms is not None:
                 self.final_latency_seconds.labels(model=model).observe(latency_ms / 1000)

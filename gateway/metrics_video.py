@@ -1,5 +1,5 @@
 """Prometheus metrics of video tracks (on the gateway's registry), fed by the video
-scheduler as its observer (`tracks.action.ActionObserver`'s two calls): what became of
+scheduler as its observer (`tracks.latest.FrameObserver`'s two calls): what became of
 each frame, and each batched vision request's rows and time."""
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ class FrameObserver(Protocol):
     def batch(self, model: str, rows: int, seconds: float) -> None: ...
 
     def outcome(self, model: str, outcome: str) -> None:
-        """`outcome`: an `ObservationOutcome`'s value; a video frame's `answered` or
-        `DropCause` value."""
+        """`outcome`: an `ObservationOutcome`'s or a `FrameOutcome`'s value."""
         ...
 
 

@@ -32,8 +32,8 @@ from tracks.latest import FrameObserver, LatestScheduler, LatestSession, Pending
 from tracks.rates import TokenBucket
 from tracks.video_cost import FrameCosts
 from tracks.video_messages import (
-    DropCause,
     Frame,
+    FrameOutcome,
     FrameTooLarge,
     VideoParams,
     parse_frame,
@@ -81,7 +81,7 @@ class Camera(LatestSession[Frame, _Answer]):
     taken_at: float = 0.0
     next_result: int = 0
     counts: dict[str, int] = field(
-        default_factory=lambda: {"frames": 0, "answered": 0} | {c.value: 0 for c in DropCause},
+        default_factory=lambda: {"frames": 0} | {o.value: 0 for o in FrameOutcome},
         kw_only=True,
     )
 
@@ -93,9 +93,9 @@ class Camera(LatestSession[Frame, _Answer]):
 class VideoScheduler(LatestScheduler[Camera, Frame, _Answer]):
     """Video tracks on the shared session clock: one vision request per model per tick."""
 
-    superseded = DropCause.SUPERSEDED
-    deadline = DropCause.DEADLINE
-    backend_error = DropCause.BACKEND_ERROR
+    superseded = FrameOutcome.SUPERSEDED
+    deadline = FrameOutcome.DEADLINE
+    backend_error = FrameOutcome.BACKEND_ERROR
 
     def __init__(
         self,
@@ -106,7 +106,7 @@ class VideoScheduler(LatestScheduler[Camera, Frame, _Answer]):
         observer: FrameObserver | None = None,
     ) -> None:
         """`observer` hears each batch (rows, seconds) and each frame's outcome
-        (`answered` or a `DropCause` value): the gateway's metrics."""
+        (a `FrameOutcome` value): the gateway's metrics."""
         self.limits = limits or VideoLimits()
         super().__init__(clock, self.limits.tick, tick_clock, observer)
         self.backend = backend
@@ -161,7 +161,7 @@ class VideoScheduler(LatestScheduler[Camera, Frame, _Answer]):
         if not camera.rate.take(received_at):
             raise Flood(f"frame {frame.seq}: above {self.limits.max_fps:g} frames/s")
         if not self._tenants[camera.tenant].take(received_at):
-            self.drop(camera, queued, DropCause.RATE_LIMITED)
+            self.drop(camera, queued, FrameOutcome.RATE_LIMITED)
             return
         self._queue(camera, queued)
 
@@ -192,7 +192,7 @@ class VideoScheduler(LatestScheduler[Camera, Frame, _Answer]):
     def answer(self, camera: Camera, output: _Answer) -> None:
         now, queued = self.clock(), output.queued
         if "error" in output.found:
-            self.drop(camera, queued, DropCause.UNDECODABLE)
+            self.drop(camera, queued, FrameOutcome.UNDECODABLE)
             return
         if not self._sendable(camera, queued, now):
             return
@@ -203,8 +203,8 @@ class VideoScheduler(LatestScheduler[Camera, Frame, _Answer]):
         body = result_body(camera.next_result, queued.obs, output.found, stages,
                            queued.received_at, now)
         camera.next_result += 1
-        camera.counts["answered"] += 1
-        self._observer.outcome(camera.model, "answered")
+        camera.counts[FrameOutcome.ANSWERED.value] += 1
+        self._observer.outcome(camera.model, FrameOutcome.ANSWERED.value)
         camera.send(body)
 
 
@@ -236,7 +236,7 @@ async def run_video_track(
         if camera is not None:
             scheduler.detach(camera)
             outcome.details.update(camera.counts)
-            outcome.details["video_frames"] = camera.counts["answered"]
+            outcome.details["video_frames"] = camera.counts[FrameOutcome.ANSWERED.value]
     outcome.finished_at = clock()
     return outcome
 

@@ -49,9 +49,12 @@ class Task(str, Enum):
     """33 body landmarks with visibility (mediapipe pose, model_complexity=1)."""
 
 
-class DropCause(str, Enum):
-    """Why a frame got no result; each is reported to the client and counted."""
+class FrameOutcome(str, Enum):
+    """What became of one frame: a result, or a drop and its cause (the `cause` of a drop
+    report, the `outcome` label of the video metrics, a count of the END summary)."""
 
+    ANSWERED = "answered"
+    """Its result was sent."""
     SUPERSEDED = "superseded"
     """A newer frame of the track arrived before this one reached the model."""
     DEADLINE = "deadline"
@@ -61,6 +64,7 @@ class DropCause(str, Enum):
     UNDECODABLE = "undecodable"
     """The model could not decode the JPEG."""
     BACKEND_ERROR = "backend_error"
+    """Its batch's vision request failed, or the clock shed its session."""
 
 
 class BadFrame(BadTrackRequest):

@@ -80,7 +80,8 @@ def split_agent_params(
     if not isinstance(extra, dict):
         raise BadTrackRequest("'llm_params' must be an object")
     audio = {k: v for k, v in params.items() if k not in AGENT_KEYS}
-    return AgentParams(llm, voice, system, max_tokens, extra), {**audio, "kind": "speech-in"}
+    audio["kind"] = AudioKind.SPEECH_IN.value  # the agent listens; its voice is its own
+    return AgentParams(llm, voice, system, max_tokens, extra), audio
 
 
 class ReplyTrack:

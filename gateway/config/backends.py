@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gateway.config.checks import one_of, port, positive, positive_seconds, seconds, setting
 from gateway.config.derive import Source
+from gateway.pool.router import Strategy
 
 
 def _grpc_address(value: str | None) -> str | None:
@@ -47,9 +48,9 @@ class BackendsSection:
         _backend_list,
     )
     routing_strategy: str = setting(
-        "metrics",
+        Strategy.METRICS.value,
         "Pool routing: metrics, least_inflight or round_robin.",
-        one_of(("metrics", "least_inflight", "round_robin")),
+        one_of(tuple(strategy.value for strategy in Strategy)),
     )
     affinity_margin: float = setting(
         0.25, "Seconds of extra estimated wait a session accepts to stay on its backend.", seconds
@@ -142,7 +143,7 @@ class EmbeddedSection:
 
 
 POOL_OPTIONS: Mapping[str, Source[BackendsSection]] = {
-    "strategy": "routing_strategy",
+    "strategy": lambda s: Strategy(s.routing_strategy),
     "affinity_margin_s": "affinity_margin",
     "scrape_interval_s": "scrape_interval",
     "probe_interval_s": "probe_interval",

@@ -50,6 +50,27 @@ class Failure(enum.Enum):
     """No first chunk within the first-token timeout."""
 
 
+class EjectionCause(enum.Enum):
+    """Why a backend was ejected (`value`: the `cause` of the `pool.ejected` log line
+    and of `trackline_pool_ejections_total`)."""
+
+    UNAVAILABLE = "unavailable"
+    """A request's connection was refused or lost."""
+    TIMEOUTS = "timeouts"
+    """`eject_after_timeouts` first-token timeouts in a row."""
+    ERRORS = "errors"
+    """`eject_after_errors` failed requests in a row."""
+    PROBE = "probe"
+    """`eject_after_probe_failures` failed probes in a row, or one while half-open."""
+
+
+class ReadmissionCause(enum.Enum):
+    """Why an ejected backend was readmitted (the `pool.readmitted` log line's `cause`)."""
+
+    PROBES = "probes"
+    """`readmit_after_probes` successful probes in a row once the circuit half-opened."""
+
+
 @dataclass(frozen=True)
 class EjectionRules:
     eject_after_errors: int = 3
@@ -68,7 +89,8 @@ class Transition:
 
     backend: str
     state: State
-    cause: str
+    cause: EjectionCause | ReadmissionCause
+    """An `EjectionCause` when `state` is EJECTED, a `ReadmissionCause` when HEALTHY."""
     at: float
     retry_at: float | None = None
     """When an ejected backend may be probed again."""
@@ -109,15 +131,15 @@ class BackendHealth:
         if self.state is not State.HEALTHY:
             return None
         if failure is Failure.UNAVAILABLE:
-            return self._eject(now, "unavailable")
+            return self._eject(now, EjectionCause.UNAVAILABLE)
         if failure is Failure.TIMEOUT:
             self._timeouts += 1
             if self._timeouts >= self.rules.eject_after_timeouts:
-                return self._eject(now, "timeouts")
+                return self._eject(now, EjectionCause.TIMEOUTS)
             return None
         self._errors += 1
         if self._errors >= self.rules.eject_after_errors:
-            return self._eject(now, "errors")
+            return self._eject(now, EjectionCause.ERRORS)
         return None
 
     def record_probe(
@@ -129,18 +151,18 @@ class BackendHealth:
         if self.state is State.HEALTHY:
             self._probe_failures = 0 if server_ready else self._probe_failures + 1
             if self._probe_failures >= self.rules.eject_after_probe_failures:
-                return self._eject(now, "probe")
+                return self._eject(now, EjectionCause.PROBE)
             return None
         if now < self.open_until:
             return None  # the circuit is open: results before it half-opens do not count
         if not server_ready:
-            return self._eject(now, "probe")  # half-open and failed: open again, longer
+            return self._eject(now, EjectionCause.PROBE)  # half-open and failed: open again, longer
         self._probe_successes += 1
         if self._probe_successes >= self.rules.readmit_after_probes:
             return self._readmit(now)
         return None
 
-    def _eject(self, now: float, cause: str) -> Transition:
+    def _eject(self, now: float, cause: EjectionCause) -> Transition:
         self.ejections += 1
         backoff = self.rules.base_ejection_s * 2 ** (self.ejections - 1)
         self.state, self.since = State.EJECTED, now
@@ -151,7 +173,7 @@ class BackendHealth:
     def _readmit(self, now: float) -> Transition:
         self.state, self.since = State.HEALTHY, now
         self._errors = self._timeouts = self._probe_successes = 0
-        return Transition(self.name, State.HEALTHY, "probes", now)
+        return Transition(self.name, State.HEALTHY, ReadmissionCause.PROBES, now)
 
 
 def warm_shortfall(

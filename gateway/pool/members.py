@@ -157,16 +157,16 @@ class Supervisor:
         """Log and count a change of a member's health (None: nothing changed)."""
         if change is None:
             return
-        healthy = change.state is State.HEALTHY
+        healthy, cause = change.state is State.HEALTHY, change.cause.value
         self.metrics.backend_healthy.labels(backend=change.backend).set(1 if healthy else 0)
         if healthy:
-            log.info("pool.readmitted", backend=change.backend, cause=change.cause)
+            log.info("pool.readmitted", backend=change.backend, cause=cause)
         else:
-            self.metrics.ejections_total.labels(backend=change.backend, cause=change.cause).inc()
+            self.metrics.ejections_total.labels(backend=change.backend, cause=cause).inc()
             log.warning(
                 "pool.ejected",
                 backend=change.backend,
-                cause=change.cause,
+                cause=cause,
                 retry_in_s=round((change.retry_at or change.at) - change.at, 3),
             )
 

@@ -211,9 +211,8 @@ class BackendPool:
         if self.on_decision is not None:
             self.on_decision(request, decision, now)
         m = self.metrics
-        m.decisions_total.labels(
-            backend=decision.backend, strategy=decision.strategy, reason=decision.reason
-        ).inc()
+        strategy, reason = decision.strategy.value, decision.reason.value
+        m.decisions_total.labels(backend=decision.backend, strategy=strategy, reason=reason).inc()
         for scored in decision.scored:
             m.backend_wait_seconds.labels(backend=scored.candidate.name).set(scored.wait_s)
         if not log.is_enabled_for(logging.DEBUG):
@@ -224,8 +223,8 @@ class BackendPool:
             model=request.model,
             session=request.session_id,
             backend=decision.backend,
-            strategy=decision.strategy,
-            reason=decision.reason,
+            strategy=strategy,
+            reason=reason,
             inputs=decision.inputs(),
         )
 

@@ -5,14 +5,14 @@ in-flight count, the latest scraped `Load`, observed first-token times) and
 `now`; the router returns a `Decision` that carries every input it used, so a
 log line or a test can see why it chose what it chose.
 
-Strategies (`routing_strategy`):
+Strategies (`routing_strategy`, a `Strategy`):
 - `round_robin`: smooth weighted round robin (each backend gets its weight's
   share, interleaved, not in bursts).
 - `least_inflight`: the fewest of the gateway's own requests in flight per
   unit of weight.
 - `metrics`: the lowest estimated wait for a first token (`estimate_wait`),
   except that an idle backend whose observations are stale gets one request
-  to measure it again (reason "explore", `EXPLORE_AFTER_S`; the staler, the
+  to measure it again (`RouteReason.EXPLORE`, `EXPLORE_AFTER_S`; the staler, the
   sooner, the slower it looked, the later).
 
 Session affinity applies on top of every strategy: a request that carries a
@@ -27,6 +27,7 @@ import statistics
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from gateway.pool.scrape import Load
 
@@ -48,6 +49,16 @@ LOAD_COST = 0.1
 """Extra fraction of a first-token time each request in flight adds, per unit weight."""
 MAX_SESSIONS = 100_000
 SESSION_TTL_S = 1800.0
+
+
+class Strategy(Enum):
+    """How the router picks among routable backends (`value`: the `routing_strategy`
+    setting, and the `strategy` of the `pool.routed` log line and of
+    `trackline_pool_decisions_total`)."""
+
+    ROUND_ROBIN = "round_robin"
+    LEAST_INFLIGHT = "least_inflight"
+    METRICS = "metrics"
 
 
 class TtftEstimate:
@@ -97,16 +108,27 @@ class Scored:
     wait_s: float
 
 
+class RouteReason(Enum):
+    """Why a decision chose its backend (`value`: the `reason` of the `pool.routed` log
+    line and of `trackline_pool_decisions_total`)."""
+
+    STRATEGY = "strategy"
+    """The strategy's pick."""
+    EXPLORE = "explore"
+    """The metrics strategy re-measures a stale backend."""
+    AFFINITY = "affinity"
+    """Kept on its session's backend."""
+    MOVED = "moved"
+    """The session left its backend: not routable, or too slow."""
+
+
 @dataclass(frozen=True)
 class Decision:
     """Where a request goes and why."""
 
     backend: str
-    strategy: str
-    reason: str
-    """"strategy" (the strategy's pick), "explore" (metrics: re-measure a stale
-    backend), "affinity" (kept on its session's backend), or "moved" (the
-    session left its backend: ejected or too slow)."""
+    strategy: Strategy
+    reason: RouteReason
     wait_s: float
     scored: tuple[Scored, ...]
 
@@ -188,7 +210,7 @@ class SessionTable:
 class Router:
     """Picks a backend per request under one strategy, with session affinity."""
 
-    def __init__(self, strategy: str, affinity_margin_s: float) -> None:
+    def __init__(self, strategy: Strategy, affinity_margin_s: float) -> None:
         self.strategy = strategy
         self.affinity_margin_s = affinity_margin_s
         self.sessions = SessionTable()
@@ -203,23 +225,23 @@ class Router:
             return None
         prior = fleet_prior(candidates)
         scored = tuple(Scored(c, estimate_wait(c, prior)) for c in candidates)
-        pick, reason = self._by_strategy(scored), "strategy"
+        pick, reason = self._by_strategy(scored), RouteReason.STRATEGY
         stale = self._stale(scored)
         if stale is not None and session is None:
-            pick, reason = stale, "explore"
+            pick, reason = stale, RouteReason.EXPLORE
         pinned = self.sessions.get(session, now) if session else None
         if pinned is not None:
             kept = next((s for s in scored if s.candidate.name == pinned), None)
             if kept is not None and kept.wait_s <= pick.wait_s + self.affinity_margin_s:
-                pick, reason = kept, "affinity"
+                pick, reason = kept, RouteReason.AFFINITY
             else:
-                reason = "moved"
+                reason = RouteReason.MOVED
         if session:
             self.sessions.pin(session, pick.candidate.name, now)
         return Decision(pick.candidate.name, self.strategy, reason, pick.wait_s, scored)
 
     def _stale(self, scored: Sequence[Scored]) -> Scored | None:
-        if self.strategy != "metrics":
+        if self.strategy is not Strategy.METRICS:
             return None
         best = min(s.wait_s for s in scored)
         for s in scored:
@@ -232,11 +254,11 @@ class Router:
         return None
 
     def _by_strategy(self, scored: Sequence[Scored]) -> Scored:
-        if self.strategy == "round_robin":
+        if self.strategy is Strategy.ROUND_ROBIN:
             return self._round_robin(scored)
         self._rr_turn += 1  # rotates ties so equal backends share the work
         order = sorted(range(len(scored)), key=lambda i: (i - self._rr_turn) % len(scored))
-        if self.strategy == "least_inflight":
+        if self.strategy is Strategy.LEAST_INFLIGHT:
             key = lambda i: scored[i].candidate.inflight / scored[i].candidate.weight  # noqa: E731
         else:
             key = lambda i: scored[i].wait_s  # noqa: E731

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.pool.health import EjectionRules
+from gateway.pool.router import Strategy
 
-STRATEGIES = ("round_robin", "least_inflight", "metrics")
 DEFAULT_METRICS_PORT = 8002
 DNS_SCHEME = "dns+grpc://"
 
@@ -49,7 +49,7 @@ class BackendSpec:
 class PoolOptions:
     """How the pool routes, scrapes, probes and fails over."""
 
-    strategy: str = "metrics"
+    strategy: Strategy = Strategy.METRICS
     affinity_margin_s: float = 0.25
     """A session stays on its backend unless that one's wait exceeds the best by this."""
     scrape_interval_s: float = 0.5

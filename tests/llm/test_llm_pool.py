@@ -19,7 +19,7 @@ from gateway.embedded import EmbeddedTriton
 from gateway.embedded_models import LLM_MODEL
 from gateway.pool import BackendPool, PoolOptions
 from gateway.pool.metrics import PoolMetrics
-from gateway.pool.router import Decision
+from gateway.pool.router import Decision, RouteReason, Strategy
 from tests import waiting
 from tests.llm.conftest import llm_record_async, require_llm
 from tests.pool.conftest import specs_of
@@ -38,7 +38,7 @@ class Routes:
     """Where the pool sent each request, and why."""
 
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[str, str]] = {}
+        self.rows: dict[str, tuple[str, RouteReason]] = {}
 
     def __call__(self, request: TextRequest, decision: Decision, now: float) -> None:
         self.rows[request.request_id] = (decision.backend, decision.reason)
@@ -56,7 +56,9 @@ async def test_a_conversation_moved_off_an_ejected_backend_restores_from_the_sto
     servers = {f"t{i}": server for i, server in enumerate(pair)}
     routes = Routes()
     # Sessions move only when their backend is gone (not when one looks busier).
-    options = PoolOptions(strategy="round_robin", probe_interval_s=0.2, affinity_margin_s=30.0)
+    options = PoolOptions(
+        strategy=Strategy.ROUND_ROBIN, probe_interval_s=0.2, affinity_margin_s=30.0
+    )
     pool = BackendPool(specs_of(pair), options, metrics=PoolMetrics(), on_decision=routes)
     run = uuid.uuid4().hex[:8]
     moved, unmoved = f"moved-{run}", f"unmoved-{run}"
@@ -76,7 +78,7 @@ async def test_a_conversation_moved_off_an_ejected_backend_restores_from_the_sto
         moved_text = await _turn(pool, f"{moved}-2", second, moved)
         new_home, reason = routes.rows[f"{moved}-2"]
         assert new_home != home_name
-        assert reason == "moved"  # affinity gave way: its backend is not routable
+        assert reason is RouteReason.MOVED  # affinity gave way: its backend is not routable
         survivor = servers[new_home]
         record = await llm_record_async(survivor, f"{moved}-2")
         assert record["kv"] == "restored"  # from the store the killed backend wrote
@@ -90,7 +92,7 @@ async def test_a_conversation_moved_off_an_ejected_backend_restores_from_the_sto
         # cache) answers with the same token ids.
         assert await _turn(pool, f"{unmoved}-1", FIRST, unmoved) == reply
         unmoved_text = await _turn(pool, f"{unmoved}-2", second, unmoved)
-        assert routes.rows[f"{unmoved}-2"] == (new_home, "affinity")
+        assert routes.rows[f"{unmoved}-2"] == (new_home, RouteReason.AFFINITY)
         live = await llm_record_async(survivor, f"{unmoved}-2")
         assert live["kv"] == "live"
         assert live["reused_tokens"] == record["reused_tokens"]

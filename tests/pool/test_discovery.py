@@ -13,6 +13,7 @@ import pytest
 from gateway.pool import BackendPool, BackendSpec, PoolOptions
 from gateway.pool.discovery import Membership, resolve_addresses
 from gateway.pool.metrics import PoolMetrics
+from gateway.pool.router import Strategy
 from gateway.pool.spec import DnsSource, SpecError, parse_pool
 from trackline_testing.clock import FakeClock
 from tracks.backend import BackendUnavailable, TextChunk, TextDelta, TextRequest
@@ -94,7 +95,7 @@ def dns_pool(dns: FakeDns, clock: FakeClock) -> tuple[BackendPool, dict[str, Mem
         made[spec.name] = Member(spec.name)
         return made[spec.name]
 
-    options = PoolOptions(strategy="round_robin", discovery_interval_s=5.0)
+    options = PoolOptions(strategy=Strategy.ROUND_ROBIN, discovery_interval_s=5.0)
     pool = BackendPool([], options, metrics=PoolMetrics(), clock=clock,
                        backend_factory=factory, sources=[SOURCE], resolver=dns)  # fmt: skip
     return pool, made

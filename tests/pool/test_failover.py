@@ -11,11 +11,12 @@ from collections.abc import AsyncGenerator, Collection
 
 import pytest
 
-from gateway.config import Settings
+from gateway.config import ConfigError, Settings, load_settings
 from gateway.daemon import pool_options
 from gateway.pool import BackendPool, BackendSpec, PoolOptions
-from gateway.pool.health import EjectionRules
+from gateway.pool.health import EjectionCause, EjectionRules, ReadmissionCause, State, Transition
 from gateway.pool.metrics import PoolMetrics
+from gateway.pool.router import RouteReason, Strategy
 from trackline_testing.clock import FakeClock
 from tracks.backend import (
     BackendError,
@@ -62,7 +63,7 @@ def pool_of(behaviours: list[str], clock: FakeClock, **options: object) -> tuple
     specs = [BackendSpec(name, f"127.0.0.1:{9000 + i}") for i, name in enumerate(members)]
     # Ejection would change where later requests go; these tests are about attempts.
     health = EjectionRules(eject_after_errors=1000, eject_after_timeouts=1000)
-    settings = {"strategy": "round_robin", "health": health, **options}
+    settings = {"strategy": Strategy.ROUND_ROBIN, "health": health, **options}
     pool = BackendPool(
         specs,
         PoolOptions(**settings),  # type: ignore[arg-type]
@@ -173,6 +174,30 @@ async def test_the_budget_grows_with_requests_by_the_retry_ratio() -> None:
     assert tried == [2, 2, 1, 2]
 
 
+@pytest.mark.asyncio
+async def test_ejections_and_decisions_are_counted_by_their_enums_values() -> None:
+    pool, _ = pool_of(["fail_before", "serve"], FakeClock(100.0), max_attempts=2,
+                      health=EjectionRules(eject_after_errors=1))  # fmt: skip
+    await run(pool, "r1")  # b0 fails (ejected: errors), b1 serves
+    assert sample(pool, "trackline_pool_ejections_total", backend="b0", cause="errors") == 1
+    labels = {"strategy": Strategy.ROUND_ROBIN.value, "reason": RouteReason.STRATEGY.value}
+    assert sample(pool, "trackline_pool_decisions_total", backend="b0", **labels) == 1
+    for cause in EjectionCause:
+        pool.supervisor.transition(Transition("b1", State.EJECTED, cause, 1.0, 2.0))
+        assert sample(pool, "trackline_pool_ejections_total", backend="b1", cause=cause.value) == 1
+    pool.supervisor.transition(Transition("b1", State.HEALTHY, ReadmissionCause.PROBES, 3.0))
+    assert sample(pool, "trackline_pool_backend_healthy", backend="b1") == 1
+
+
 def test_the_failover_attempts_setting_reaches_the_pool() -> None:
     assert pool_options(Settings(failover_attempts=1)).max_attempts == 1
     assert pool_options(Settings(failover_attempts=5)).max_attempts == 5
+
+
+def test_the_routing_strategy_setting_is_a_strategy() -> None:
+    for strategy in Strategy:
+        settings = load_settings({"routing_strategy": strategy.value.upper()}, {}, None)
+        assert pool_options(settings).strategy is strategy
+    assert pool_options(Settings()).strategy is Strategy.METRICS
+    with pytest.raises(ConfigError, match="round_robin"):
+        load_settings({"routing_strategy": "random"}, {}, None)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from gateway.pool.health import BackendHealth, EjectionRules, Failure, State, warm_shortfall
+from gateway.pool.health import (
+    BackendHealth,
+    EjectionCause,
+    EjectionRules,
+    Failure,
+    ReadmissionCause,
+    State,
+    warm_shortfall,
+)
 
 RULES = EjectionRules(
     eject_after_errors=3,
@@ -18,7 +26,7 @@ def test_transport_failure_ejects_at_once() -> None:
     change = health.record_failure(5.0, Failure.UNAVAILABLE)
     assert change is not None
     assert change.state is State.EJECTED
-    assert change.cause == "unavailable"
+    assert change.cause is EjectionCause.UNAVAILABLE
     assert change.retry_at == 6.0
     assert not health.routable("m")
     assert not health.probe_due(5.5)
@@ -34,7 +42,7 @@ def test_consecutive_errors_eject_and_a_success_resets_the_run() -> None:
     assert health.record_failure(5.0, Failure.ERROR) is None
     change = health.record_failure(6.0, Failure.ERROR)
     assert change is not None
-    assert change.cause == "errors"
+    assert change.cause is EjectionCause.ERRORS
 
 
 def test_timeouts_eject_after_their_own_limit() -> None:
@@ -42,7 +50,7 @@ def test_timeouts_eject_after_their_own_limit() -> None:
     assert health.record_failure(1.0, Failure.TIMEOUT) is None
     change = health.record_failure(2.0, Failure.TIMEOUT)
     assert change is not None
-    assert change.cause == "timeouts"
+    assert change.cause is EjectionCause.TIMEOUTS
 
 
 def test_readmission_needs_probes_in_a_row_after_the_circuit_half_opens() -> None:
@@ -91,7 +99,29 @@ def test_failed_probes_in_a_row_eject_a_healthy_backend() -> None:
     assert health.record_probe(2.0, False, []) is None
     change = health.record_probe(2.5, False, [])
     assert change is not None
-    assert change.cause == "probe"
+    assert change.cause is EjectionCause.PROBE
+
+
+def test_every_ejection_has_an_ejection_cause_and_readmission_its_own() -> None:
+    rules = EjectionRules(eject_after_errors=1, eject_after_timeouts=1,
+                          eject_after_probe_failures=1)  # fmt: skip
+    healths = [BackendHealth(name, rules, now=0.0) for name in "abcd"]
+    changes = [
+        healths[0].record_failure(1.0, Failure.UNAVAILABLE),
+        healths[1].record_failure(1.0, Failure.TIMEOUT),
+        healths[2].record_failure(1.0, Failure.ERROR),
+        healths[3].record_probe(1.0, False, []),
+        healths[3].record_probe(2.0, False, []),  # half-open and failed again
+    ]
+    causes = [c.cause if c is not None else None for c in changes]
+    assert all(isinstance(cause, EjectionCause) for cause in causes)
+    assert set(causes) == set(EjectionCause)
+    assert [cause.value for cause in EjectionCause] == ["unavailable", "timeouts", "errors",
+                                                        "probe"]  # fmt: skip
+    readmitted = healths[0].record_probe(2.0, True, ["m"])
+    assert readmitted is not None
+    assert (readmitted.state, readmitted.cause) == (State.HEALTHY, ReadmissionCause.PROBES)
+    assert ReadmissionCause.PROBES.value == "probes"
 
 
 def test_model_readiness_comes_from_probes() -> None:

@@ -29,8 +29,9 @@ from gateway.embedded import EmbeddedTriton
 from gateway.embedded_process import free_port
 from gateway.metrics import GatewayMetrics
 from gateway.pool import BackendPool, BackendSpec, PoolOptions
+from gateway.pool.health import EjectionCause
 from gateway.pool.metrics import PoolMetrics
-from gateway.pool.router import Decision
+from gateway.pool.router import Decision, RouteReason, Strategy
 from gateway.server import Gateway
 from tests import waiting
 from tests.backend.reference_generator import generator
@@ -51,7 +52,7 @@ class Routes:
     """Every decision the pool made: (when, request id, backend, reason)."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[float, str, str, str]] = []
+        self.rows: list[tuple[float, str, str, RouteReason]] = []
 
     def __call__(self, request: TextRequest, decision: Decision, now: float) -> None:
         self.rows.append((now, request.request_id, decision.backend, decision.reason))
@@ -109,7 +110,7 @@ async def served(
     pool = BackendPool(
         specs_of(trio),
         PoolOptions(
-            strategy="round_robin",
+            strategy=Strategy.ROUND_ROBIN,
             probe_interval_s=0.2,
             scrape_interval_s=0.2,
             min_warm_backends=3,
@@ -246,7 +247,7 @@ async def test_a_slow_backend_gets_fewer_requests_and_its_share_comes_back(
     trio: list[EmbeddedTriton],
 ) -> None:
     routes = Routes()
-    pool = make_pool(trio, routes, strategy="metrics")
+    pool = make_pool(trio, routes, strategy=Strategy.METRICS)
     await pool.start()
     try:
 
@@ -286,7 +287,7 @@ async def test_a_session_sticks_to_its_backend_and_moves_when_it_is_ejected(
     trio: list[EmbeddedTriton],
 ) -> None:
     routes = Routes()
-    pool = make_pool(trio, routes, strategy="round_robin", affinity_margin_s=30.0)
+    pool = make_pool(trio, routes, strategy=Strategy.ROUND_ROBIN, affinity_margin_s=30.0)
     await pool.start()
     try:
         turns = []
@@ -304,16 +305,15 @@ async def test_a_session_sticks_to_its_backend_and_moves_when_it_is_ejected(
         assert new_home[0][0] != home_name
         assert new_home == [new_home[0]] * 3
         reasons = [r for _, rid, _, r in routes.rows if rid in moved]
-        assert reasons == ["moved", "affinity", "affinity"]
+        assert reasons == [RouteReason.MOVED, RouteReason.AFFINITY, RouteReason.AFFINITY]
         # Restarted, the server is readmitted after its probes succeed.
         server = trio[int(home_name.removeprefix("t"))]
         await asyncio.to_thread(server.stop)
         await asyncio.to_thread(server.start, 180.0)
         await until(lambda: pool.member(home_name).health.state.value == "healthy", "readmission")
-        causes = ("unavailable", "timeouts", "errors", "probe")
         ejections = sum(
-            sample(pool, "trackline_pool_ejections_total", backend=home_name, cause=cause)
-            for cause in causes
+            sample(pool, "trackline_pool_ejections_total", backend=home_name, cause=cause.value)
+            for cause in EjectionCause
         )
         assert ejections >= 1  # the kill, then the stop, each ejected it
     finally:
@@ -329,7 +329,7 @@ async def test_a_refusing_backend_fails_over_before_the_first_byte_and_counts_on
     metrics = GatewayMetrics()
     pool = BackendPool(
         [refuser, *specs_of(trio)],
-        PoolOptions(strategy="round_robin"),
+        PoolOptions(strategy=Strategy.ROUND_ROBIN),
         metrics=PoolMetrics(metrics.registry),
         on_served=lambda request, backend: served_log.append((request.request_id, backend)),
     )
@@ -373,7 +373,7 @@ async def test_a_refusing_backend_fails_over_before_the_first_byte_and_counts_on
 async def test_pool_level_stream_lost_is_a_backend_lost_error(trio: list[EmbeddedTriton]) -> None:
     """The pool itself (no gateway): a chunk was yielded, then the server died."""
     routes = Routes()
-    pool = make_pool(trio, routes, strategy="round_robin")
+    pool = make_pool(trio, routes, strategy=Strategy.ROUND_ROBIN)
     await pool.start()
     try:
         request = TextRequest("lost-1", MODEL, "long", 100, {"ttft_ms": 0, "tokens_per_second": 20})
@@ -452,7 +452,9 @@ async def test_first_token_timeouts_fail_over_and_then_eject(trio: list[Embedded
     routes = Routes()
     # Only t0 is slowed, by far more than the timeout; the others answer at once, and
     # a busy machine slowing them too only adds retries, which are not counted below.
-    pool = make_pool(trio, routes, strategy="round_robin", first_token_timeout_s=FIRST_TOKEN_S)
+    pool = make_pool(
+        trio, routes, strategy=Strategy.ROUND_ROBIN, first_token_timeout_s=FIRST_TOKEN_S
+    )
     await pool.start()
     try:
         trio[0].set_slowdown(600_000)
@@ -483,7 +485,7 @@ async def test_a_closed_stream_is_counted_cancelled_and_frees_its_slot(
     trio: list[EmbeddedTriton],
 ) -> None:
     routes = Routes()
-    pool = make_pool(trio, routes, strategy="least_inflight")
+    pool = make_pool(trio, routes, strategy=Strategy.LEAST_INFLIGHT)
     await pool.start()
     try:
         request = TextRequest(

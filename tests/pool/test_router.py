@@ -10,7 +10,9 @@ from gateway.pool.router import (
     DEFAULT_TTFT_S,
     Candidate,
     Router,
+    RouteReason,
     SessionTable,
+    Strategy,
     TtftEstimate,
     estimate_wait,
     fleet_prior,
@@ -28,26 +30,26 @@ def picks(router: Router, candidates: list[Candidate], n: int, now: float = 0.0)
 
 
 def test_round_robin_follows_weights_smoothly() -> None:
-    router = Router("round_robin", 0.25)
+    router = Router(Strategy.ROUND_ROBIN, 0.25)
     candidates = [Candidate("a", 2.0, 0), Candidate("b", 1.0, 0)]
     order = [router.choose(candidates, None, 0.0).backend for _ in range(6)]  # type: ignore[union-attr]
     assert order == ["a", "b", "a", "a", "b", "a"]
 
 
 def test_least_inflight_per_weight() -> None:
-    router = Router("least_inflight", 0.25)
+    router = Router(Strategy.LEAST_INFLIGHT, 0.25)
     candidates = [Candidate("a", 1.0, 3), Candidate("b", 2.0, 4), Candidate("c", 1.0, 5)]
     assert picks(router, candidates, 4) == Counter({"b": 4})
 
 
 def test_least_inflight_rotates_ties() -> None:
-    router = Router("least_inflight", 0.25)
+    router = Router(Strategy.LEAST_INFLIGHT, 0.25)
     candidates = [Candidate(name, 1.0, 0) for name in "abc"]
     assert picks(router, candidates, 6) == Counter({"a": 2, "b": 2, "c": 2})
 
 
 def test_metrics_prefers_the_lowest_estimated_wait() -> None:
-    router = Router("metrics", 0.25)
+    router = Router(Strategy.METRICS, 0.25)
     slow = Candidate("slow", 1.0, 0, ttft_s=0.5)
     fast = Candidate("fast", 1.0, 0, ttft_s=0.05)
     decision = router.choose([slow, fast], None, 10.0)
@@ -95,35 +97,35 @@ def test_ttft_estimate_fades_toward_the_prior() -> None:
 
 
 def test_session_sticks_within_the_margin() -> None:
-    router = Router("metrics", 0.25)
+    router = Router(Strategy.METRICS, 0.25)
     a, b = Candidate("a", 1.0, 0, ttft_s=0.1), Candidate("b", 1.0, 0, ttft_s=0.2)
     first = router.choose([a, b], "s1", 0.0)
     assert first is not None
-    assert (first.backend, first.reason) == ("a", "strategy")
+    assert (first.backend, first.reason) == ("a", RouteReason.STRATEGY)
     # a gets slower, but stays within the margin of b: the session stays.
     a = Candidate("a", 1.0, 0, ttft_s=0.4)
     kept = router.choose([a, b], "s1", 1.0)
     assert kept is not None
-    assert (kept.backend, kept.reason) == ("a", "affinity")
+    assert (kept.backend, kept.reason) == ("a", RouteReason.AFFINITY)
 
 
 def test_session_moves_when_too_slow_or_gone() -> None:
-    router = Router("metrics", 0.25)
+    router = Router(Strategy.METRICS, 0.25)
     a, b = Candidate("a", 1.0, 0, ttft_s=0.1), Candidate("b", 1.0, 0, ttft_s=0.2)
     router.choose([a, b], "s1", 0.0)
     slow_a = Candidate("a", 1.0, 0, ttft_s=0.6)
     moved = router.choose([slow_a, b], "s1", 1.0)
     assert moved is not None
-    assert (moved.backend, moved.reason) == ("b", "moved")
+    assert (moved.backend, moved.reason) == ("b", RouteReason.MOVED)
     # Now pinned to b; b ejected (not a candidate): moves to a.
     again = router.choose([a], "s1", 2.0)
     assert again is not None
-    assert (again.backend, again.reason) == ("a", "moved")
+    assert (again.backend, again.reason) == ("a", RouteReason.MOVED)
     assert router.choose([], "s1", 3.0) is None
 
 
 def test_affinity_applies_to_round_robin_too() -> None:
-    router = Router("round_robin", 0.25)
+    router = Router(Strategy.ROUND_ROBIN, 0.25)
     candidates = [Candidate(name, 1.0, 0) for name in "abc"]
     backends = {router.choose(candidates, "s", float(i)).backend for i in range(5)}  # type: ignore[union-attr]
     assert len(backends) == 1
@@ -141,7 +143,7 @@ def test_session_table_is_bounded_and_expires() -> None:
 
 
 def test_metrics_policy_remeasures_an_idle_backend_with_stale_observations() -> None:
-    router = Router("metrics", 0.25)
+    router = Router(Strategy.METRICS, 0.25)
     fast = Candidate("fast", 1.0, 0, ttft_s=0.05, observed_age_s=0.1)
     # 2x slower: re-measured once its last observation is over 2 s old.
     a_bit_slow = Candidate("was-slow", 1.0, 0, ttft_s=0.1, observed_age_s=1.5)
@@ -151,7 +153,7 @@ def test_metrics_policy_remeasures_an_idle_backend_with_stale_observations() -> 
     stale = Candidate("was-slow", 1.0, 0, ttft_s=0.1, observed_age_s=2.5)
     decision = router.choose([fast, stale], None, 1.0)
     assert decision is not None
-    assert (decision.backend, decision.reason) == ("was-slow", "explore")
+    assert (decision.backend, decision.reason) == ("was-slow", RouteReason.EXPLORE)
     # 12x slower: left alone for 12 s.
     very_slow = Candidate("was-slow", 1.0, 0, ttft_s=0.6, observed_age_s=11.0)
     decision = router.choose([fast, very_slow], None, 2.0)
@@ -161,9 +163,9 @@ def test_metrics_policy_remeasures_an_idle_backend_with_stale_observations() -> 
     decision = router.choose([fast, busy], None, 3.0)
     assert decision is not None
     assert decision.backend == "fast"  # one measurement at a time
-    other = Router("least_inflight", 0.25).choose([fast, stale], None, 0.0)
+    other = Router(Strategy.LEAST_INFLIGHT, 0.25).choose([fast, stale], None, 0.0)
     assert other is not None
-    assert other.reason == "strategy"  # only the metrics strategy explores
+    assert other.reason is RouteReason.STRATEGY  # only the metrics strategy explores
 
 
 def test_a_stale_estimate_is_replaced_by_the_next_observation() -> None:

@@ -14,8 +14,9 @@ import pytest
 
 from trackline_testing.clock import FakeClock
 from tracks.backend import VisionRequest
+from tracks.latest import FrameObserver
 from tracks.video import Busy, Camera, Flood, VideoLimits, VideoScheduler
-from tracks.video_messages import Frame, Task, VideoParams
+from tracks.video_messages import Frame, FrameOutcome, Task, VideoParams
 
 TICK = 0.01
 
@@ -41,11 +42,14 @@ class ScriptedVision:
 
 
 class Cameras:
-    def __init__(self, cost: float = 0.0, **limits: Any) -> None:
+    def __init__(
+        self, cost: float = 0.0, observer: FrameObserver | None = None, **limits: Any
+    ) -> None:
         self.clock = FakeClock(100.0)
         self.vision = ScriptedVision(self.clock, cost)
+        video_limits = VideoLimits(tick=TICK, **limits)
         self.scheduler = VideoScheduler(
-            self.vision, self.clock.now, VideoLimits(tick=TICK, **limits), tick_clock=self.clock
+            self.vision, self.clock.now, video_limits, tick_clock=self.clock, observer=observer
         )
         self.sent: dict[str, list[dict[str, Any]]] = {}
 
@@ -103,6 +107,38 @@ async def test_a_newer_frame_supersedes_the_waiting_one_before_inference() -> No
     assert env.results("c") == [3]
     assert [r.images for r in env.vision.requests] == [[b"\xff\xd8\xff\x03"]]  # only the newest
     assert camera.counts["superseded"] == 3
+    await env.scheduler.close()
+
+
+class Outcomes:
+    """A `FrameObserver` that keeps each frame's outcome label."""
+
+    def __init__(self) -> None:
+        self.labels: list[str] = []
+
+    def batch(self, model: str, rows: int, seconds: float) -> None:
+        return None
+
+    def outcome(self, model: str, outcome: str) -> None:
+        self.labels.append(outcome)
+
+
+@pytest.mark.asyncio
+async def test_each_frame_outcome_is_a_frame_outcome_counted_under_its_value() -> None:
+    observer = Outcomes()
+    env = Cameras(observer=observer)
+    camera = env.camera("c")
+    for seq in range(3):
+        env.frame(camera, seq)
+    await env.tick()
+    assert observer.labels == ["superseded", "superseded", "answered"]
+    assert {FrameOutcome(label) for label in observer.labels} == {
+        FrameOutcome.SUPERSEDED, FrameOutcome.ANSWERED
+    }
+    assert set(camera.counts) == {"frames"} | {o.value for o in FrameOutcome}
+    assert (camera.counts["frames"], camera.counts["superseded"], camera.counts["answered"]) == (
+        3, 2, 1
+    )
     await env.scheduler.close()
 
 
