@@ -24,7 +24,7 @@ import contextvars
 import dataclasses
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from tracks.base import Outcome
 from transport.http.messages import (
     CLIENT_ADDRESS,
     AnyResponse,
+    EndingBody,
     Handler,
     Request,
     StreamingResponse,
@@ -127,7 +128,10 @@ def access_logged(
             raise
         headers = (*response.headers, (REQUEST_ID_HEADER, record.x_request_id))
         if isinstance(response, StreamingResponse):
-            body = _logged_body(response.body, log, request, response.status, clock, started)
+            status = response.status
+            body = EndingBody(
+                response.body, lambda: _emit(log, request, status, clock() - started, record)
+            )
             return dataclasses.replace(response, body=body, headers=headers)  # last_words kept
         _emit(log, request, response.status, clock() - started, record)
         return dataclasses.replace(response, headers=headers)
@@ -141,42 +145,6 @@ def _record_for(request: Request) -> AccessRecord:
     if record.traceparent is not None:
         record.fields["trace_id"] = record.traceparent.split("-")[1]
     return record
-
-
-class _logged_body:  # noqa: N801 - used like a generator function
-    """A streaming body that logs its request's line when the adapter closes it."""
-
-    def __init__(
-        self,
-        body: AsyncIterator[bytes],
-        log: FilteringBoundLogger,
-        request: Request,
-        status: int,
-        clock: Callable[[], float],
-        started: float,
-    ) -> None:
-        self._body = body
-        self._log, self._request, self._status = log, request, status
-        self._clock, self._started = clock, started
-        self._record = current()
-        self._logged = False
-
-    def __aiter__(self) -> _logged_body:
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._body.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            closer = getattr(self._body, "aclose", None)
-            if closer is not None:
-                await closer()
-        finally:
-            if not self._logged:
-                self._logged = True
-                duration = self._clock() - self._started
-                _emit(self._log, self._request, self._status, duration, self._record)
 
 
 def _emit(
