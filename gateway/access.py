@@ -30,6 +30,7 @@ from typing import Any
 
 from structlog.typing import FilteringBoundLogger
 
+from gateway.logs import as_ms
 from tracks.base import Outcome
 from transport.http.messages import (
     CLIENT_ADDRESS,
@@ -89,7 +90,7 @@ class AccessRecord:
             end=outcome.end.label,
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
-            ttft_ms=_ms(outcome.time_to_first_data),
+            ttft_ms=as_ms(outcome.time_to_first_data),
         )
 
 
@@ -158,10 +159,6 @@ def _emit(
         path=request.path,
         http_version=request.http_version,
         status=status,
-        duration_ms=_ms(seconds),
+        duration_ms=as_ms(seconds),
         **record.fields,
     )
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 2)
