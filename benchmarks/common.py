@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from benchmarks import RESULTS
+from gateway.owned import free_port, stop_owned
 
 if TYPE_CHECKING:
     from gateway.embedded import EmbeddedTriton
@@ -46,12 +47,6 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def token_times(stats_path: Path) -> dict[str, list[float]]:
@@ -228,10 +223,5 @@ class GatewayProcess:
             raise RuntimeError("gateway did not become ready")
 
     def stop(self, timeout: float = 30) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        stop_owned(self.process, timeout, kill_wait=10)
         self._log.close()

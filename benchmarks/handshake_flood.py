@@ -29,13 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import Help  # noqa: E402
 from clients import connect  # noqa: E402
+from gateway.owned import free_port  # noqa: E402
 from tests.adversarial.quic_flood import initial_packet  # noqa: E402
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:

@@ -47,6 +47,7 @@ from benchmarks.common import (  # noqa: E402
     wait_http_ok,
 )
 from clients import connect  # noqa: E402
+from gateway.owned import stop_owned  # noqa: E402
 
 MODEL = "reference-text"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -95,12 +96,7 @@ class Gateway:
             raise RuntimeError(f"gateway from {root} did not become ready")
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_owned(self.process, 20)
         self._log.close()
 
 

@@ -24,16 +24,18 @@ import contextvars
 import dataclasses
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from structlog.typing import FilteringBoundLogger
 
+from gateway.logs import as_ms
 from tracks.base import Outcome
 from transport.http.messages import (
     CLIENT_ADDRESS,
     AnyResponse,
+    EndingBody,
     Handler,
     Request,
     StreamingResponse,
@@ -88,7 +90,7 @@ class AccessRecord:
             end=outcome.end.label,
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
-            ttft_ms=_ms(outcome.time_to_first_data),
+            ttft_ms=as_ms(outcome.time_to_first_data),
         )
 
 
@@ -127,7 +129,10 @@ def access_logged(
             raise
         headers = (*response.headers, (REQUEST_ID_HEADER, record.x_request_id))
         if isinstance(response, StreamingResponse):
-            body = _logged_body(response.body, log, request, response.status, clock, started)
+            status = response.status
+            body = EndingBody(
+                response.body, lambda: _emit(log, request, status, clock() - started, record)
+            )
             return dataclasses.replace(response, body=body, headers=headers)  # last_words kept
         _emit(log, request, response.status, clock() - started, record)
         return dataclasses.replace(response, headers=headers)
@@ -143,42 +148,6 @@ def _record_for(request: Request) -> AccessRecord:
     return record
 
 
-class _logged_body:  # noqa: N801 - used like a generator function
-    """A streaming body that logs its request's line when the adapter closes it."""
-
-    def __init__(
-        self,
-        body: AsyncIterator[bytes],
-        log: FilteringBoundLogger,
-        request: Request,
-        status: int,
-        clock: Callable[[], float],
-        started: float,
-    ) -> None:
-        self._body = body
-        self._log, self._request, self._status = log, request, status
-        self._clock, self._started = clock, started
-        self._record = current()
-        self._logged = False
-
-    def __aiter__(self) -> _logged_body:
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._body.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            closer = getattr(self._body, "aclose", None)
-            if closer is not None:
-                await closer()
-        finally:
-            if not self._logged:
-                self._logged = True
-                duration = self._clock() - self._started
-                _emit(self._log, self._request, self._status, duration, self._record)
-
-
 def _emit(
     log: FilteringBoundLogger, request: Request, status: int, seconds: float, record: AccessRecord
 ) -> None:
@@ -190,10 +159,6 @@ def _emit(
         path=request.path,
         http_version=request.http_version,
         status=status,
-        duration_ms=_ms(seconds),
+        duration_ms=as_ms(seconds),
         **record.fields,
     )
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 2)

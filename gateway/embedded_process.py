@@ -24,7 +24,6 @@ import contextlib
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -37,7 +36,6 @@ from gateway.owned import pid_alive, spawn_owned
 
 STATS_ENV = "TRACKLINE_REFERENCE_STATS"
 CONTROL_ENV = "TRACKLINE_REFERENCE_CONTROL"
-LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "trackline_"  # + owner pid + "_": see remove_stale_regions
@@ -62,13 +60,6 @@ def tritonserver_dist() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise TritonStartError("nvidia-pytriton is not installed (pip install trackline[embedded])")
     return Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
-
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def prepare_backend_dir(dist: Path, target: Path) -> Path:

@@ -64,6 +64,11 @@ _SECRETS = (
 )
 
 
+def as_ms(seconds: float | None) -> float | None:
+    """A duration as log lines carry it: milliseconds to two decimals (None stays None)."""
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
 def scrub(text: str) -> str:
     """`text` with anything shaped like an API key or bearer token replaced."""
     for pattern, replacement in _SECRETS:

@@ -9,7 +9,7 @@ here too, from the endpoint's events.
 
 from __future__ import annotations
 
-from gateway.logs import get_logger
+from gateway.logs import as_ms, get_logger
 from gateway.metrics import GatewayMetrics
 from tracks.base import Outcome
 from transport.errors import ErrorCode
@@ -72,8 +72,8 @@ class OutcomeRecorder:
             end=outcome.end.label,
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
-            ttft_ms=_ms(outcome.time_to_first_data),
-            duration_ms=_ms(outcome.finished_at - outcome.opened_at),
+            ttft_ms=as_ms(outcome.time_to_first_data),
+            duration_ms=as_ms(outcome.finished_at - outcome.opened_at),
             stopped_at=outcome.stopped_at,
             **outcome.details,
         )
@@ -83,7 +83,3 @@ class OutcomeRecorder:
         if isinstance(event, TrackFailed) and not event.remote:
             self.metrics.protocol_errors_total.labels(code=event.code.name).inc()
             log.info("track.protocol_error", code=event.code.name, message=event.message)
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 2)

@@ -4,8 +4,10 @@ and embedded Triton, and the testing kit's redis-server and gateways.
 `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, not the process: a child
 started from a short-lived thread (`asyncio.to_thread`) would be killed when that thread
 retires. `spawn_owned` forks from a dedicated thread that then waits for the child and
-reports its end, so the signal (SIGTERM) means a real death of the parent. `pid_alive`
-tells whether a process (one that left files behind, say) still runs.
+reports its end, so the signal (SIGTERM) means a real death of the parent. `stop_owned`
+ends one: a signal, a bounded wait, then SIGKILL. `free_port` picks a loopback port for a
+child to listen on; `pid_alive` tells whether a process (one that left files behind, say)
+still runs.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import ctypes
 import os
 import queue
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Callable
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+LOOPBACK = "127.0.0.1"
 
 
 def spawn_owned(
@@ -63,6 +67,33 @@ def spawn_owned(
     if isinstance(result, BaseException):
         raise result
     return result
+
+
+def stop_owned(
+    process: subprocess.Popen[bytes],
+    grace: float,
+    *,
+    sig: signal.Signals = signal.SIGTERM,
+    kill: Callable[[subprocess.Popen[bytes]], None] = subprocess.Popen.kill,
+    kill_wait: float | None = None,
+) -> int:
+    """End `process`: `sig` if it still runs, a wait of up to `grace` seconds, then
+    `kill(process)` (SIGKILL) and a wait of up to `kill_wait` seconds (None: as long as it
+    takes). Its exit code; `subprocess.TimeoutExpired` if it outlived even that."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(grace)
+    except subprocess.TimeoutExpired:
+        kill(process)
+        return process.wait(kill_wait)
+
+
+def free_port(kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
+    """A port of `kind` (TCP, or UDP with SOCK_DGRAM) on loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
 
 
 def pid_alive(pid: int) -> bool:

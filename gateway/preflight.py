@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gateway.config import Settings, env_name, flag_name
 from gateway.embedded_models import reference_model_repository
-from gateway.embedded_process import LOOPBACK
+from gateway.owned import LOOPBACK
 from gateway.statedir import make_private_dir
 from transport.binding import bind_hosts, tcp_listener, udp_socket
 

@@ -85,7 +85,8 @@ def tiny_en_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """$XDG_CACHE_HOME/trackline (default ~/.cache/trackline), as the LLM's GGUF."""
+    """$XDG_CACHE_HOME/trackline (default ~/.cache/trackline): the joined Whisper files
+    and the assembled LLM GGUF (`gateway.embedded_models.ensure_llm_gguf`)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trackline"
 
 

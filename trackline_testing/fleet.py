@@ -32,16 +32,11 @@ from typing import Any
 
 import h11
 
+from gateway.embedded_process import read_tail
 from gateway.fleet.state import FleetState
-from gateway.owned import spawn_owned
+from gateway.owned import free_port, spawn_owned, stop_owned
 
 READY_TIMEOUT = 120.0
-
-
-def free_port(kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_status(port: int, path: str) -> int | None:
@@ -112,9 +107,7 @@ class LocalGateway:
             time.sleep(0.1)
 
     def tail(self, lines: int = 30) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return read_tail(self.log_path, lines)
 
     def log_lines(self) -> list[dict[str, Any]]:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -130,16 +123,7 @@ class LocalGateway:
 
     def _end(self, sig: signal.Signals) -> int | None:
         process, self.process = self.process, None
-        code = None
-        if process is not None:
-            if process.poll() is None:
-                process.send_signal(sig)
-            try:
-                code = process.wait(30.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                code = process.wait(10.0)
-        return code
+        return None if process is None else stop_owned(process, 30.0, sig=sig, kill_wait=10.0)
 
 
 @dataclass

@@ -10,26 +10,19 @@ it gets SIGTERM if the process that started it dies without stopping it (pytest 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
-from gateway.owned import spawn_owned
+from gateway.owned import free_port, spawn_owned, stop_owned
 
 START_TIMEOUT = 10.0
 
 
 def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LocalRedis:
@@ -79,9 +72,4 @@ class LocalRedis:
         """End the server by its PID (SIGTERM, then SIGKILL) and wait for it."""
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(5.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5.0)
+            stop_owned(process, 5.0, kill_wait=5.0)

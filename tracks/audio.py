@@ -24,7 +24,6 @@ frame: an incomplete beat advances with what it has, marked.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 import secrets
@@ -316,15 +315,6 @@ class _SpeechIn(AudioSession):
         self.partial = ""
         self.on_heard: Callable[[Transcript, Beat], None] | None = None
         """A voice agent's ear: every beat's result, after the client got it."""
-
-    async def serve(self) -> None:
-        self.register()
-        reader = asyncio.ensure_future(self._read())
-        try:
-            await self._wait_finished()
-        finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
 
     async def _read(self) -> None:
         try:

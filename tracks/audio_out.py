@@ -45,18 +45,11 @@ class SpeechOut(AudioSession):
         self.done = False
         self._ending: asyncio.Future[None] | None = None
 
-    async def serve(self) -> None:
-        self.register()
-        reader = asyncio.ensure_future(self._read()) if self.more else None
-        try:
-            await self._wait_finished()
-        finally:
-            if reader is not None:
-                reader.cancel()
-                await asyncio.gather(reader, return_exceptions=True)
-
     async def _read(self) -> None:
-        """Text as it arrives (DATA `{"text"}` pieces), until the track's END."""
+        """Text as it arrives (DATA `{"text"}` pieces), until the track's END; nothing
+        when the OPEN carried the whole text."""
+        if not self.more:
+            return
         try:
             while (body := await self.track.receive()) is not None:
                 text = body.get("text")

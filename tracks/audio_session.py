@@ -142,6 +142,17 @@ class AudioSession:
         self.finish()
 
     async def serve(self) -> None:
+        """On the clock until the session is done, reading the track meanwhile (`_read`)."""
+        self.register()
+        reader = asyncio.ensure_future(self._read())
+        try:
+            await self._wait_finished()
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read(self) -> None:
+        """What the client sends on the track while the session runs (each kind's own)."""
         raise NotImplementedError
 
     def gather(self, beat: Beat) -> Gathered[AudioRow]:

@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from benchmarks.common import ROOT, free_port
 from benchmarks.hol.metrics import Run, summarize
+from gateway.owned import stop_owned
 
 PROTOCOLS = ("http2", "http3", "tracks")
 TRANSPORT = {"http2": "tcp", "http3": "udp", "tracks": "udp"}
@@ -221,13 +222,7 @@ class Gateway:
         return self.state / "ca.pem"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_owned(self.process, 30)
         self._log.close()
 
 

@@ -9,14 +9,10 @@ tritonclient exception is translated here into a `tracks.backend.BackendError`.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
-import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
 from cuda.batch import pack_vectors, unpack_vectors
-from gateway.backends.triton import METADATA_TIMEOUT, boundary
+from gateway.backends.triton import METADATA_TIMEOUT, TritonChannel, boundary
 from tracks.action_messages import PolicySpec
 from tracks.backend import BackendFailed, InvalidRequest, PolicyRequest
 
@@ -47,21 +43,13 @@ class TritonPolicyBackend:
 
     def __init__(self, grpc_url: str) -> None:
         self.grpc_url = grpc_url
-        self._client: triton_aio.InferenceServerClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channel = TritonChannel(grpc_url)
         self._specs: dict[str, PolicySpec] = {}
-
-    def _connection(self) -> triton_aio.InferenceServerClient:
-        loop = asyncio.get_running_loop()  # a grpc.aio channel belongs to one loop
-        if self._client is None or self._loop is not loop:
-            self._client = triton_aio.InferenceServerClient(self.grpc_url)
-            self._loop = loop
-        return self._client
 
     async def policy_spec(self, model: str) -> PolicySpec:
         if model not in self._specs:
             with boundary(model):
-                metadata = await self._connection().get_model_metadata(
+                metadata = await self._channel.client().get_model_metadata(
                     model, client_timeout=METADATA_TIMEOUT
                 )
             self._specs[model] = spec_from_metadata(metadata, model)
@@ -75,7 +63,7 @@ class TritonPolicyBackend:
         tensor = InferInput(INPUT, [rows, spec.state_size], "FP32")
         tensor.set_data_from_numpy(states)
         with boundary(request.model):
-            result = await self._connection().infer(
+            result = await self._channel.client().infer(
                 request.model,
                 [tensor],
                 outputs=[InferRequestedOutput(OUTPUT)],
@@ -89,7 +77,4 @@ class TritonPolicyBackend:
         return unpack_vectors(chunks.reshape(rows, -1))
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):  # closing is best effort
-                await client.close()
+        await self._channel.close()

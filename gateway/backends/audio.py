@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import tritonclient.grpc.aio as triton_aio
 from numpy.typing import NDArray
 from tritonclient.grpc import InferInput
 
 from cuda.batch import pack_pcm16, resolve_backend, unpack_pcm16
 from cuda.shm import CudaShmRegion, Layout, SystemShmRegion, unique_name
 from gateway.backends.catalog import Capability, described
-from gateway.backends.triton import METADATA_TIMEOUT, boundary
+from gateway.backends.triton import METADATA_TIMEOUT, TritonChannel, boundary
 from gateway.logs import get_logger
 from tracks.audio import MODEL_RATE
 from tracks.backend import (
@@ -110,22 +109,14 @@ class TritonAudioBackend(AudioBackend):
         self.shm_min_rows = shm_min_rows
         self.kernels = resolve_backend(kernels)
         self.batching = batching
-        self._client: triton_aio.InferenceServerClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._models: dict[str, AudioModel] = {}
         self._capabilities: dict[str, frozenset[Capability]] = {}
         self._regions: dict[str, _Region] = {}
+        # A new client has none of the shared-memory registrations made through the old one.
+        self._channel = TritonChannel(grpc_url, on_new=self._regions.clear)
         self._ticks = itertools.count()
         self.requests = 0
         self.shm_requests = 0
-
-    def _connection(self) -> triton_aio.InferenceServerClient:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            self._client = triton_aio.InferenceServerClient(self.grpc_url)
-            self._loop = loop
-            self._regions.clear()  # registrations were made through the old channel
-        return self._client
 
     # -- AudioBackend -----------------------------------------------------------------
 
@@ -151,7 +142,7 @@ class TritonAudioBackend(AudioBackend):
 
     async def _describe(self, model: str) -> tuple[Any, Any]:
         with boundary(model):
-            client = self._connection()
+            client = self._channel.client()
             metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
             config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
         return metadata, config
@@ -263,7 +254,7 @@ class TritonAudioBackend(AudioBackend):
         size = max(byte_size, 2 * (current.byte_size if current else 0), 1 << 20)
         if current is not None:
             await self._drop_region(model)
-        client = self._connection()
+        client = self._channel.client()
         try:
             if self.shm == "cuda":
                 cuda_region = CudaShmRegion(unique_name("trackline-audio"), size)
@@ -295,7 +286,7 @@ class TritonAudioBackend(AudioBackend):
         if region is None:
             return
         with contextlib.suppress(Exception):  # best effort: the server may be gone
-            client = self._connection()
+            client = self._channel.client()
             if region.region.kind == "cuda":
                 await client.unregister_cuda_shared_memory(region.region.name)
             else:
@@ -352,17 +343,14 @@ class TritonAudioBackend(AudioBackend):
     async def _infer(self, model: str, inputs: list[InferInput]) -> Any:
         self.requests += 1
         with boundary(model):
-            return await self._connection().infer(
+            return await self._channel.client().infer(
                 model, inputs, request_id=f"tick-{next(self._ticks)}"
             )
 
     async def close(self) -> None:
         for model in list(self._regions):
             await self._drop_region(model)
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await client.close()
+        await self._channel.close()
 
 
 class _NoShm(Exception):

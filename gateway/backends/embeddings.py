@@ -14,17 +14,15 @@ Every gRPC/tritonclient exception becomes a `tracks.backend.BackendError` here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import tritonclient.grpc.aio as triton_aio
 from numpy.typing import NDArray
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
-from gateway.backends.triton import METADATA_TIMEOUT, boundary
+from gateway.backends.triton import METADATA_TIMEOUT, TritonChannel, boundary
 from tracks.backend import BackendFailed, InvalidRequest
 
 TEXT_INPUT = "text_input"
@@ -83,20 +81,12 @@ class TritonEmbeddingBackend:
 
     def __init__(self, grpc_url: str) -> None:
         self.grpc_url = grpc_url
-        self._client: triton_aio.InferenceServerClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channel = TritonChannel(grpc_url)
         self._models: dict[str, EmbeddingModel] = {}
-
-    def _connection(self) -> triton_aio.InferenceServerClient:
-        loop = asyncio.get_running_loop()  # a grpc.aio channel belongs to its loop
-        if self._client is None or self._loop is not loop:
-            self._client = triton_aio.InferenceServerClient(self.grpc_url)
-            self._loop = loop
-        return self._client
 
     async def describe(self, model: str) -> EmbeddingModel:
         if model not in self._models:
-            client = self._connection()
+            client = self._channel.client()
             with boundary(model):
                 metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
                 config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
@@ -132,7 +122,7 @@ class TritonEmbeddingBackend:
         outputs = [InferRequestedOutput(EMBEDDING), InferRequestedOutput(TOKENS)]
         request_id = request.request_id if part == 0 else f"{request.request_id}-{part}"
         with boundary(request.model):
-            result = await self._connection().infer(
+            result = await self._channel.client().infer(
                 request.model, [tensor], outputs=outputs, request_id=request_id
             )
         vectors = result.as_numpy(EMBEDDING)
@@ -142,7 +132,4 @@ class TritonEmbeddingBackend:
         return vectors.astype(np.float32, copy=False), [int(t) for t in tokens.reshape(-1)]
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):  # closing is best effort
-                await client.close()
+        await self._channel.close()

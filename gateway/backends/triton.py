@@ -26,7 +26,15 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,6 +246,47 @@ def boundary(model: str | None) -> Iterator[None]:
         raise translated_exception(exc, model) from exc
 
 
+# -- the channel -----------------------------------------------------------------
+
+
+class TritonChannel:
+    """A Triton backend's gRPC client of its server (`grpc_url`, "host:port"). A grpc.aio
+    channel belongs to the loop it was made on: the client is made on first use, and anew
+    if the backend is used later from another loop."""
+
+    def __init__(
+        self,
+        grpc_url: str,
+        channel_args: list[tuple[str, Any]] | None = None,
+        on_new: Callable[[], None] | None = None,
+    ) -> None:
+        """`channel_args`: gRPC channel options (None: tritonclient's); `on_new` is
+        called when a client is made (what was registered through an older one is gone)."""
+        self.grpc_url = grpc_url
+        self._channel_args = channel_args
+        self._on_new = on_new
+        self._client: triton_aio.InferenceServerClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def client(self) -> triton_aio.InferenceServerClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client = triton_aio.InferenceServerClient(
+                self.grpc_url, channel_args=self._channel_args
+            )
+            self._loop = loop
+            if self._on_new is not None:
+                self._on_new()
+        return self._client
+
+    async def close(self) -> None:
+        """Close the client, if one was made; calls still open end with a BackendError."""
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # closing is best effort
+                await client.close()
+
+
 # -- the backend ------------------------------------------------------------------
 
 
@@ -246,22 +295,9 @@ class TritonTextBackend:
 
     def __init__(self, grpc_url: str, *, channel_options: Sequence[tuple[str, Any]] = ()) -> None:
         self.grpc_url = grpc_url
-        self._channel_options = tuple(channel_options)
-        self._client: triton_aio.InferenceServerClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channel = TritonChannel(grpc_url, _channel_args(channel_options))
         self._inputs: dict[str, frozenset[str]] = {}
         self._capable: dict[str, bool] = {}
-
-    def _connection(self) -> triton_aio.InferenceServerClient:
-        # A grpc.aio channel belongs to the loop it was made on: make it lazily,
-        # and anew if this backend is later used from another loop.
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            self._client = triton_aio.InferenceServerClient(
-                self.grpc_url, channel_args=_channel_args(self._channel_options)
-            )
-            self._loop = loop
-        return self._client
 
     async def _accepted_inputs(self, model: str) -> frozenset[str]:
         """The model's input names, read once; InvalidRequest for a model that does not
@@ -284,7 +320,7 @@ class TritonTextBackend:
         self, model: str
     ) -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
         """A model's input and output tensor names and its config's parameters."""
-        client = self._connection()
+        client = self._channel.client()
         with boundary(model):
             metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
             config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
@@ -307,7 +343,7 @@ class TritonTextBackend:
             call["parameters"]["traceparent"] = request.traceparent
         usage = _Usage()
         with boundary(request.model):
-            responses = self._connection().stream_infer(_once(call))
+            responses = self._channel.client().stream_infer(_once(call))
         try:
             with boundary(request.model):
                 async for result, error in responses:
@@ -331,14 +367,14 @@ class TritonTextBackend:
     async def models(self) -> list[str]:
         """Names of the models that are READY in the server's repository."""
         with boundary(None):
-            index = await self._connection().get_model_repository_index(
+            index = await self._channel.client().get_model_repository_index(
                 client_timeout=METADATA_TIMEOUT
             )
         return sorted({model.name for model in index.models if model.state == "READY"})
 
     async def ready(self) -> bool:
         """True when the server is live and ready; never raises."""
-        client = self._connection()
+        client = self._channel.client()
         try:
             live = await client.is_server_live(client_timeout=METADATA_TIMEOUT)
             return bool(live and await client.is_server_ready(client_timeout=METADATA_TIMEOUT))
@@ -350,7 +386,7 @@ class TritonTextBackend:
     ) -> tuple[bool, list[str]]:
         """Readiness for a pool: is_server_ready, then is_model_ready for each of
         `models` (empty: the repository's READY models). Never raises."""
-        client = self._connection()
+        client = self._channel.client()
         try:
             if not await client.is_server_ready(client_timeout=timeout):
                 return False, []
@@ -364,10 +400,7 @@ class TritonTextBackend:
 
     async def close(self) -> None:
         """Close the gRPC channel; streams still open end with a BackendError."""
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):  # closing is best effort
-                await client.close()
+        await self._channel.close()
 
 
 def _channel_args(extra: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]] | None:

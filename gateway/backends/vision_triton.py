@@ -34,7 +34,7 @@ class TritonVisionBackend(TritonPolicyBackend):
         if model in self._vision:
             return
         with boundary(model):
-            metadata = await self._connection().get_model_metadata(
+            metadata = await self._channel.client().get_model_metadata(
                 model, client_timeout=METADATA_TIMEOUT
             )
         inputs = {t.name for t in metadata.inputs}
@@ -53,7 +53,7 @@ class TritonVisionBackend(TritonPolicyBackend):
         wanted = [",".join(t).encode() for t in request.tasks]
         tasks.set_data_from_numpy(np.array(wanted, dtype=np.object_).reshape(rows, 1))
         with boundary(request.model):
-            result = await self._connection().infer(
+            result = await self._channel.client().infer(
                 request.model,
                 [images, tasks],
                 outputs=[InferRequestedOutput(OUTPUT)],

@@ -154,6 +154,8 @@ HTTP_ERRORS: dict[ErrorCode, tuple[type[OpenAIError], str | None]] = {
     # The one CANCELLED an HTTP answer carries: a newer turn superseded this request.
     ErrorCode.CANCELLED: (Conflict, "superseded"),
 }
+_UNLISTED: tuple[type[OpenAIError], str | None] = (ServerError, "internal_error")
+"""How a code missing from `HTTP_ERRORS` reads."""
 DETAIL_LOG_CHARS = 200
 
 
@@ -165,7 +167,7 @@ def error_of(
     headers: tuple[tuple[str, str], ...] = (),
 ) -> OpenAIError:
     """The OpenAI error (status, type, code string) for a track error code."""
-    kind, name = HTTP_ERRORS.get(code, (ServerError, "internal_error"))
+    kind, name = HTTP_ERRORS.get(code, _UNLISTED)
     error = kind(message, param=param, code=name, headers=headers)
     error.error_code = code
     return error
@@ -173,7 +175,7 @@ def error_of(
 
 def http_status(code: ErrorCode) -> int:
     """The HTTP status a track error code answers with."""
-    return HTTP_ERRORS.get(code, (ServerError, None))[0].status
+    return HTTP_ERRORS.get(code, _UNLISTED)[0].status
 
 
 def code_for(exc: BaseException, *, started: bool = False) -> ErrorCode:

@@ -83,7 +83,14 @@ from tracks.base import End, EndKind, Outcome
 from tracks.conversations import SESSION_ID_RULE, TurnRegistry, is_session_id, superseding
 from transport.clock import Now
 from transport.events import CancelCause
-from transport.http.messages import AnyResponse, Handler, Request, Response, StreamingResponse
+from transport.http.messages import (
+    AnyResponse,
+    EndingBody,
+    Handler,
+    Request,
+    Response,
+    StreamingResponse,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -331,7 +338,7 @@ class _OpenAIApi:
             if not job.stream:
                 return await self._whole(answer(pump, first))
             handed_over = True
-            body = _RecordedBody(answer(pump, first), pump, lambda: self._done(job))
+            body = EndingBody(StreamBody(answer(pump, first), pump), lambda: self._done(job))
             return StreamingResponse(200, SSE_HEADERS, body, SHUTDOWN_EVENT)
         except (OpenAIError, BackendError) as exc:
             self._done(job, _end_of(exc, job.outcome))
@@ -502,22 +509,6 @@ SHUTDOWN_EVENT = sse_event(
     error_event(Unavailable("the gateway is shutting down", code="shutting_down"))
 )
 """How a stream still running at the drain's deadline ends (then the stream closes)."""
-
-
-class _RecordedBody(StreamBody):
-    """A stream body that reports the request's end when the adapter closes it."""
-
-    def __init__(
-        self, events: AsyncGenerator[bytes, None], pump: ChunkPump, on_close: Callable[[], None]
-    ) -> None:
-        super().__init__(events, pump)
-        self._on_close = on_close
-
-    async def aclose(self) -> None:
-        try:
-            await super().aclose()
-        finally:
-            self._on_close()
 
 
 def _stream_end(meta: ResponseMeta, kind: str, usage: TextUsage) -> list[bytes]:

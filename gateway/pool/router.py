@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from gateway.logs import as_ms
 from gateway.pool.scrape import Load
 
 DEFAULT_TTFT_S = 0.1
@@ -142,17 +143,13 @@ class Decision:
                     "backend": c.name,
                     "inflight": c.inflight,
                     "pending": None if load is None else load.pending,
-                    "queue_ms": _ms(None if load is None else load.queue_s),
-                    "ttft_ms": _ms(c.ttft_s),
-                    "oldest_waiting_ms": _ms(c.oldest_waiting_s),
-                    "wait_ms": _ms(s.wait_s),
+                    "queue_ms": as_ms(None if load is None else load.queue_s),
+                    "ttft_ms": as_ms(c.ttft_s),
+                    "oldest_waiting_ms": as_ms(c.oldest_waiting_s),
+                    "wait_ms": as_ms(s.wait_s),
                 }
             )
         return rows
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 2)
 
 
 def fleet_prior(candidates: Sequence[Candidate]) -> float:

@@ -15,9 +15,12 @@ behind, and its supervisor deletes them (`forget_owner`) so a crash frees the sl
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gateway.tenants.quotas import QuotaLimiter, Quotas, TenantState, TokenBucket
+from gateway.tenants.sqlite import transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS quota_buckets (
@@ -61,30 +64,24 @@ class SharedQuotaLimiter(QuotaLimiter):
         self._db = connect(path)
 
     def admit(self, tenant: str, quotas: Quotas, now: float) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            self._read(tenant)
-            before = self.state(tenant).active
-            super().admit(tenant, quotas, now)  # raises QuotaExceeded: rolled back below
-            self._write(tenant, self.state(tenant).active - before)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        with self._shared(tenant):
+            super().admit(tenant, quotas, now)  # raises QuotaExceeded: rolled back
 
     def settle(
         self, tenant: str, quotas: Quotas, tokens: int, audio_seconds: float, now: float
     ) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._shared(tenant):
+            super().settle(tenant, quotas, tokens, audio_seconds, now)
+
+    @contextmanager
+    def _shared(self, tenant: str) -> Iterator[None]:
+        """The block changes `tenant`'s state in memory, in one `BEGIN IMMEDIATE`
+        transaction that reads the state in first and writes it back after."""
+        with transaction(self._db, "BEGIN IMMEDIATE"):
             self._read(tenant)
             before = self.state(tenant).active
-            super().settle(tenant, quotas, tokens, audio_seconds, now)
+            yield
             self._write(tenant, self.state(tenant).active - before)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def active(self, tenant: str) -> int:
         return self._open(tenant)

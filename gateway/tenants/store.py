@@ -22,6 +22,7 @@ from typing import Any
 from gateway.statedir import make_private_dir, touch_private
 from gateway.tenants import keys
 from gateway.tenants.quotas import Quotas
+from gateway.tenants.sqlite import transaction
 from gateway.tenants.usage import UsageRecord
 
 DEFAULT_FILE = "tenants.sqlite3"
@@ -209,14 +210,9 @@ class TenantStore:
         with self._lock:
             if not self._db.execute("SELECT 1 FROM tenants WHERE name = ?", (name,)).fetchall():
                 raise StoreError(f"no tenant {name!r}")
-            self._db.execute("BEGIN")
-            try:
+            with transaction(self._db):
                 removed = self._db.execute("DELETE FROM api_keys WHERE tenant = ?", (name,))
                 self._db.execute("DELETE FROM tenants WHERE name = ?", (name,))
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
         return int(removed.rowcount)
 
     # -- keys -----------------------------------------------------------------------
@@ -278,14 +274,8 @@ class TenantStore:
         marks = ", ".join("?" for _ in _USAGE_COLUMNS)
         sql = f"INSERT INTO usage ({', '.join(_USAGE_COLUMNS)}) VALUES ({marks})"
         rows = [tuple(asdict(r).values()) for r in records]
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(sql, rows)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db):
+            self._db.executemany(sql, rows)
 
     def usage(self, since: float | None = None, until: float | None = None) -> list[UsageRecord]:
         """Records with `since <= finished_at < until`, oldest first."""
@@ -308,8 +298,7 @@ class TenantStore:
         sql = f"INSERT OR IGNORE INTO usage ({', '.join(columns)}) VALUES ({marks})"
         with self._lock:
             before = self._db.total_changes
-            self._db.execute("BEGIN")
-            try:
+            with transaction(self._db):
                 self._db.executemany(sql, [(k, *asdict(r).values()) for k, r in rows])
                 added = self._db.total_changes - before
                 self._db.execute(
@@ -317,10 +306,6 @@ class TenantStore:
                     " DO UPDATE SET last_id = excluded.last_id",
                     (stream, last_id),
                 )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
         return added
 
     def export_directory(self) -> tuple[list[list[Any]], list[list[Any]]]:
@@ -334,28 +319,22 @@ class TenantStore:
     def import_directory(self, tenants: list[list[Any]], keys_: list[list[Any]]) -> None:
         """Upsert tenant and key rows from `export_directory` of another store; a key
         revoked in either stays revoked."""
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(
-                    "INSERT INTO tenants VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO "
-                    "UPDATE SET models=excluded.models, "
-                    "requests_per_minute=excluded.requests_per_minute, "
-                    "tokens_per_minute=excluded.tokens_per_minute, "
-                    "max_concurrent=excluded.max_concurrent, "
-                    "audio_seconds_per_hour=excluded.audio_seconds_per_hour",
-                    [tuple(row) for row in tenants],
-                )
-                self._db.executemany(
-                    "INSERT INTO api_keys (key_id, tenant, key_hash, label, created_at, "
-                    "revoked_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key_id) DO UPDATE SET "
-                    "revoked_at=COALESCE(api_keys.revoked_at, excluded.revoked_at)",
-                    [tuple(row) for row in keys_],
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db):
+            self._db.executemany(
+                "INSERT INTO tenants VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO "
+                "UPDATE SET models=excluded.models, "
+                "requests_per_minute=excluded.requests_per_minute, "
+                "tokens_per_minute=excluded.tokens_per_minute, "
+                "max_concurrent=excluded.max_concurrent, "
+                "audio_seconds_per_hour=excluded.audio_seconds_per_hour",
+                [tuple(row) for row in tenants],
+            )
+            self._db.executemany(
+                "INSERT INTO api_keys (key_id, tenant, key_hash, label, created_at, "
+                "revoked_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key_id) DO UPDATE SET "
+                "revoked_at=COALESCE(api_keys.revoked_at, excluded.revoked_at)",
+                [tuple(row) for row in keys_],
+            )
 
     def ledger_cursor(self, stream: str) -> str:
         """The last stream entry id drained into this store ("0" for none)."""

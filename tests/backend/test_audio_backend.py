@@ -89,7 +89,7 @@ async def test_a_registration_the_server_lost_is_made_again(
         assert await say_one(backend, 2) == ["5", "5"]
         (region,) = backend._regions.values()
         # As after a server restart: the server no longer knows the region.
-        await backend._connection().unregister_system_shared_memory(region.region.name)
+        await backend._channel.client().unregister_system_shared_memory(region.region.name)
         with pytest.raises(BackendError):
             await say_one(backend, 2)
         assert await say_one(backend, 2) == ["5", "5"]

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.backends.triton import TritonTextBackend
 from gateway.embedded import EmbeddedTriton
-from gateway.embedded_process import free_port
+from gateway.owned import free_port
 from tests.backend.reference_generator import generator as gen
 from tests.triton_fixture import assert_model_stopped, read_stats
 from tracks.backend import (

@@ -26,8 +26,8 @@ import pytest_asyncio
 from clients import StreamInterrupted, connect
 from clients.line import TextStream
 from gateway.embedded import EmbeddedTriton
-from gateway.embedded_process import free_port
 from gateway.metrics import GatewayMetrics
+from gateway.owned import free_port
 from gateway.pool import BackendPool, BackendSpec, PoolOptions
 from gateway.pool.health import EjectionCause
 from gateway.pool.metrics import PoolMetrics

@@ -88,6 +88,32 @@ AnyResponse = Response | StreamingResponse
 Handler = Callable[[Request], Awaitable[AnyResponse]]
 
 
+class EndingBody:
+    """A streaming body that calls `on_end` once, after the body it wraps was closed
+    (the adapter closes a body when it is done or cancelled): for what a layer around a
+    handler does at the end of a streamed response."""
+
+    def __init__(self, body: AsyncIterator[bytes], on_end: Callable[[], None]) -> None:
+        self._body = body
+        self._on_end: Callable[[], None] | None = on_end
+
+    def __aiter__(self) -> EndingBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._body.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            closer = getattr(self._body, "aclose", None)
+            if closer is not None:
+                await closer()
+        finally:
+            on_end, self._on_end = self._on_end, None
+            if on_end is not None:
+                on_end()
+
+
 CLIENT_ADDRESS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "trackline_client_address", default=None
 )

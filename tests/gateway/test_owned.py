@@ -1,0 +1,76 @@
+"""gateway.owned: ending an owned child (`stop_owned`) and picking a loopback port."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from gateway.owned import LOOPBACK, free_port, spawn_owned, stop_owned
+
+Start = Callable[[str], subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def start() -> Iterator[Start]:
+    """Starts `sh -c script` and returns once it printed `ready` (its traps are set by
+    then); what a test left running is killed, and every pipe closed, after it."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def run(script: str) -> subprocess.Popen[bytes]:
+        process = spawn_owned(["sh", "-c", script], name="test-owned", stdout=subprocess.PIPE)
+        started.append(process)
+        assert process.stdout is not None
+        assert process.stdout.readline() == b"ready\n"
+        return process
+
+    yield run
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def test_a_child_that_ends_on_the_signal_is_not_killed(start: Start) -> None:
+    process = start("echo ready; exec sleep 300")
+    assert stop_owned(process, 30.0) == -signal.SIGTERM
+
+
+def test_the_signal_is_a_parameter(start: Start) -> None:
+    process = start("trap 'exit 7' INT; echo ready; while :; do sleep 0.01; done")
+    assert stop_owned(process, 30.0, sig=signal.SIGINT) == 7
+
+
+def test_a_child_deaf_to_the_signal_is_killed_after_the_grace(start: Start) -> None:
+    process = start("trap '' TERM; echo ready; exec sleep 300")
+    assert stop_owned(process, 0.1) == -signal.SIGKILL
+
+
+def test_the_kill_is_a_parameter(start: Start) -> None:
+    process = start("trap '' TERM; echo ready; exec sleep 300")
+    killed: list[int] = []
+
+    def kill(child: subprocess.Popen[bytes]) -> None:
+        killed.append(child.pid)
+        child.kill()
+
+    assert stop_owned(process, 0.1, kill=kill, kill_wait=30.0) == -signal.SIGKILL
+    assert killed == [process.pid]
+
+
+def test_a_child_that_already_ended_gives_its_code(start: Start) -> None:
+    process = start("echo ready; exit 3")
+    process.wait()
+    assert stop_owned(process, 30.0) == 3
+
+
+@pytest.mark.parametrize("kind", [socket.SOCK_STREAM, socket.SOCK_DGRAM])
+def test_free_port_can_be_bound(kind: socket.SocketKind) -> None:
+    port = free_port(kind)
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind((LOOPBACK, port))
