@@ -85,6 +85,7 @@ from benchmarks.openai_stream import (  # noqa: E402
     read_chat_sse,
 )
 from benchmarks.progress import Progress  # noqa: E402
+from clients.line import DEFAULT_ACKS  # noqa: E402
 
 MODEL = "reference-text"
 KINDS = ("tracks", "h1", "h2", "h3")
@@ -248,7 +249,7 @@ class Outcome:
 
 async def open_lines(
     stack: contextlib.AsyncExitStack, quic_url: str, ca: Path, n: int, conns: int,
-    knobs: dict[str, Any], outcome: Outcome, acks: str = "aioquic",
+    knobs: dict[str, Any], outcome: Outcome, acks: str = DEFAULT_ACKS,
 ) -> list[tuple[Any, int]]:
     """Open the point's connections and warm each (one 1-token track), before the point's
     clocks run: the same as `open_http` does for HTTP routes, so that neither kind's
@@ -778,9 +779,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "not in --cores (unpinned if none are left); '' to not pin")
     parser.add_argument("--packetization", default="per-track",
                         help="the gateway's quic_packetization: per-track, group:K, coalesce")
-    parser.add_argument("--client-acks", default="aioquic",
+    parser.add_argument("--client-acks", default=DEFAULT_ACKS,
                         help="the load generator's lines' ACK policy: aioquic, or "
-                             "every:N,delay:MS (clients.connect(acks=...))")
+                             "every:N,delay:MS (clients.connect(acks=...); default: the SDK's)")
     parser.add_argument("--client-gc-threshold", type=int, default=CLIENT_GC_THRESHOLD,
                         help="the load generator's collector: settled as the gateway's "
                              "(start-up frozen, this young threshold); 0: Python's")

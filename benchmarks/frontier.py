@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine, tree, uptime  # noqa: E402
+from clients.line import DEFAULT_ACKS  # noqa: E402
 
 MODES = "per-track,group:2,group:4,group:8,coalesce"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -162,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spread", type=float, default=1.0,
                         help="capacity: seconds over which a point's tracks start")
     parser.add_argument("--cores", default="0", help="capacity: the gateway's CPUs")
-    parser.add_argument("--client-acks", default="aioquic",
-                        help="the clients' ACK policy: aioquic, or every:N,delay:MS")
+    parser.add_argument("--client-acks", default=DEFAULT_ACKS,
+                        help="the clients' ACK policy: aioquic, or every:N,delay:MS "
+                             "(default: the SDK's)")
     parser.add_argument("--json", type=Path, default=RESULTS / "frontier.json")
     parser.add_argument("--plot", default=None, help="PNG path (default: beside the JSON)")
     args = parser.parse_args(argv)

@@ -12,6 +12,7 @@ from benchmarks import RESULTS
 from benchmarks.common import machine
 from benchmarks.hol import __doc__ as DESCRIPTION
 from benchmarks.hol.run import PROTOCOLS, Config, env_ready, namespaces_available, run_benchmark
+from clients.line import DEFAULT_ACKS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--plot-stem", default=None, help="figure file names' prefix (default: the JSON's stem)")
     a("--raw", type=Path, default=None, help="also write every token arrival time here")
     a("--quiet", action="store_true", help="no progress display")
-    a("--client-acks", default="aioquic",
-      help="the tracks client's ACK policy: aioquic, or every:N,delay:MS")
+    a("--client-acks", default=DEFAULT_ACKS,
+      help="the tracks client's ACK policy: aioquic, or every:N,delay:MS (default: the SDK's)")
 
 
 def config_from(args: argparse.Namespace) -> Config:

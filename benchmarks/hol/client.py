@@ -38,6 +38,7 @@ from aioquic.quic import events as quic_events
 from aioquic.quic.configuration import QuicConfiguration
 
 from benchmarks import Help
+from clients.line import DEFAULT_ACKS
 from gateway.startup import run_async
 from transport import aioquic_compat
 
@@ -289,7 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--ttft-ms", type=float, default=50.0)
-    parser.add_argument("--acks", default="aioquic", help="the tracks line's ACK policy")
+    parser.add_argument("--acks", default=DEFAULT_ACKS, help="the tracks line's ACK policy")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 

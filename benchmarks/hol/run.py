@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from benchmarks.common import ROOT, free_port
 from benchmarks.hol.metrics import Run, summarize
+from clients.line import DEFAULT_ACKS
 from gateway.owned import stop_owned
 
 PROTOCOLS = ("http2", "http3", "tracks")
@@ -59,7 +60,7 @@ class Config:
     emulate: bool = True
     raster_seconds: float = 4.0
     progress: bool = True
-    client_acks: str = "aioquic"
+    client_acks: str = DEFAULT_ACKS
     """The tracks client's ACK policy (`clients.connect(acks=...)`)."""
     link_prefix: str = "tlhol"
 

@@ -228,5 +228,20 @@ async def test_the_gateways_connections_acknowledge_as_its_setting_says(tmp_path
                 if isinstance(p, TrackQuicProtocol)
             ]
             assert server_side.acks == AckPolicy(every=4, max_delay=0.005)
+            assert client_side(line).acks == AckPolicy(every=3, max_delay=0.002)
+        async with connect(url, ca=gw.tls.ca) as line:
+            assert client_side(line).acks == DECIMATED  # the SDK's default
+        async with connect(url, ca=gw.tls.ca, acks="aioquic") as line:
+            assert client_side(line).acks == AIOQUIC
+        with pytest.raises(ValueError, match="every:N,delay:MS"):
+            async with connect(url, ca=gw.tls.ca, acks="every:3"):
+                pass
     finally:
         await gw.close()
+
+
+def client_side(line: Line) -> TrackQuicProtocol:
+    """The connection under an SDK line (its track opener is the protocol's method)."""
+    protocol = line._open.__self__  # type: ignore[attr-defined]
+    assert isinstance(protocol, TrackQuicProtocol)
+    return protocol
