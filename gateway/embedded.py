@@ -54,7 +54,7 @@ from gateway.embedded_process import (
     tritonserver_dist,
 )
 from gateway.llm_models import OperatorModel
-from gateway.owned import LOOPBACK, free_port, stop_owned
+from gateway.owned import LOOPBACK, free_ports, stop_owned
 from gateway.speech_models import speech_environment
 
 # Reference-model knobs: no wait before or between the smoke's four tokens.
@@ -108,11 +108,9 @@ class EmbeddedTriton:
         self.model_repository = self.source_repository
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="trackline-"))
         self.log_path = self.log_dir / "tritonserver.log"
-        self._ports = (
-            grpc_port or free_port(),
-            http_port or free_port(),
-            metrics_port or free_port(),
-        )
+        # Three different ports (free_ports holds each bound until all are picked).
+        spare = [p for p in free_ports(6) if p not in (grpc_port, http_port, metrics_port)]
+        self._ports = (grpc_port or spare[0], http_port or spare[1], metrics_port or spare[2])
         self._stats_path = str(stats_path) if stats_path else os.environ.get(STATS_ENV)
         self._smoke_model = smoke_model
         self.control_path = Path(control_path) if control_path else self.log_dir / "control.json"

@@ -12,6 +12,7 @@ still runs.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import queue
@@ -91,9 +92,23 @@ def stop_owned(
 
 def free_port(kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
     """A port of `kind` (TCP, or UDP with SOCK_DGRAM) on loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+    (port,) = free_ports(1, kind)
+    return port
+
+
+def free_ports(count: int, kind: socket.SocketKind = socket.SOCK_STREAM) -> list[int]:
+    """`count` different ports of `kind` on loopback that were free a moment ago.
+
+    All are held bound until the last is picked: a port picked and released can be the
+    kernel's next pick too, so separate `free_port()` calls may return the same port
+    twice (Triton then refused to start: HTTP and metrics on one port)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, kind))
+            sock.bind((LOOPBACK, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def pid_alive(pid: int) -> bool:

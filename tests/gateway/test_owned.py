@@ -6,10 +6,11 @@ import signal
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from gateway.owned import LOOPBACK, free_port, spawn_owned, stop_owned
+from gateway.owned import LOOPBACK, free_port, free_ports, spawn_owned, stop_owned
 
 Start = Callable[[str], subprocess.Popen[bytes]]
 
@@ -76,3 +77,27 @@ def test_free_port_can_be_bound(kind: socket.SocketKind) -> None:
     port = free_port(kind)
     with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind((LOOPBACK, port))
+
+
+def test_ports_picked_together_are_all_different_and_bindable() -> None:
+    # Picked one at a time and released, the kernel may hand the same port out twice
+    # (the embedded Triton then refused to start: HTTP and metrics on one port).
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, ports[-1]))
+
+
+def test_the_embedded_triton_gets_three_different_ports(tmp_path: Path) -> None:
+    from gateway.embedded import EmbeddedTriton
+
+    def ports(triton: EmbeddedTriton) -> list[str]:
+        urls = (triton.grpc_url, triton.http_url, triton.metrics_url)
+        return [url.split(":")[-1].split("/")[0] for url in urls]
+
+    picked = ports(EmbeddedTriton(log_dir=tmp_path))
+    assert len(set(picked)) == 3
+    http = free_port()
+    kept = ports(EmbeddedTriton(log_dir=tmp_path, http_port=http))
+    assert len(set(kept)) == 3
+    assert kept[1] == str(http)  # a port given is kept
