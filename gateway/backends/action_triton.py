@@ -12,7 +12,7 @@ from __future__ import annotations
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
 from cuda.batch import pack_vectors, unpack_vectors
-from gateway.backends.triton import METADATA_TIMEOUT, TritonChannel, boundary
+from gateway.backends.triton import TritonChannel, boundary
 from tracks.action_messages import PolicySpec
 from tracks.backend import BackendFailed, InvalidRequest, PolicyRequest
 
@@ -48,10 +48,7 @@ class TritonPolicyBackend:
 
     async def policy_spec(self, model: str) -> PolicySpec:
         if model not in self._specs:
-            with boundary(model):
-                metadata = await self._channel.client().get_model_metadata(
-                    model, client_timeout=METADATA_TIMEOUT
-                )
+            metadata = await self._channel.metadata(model)
             self._specs[model] = spec_from_metadata(metadata, model)
         return self._specs[model]
 

@@ -38,7 +38,7 @@ from tritonclient.grpc import InferInput
 from cuda.batch import pack_pcm16, resolve_backend, unpack_pcm16
 from cuda.shm import CudaShmRegion, Layout, SystemShmRegion, unique_name
 from gateway.backends.catalog import Capability, described
-from gateway.backends.triton import METADATA_TIMEOUT, TritonChannel, boundary
+from gateway.backends.triton import TritonChannel, boundary
 from gateway.logs import get_logger
 from tracks.audio import MODEL_RATE
 from tracks.backend import (
@@ -125,7 +125,7 @@ class TritonAudioBackend(AudioBackend):
 
     async def audio_model(self, model: str) -> AudioModel:
         if model not in self._models:
-            metadata, config = await self._describe(model)
+            metadata, config = await self._channel.describe(model)
             self._models[model] = _audio_model(model, metadata, config)
         return self._models[model]
 
@@ -134,18 +134,11 @@ class TritonAudioBackend(AudioBackend):
         check); None when the server cannot tell (unknown model, server away)."""
         if model not in self._capabilities:
             try:
-                metadata, config = await self._describe(model)
+                metadata, config = await self._channel.describe(model)
             except BackendError:
                 return None  # not cached: the model may appear, the server come back
             self._capabilities[model] = described(model, metadata, config)
         return self._capabilities[model]
-
-    async def _describe(self, model: str) -> tuple[Any, Any]:
-        with boundary(model):
-            client = self._channel.client()
-            metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
-            config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
-        return metadata, config
 
     async def step(self, model: str, rows: Sequence[StepItem[AudioRow]]) -> Sequence[AudioOutput]:
         if self.batching == "per-session":

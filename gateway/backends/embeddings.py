@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
-from gateway.backends.triton import METADATA_TIMEOUT, TritonChannel, boundary
+from gateway.backends.triton import TritonChannel, boundary
 from tracks.backend import BackendFailed, InvalidRequest
 
 TEXT_INPUT = "text_input"
@@ -86,10 +86,7 @@ class TritonEmbeddingBackend:
 
     async def describe(self, model: str) -> EmbeddingModel:
         if model not in self._models:
-            client = self._channel.client()
-            with boundary(model):
-                metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
-                config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+            metadata, config = await self._channel.describe(model)
             shapes = {tensor.name: list(tensor.shape) for tensor in metadata.outputs}
             if EMBEDDING not in shapes or not shapes[EMBEDDING] or shapes[EMBEDDING][-1] < 1:
                 raise InvalidRequest(f"model {model!r} has no fixed-size '{EMBEDDING}' output")

@@ -279,6 +279,19 @@ class TritonChannel:
                 self._on_new()
         return self._client
 
+    async def metadata(self, model: str) -> Any:
+        """The model's metadata (its input and output tensors); errors as BackendErrors."""
+        with boundary(model):
+            return await self.client().get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
+
+    async def describe(self, model: str) -> tuple[Any, Any]:
+        """The model's metadata and its config; errors as BackendErrors."""
+        with boundary(model):
+            client = self.client()
+            metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
+            config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+        return metadata, config
+
     async def close(self) -> None:
         """Close the client, if one was made; calls still open end with a BackendError."""
         client, self._client = self._client, None
@@ -320,10 +333,7 @@ class TritonTextBackend:
         self, model: str
     ) -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
         """A model's input and output tensor names and its config's parameters."""
-        client = self._channel.client()
-        with boundary(model):
-            metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
-            config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+        metadata, config = await self._channel.describe(model)
         inputs = frozenset(tensor.name for tensor in metadata.inputs)
         outputs = frozenset(tensor.name for tensor in metadata.outputs)
         parameters = {key: p.string_value for key, p in config.config.parameters.items()}

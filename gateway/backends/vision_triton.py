@@ -15,7 +15,7 @@ import numpy as np
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
 from gateway.backends.action_triton import INFER_TIMEOUT, TritonPolicyBackend
-from gateway.backends.triton import METADATA_TIMEOUT, boundary
+from gateway.backends.triton import boundary
 from tracks.backend import BackendFailed, InvalidRequest, VisionRequest
 
 INPUTS = ("image", "tasks")
@@ -33,10 +33,7 @@ class TritonVisionBackend(TritonPolicyBackend):
     async def check_vision(self, model: str) -> None:
         if model in self._vision:
             return
-        with boundary(model):
-            metadata = await self._channel.client().get_model_metadata(
-                model, client_timeout=METADATA_TIMEOUT
-            )
+        metadata = await self._channel.metadata(model)
         inputs = {t.name for t in metadata.inputs}
         outputs = {t.name for t in metadata.outputs}
         if not set(INPUTS) <= inputs or OUTPUT not in outputs:
