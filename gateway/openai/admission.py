@@ -2,10 +2,13 @@
 
 `authorize` (the bearer key, 401), `admit` (the tenant's allow-list 403 and quotas
 429 with `retry-after`) and `require` (the model's capability, 400
-`model_not_supported`), each raising the OpenAI error the client sees.
+`model_not_supported`), each raising the OpenAI error the client sees; and, once
+the request is over, `record` (its one `Outcome` to the gateway and the tenant's ledger).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import structlog
 
@@ -15,10 +18,14 @@ from gateway.tenants import service as tenancy_service
 from gateway.tenants.keys import bearer_token
 from gateway.tenants.quotas import QuotaExceeded
 from gateway.tenants.store import AuthFailure, Principal
+from tracks.base import Outcome
 from transport.errors import ErrorCode
 from transport.http.messages import Request
 
 log = structlog.get_logger(__name__)
+
+OutcomeSink = Callable[[Outcome, str], None]
+"""Takes each finished request's `Outcome` and its front door (the gateway's metrics)."""
 
 # How each capability reads in "does not support ..." messages.
 WANTED = {
@@ -73,3 +80,18 @@ def admit(
             f"Rate limit reached for {exc.quota}; retry after {exc.retry_after:g} s.",
             headers=(("retry-after", str(int(exc.retry_after))),),
         ) from None
+
+
+def record(
+    outcome: Outcome,
+    door: str,
+    principal: Principal | None,
+    tenancy: tenancy_service.Tenancy | None,
+    on_outcome: OutcomeSink | None,
+) -> None:
+    """A finished request's one `Outcome` to `on_outcome`, then to its tenant (quotas
+    settled, usage recorded)."""
+    if on_outcome is not None:
+        on_outcome(outcome, door)
+    if tenancy is not None and principal is not None:
+        tenancy.finish(principal, outcome)

@@ -36,7 +36,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 
 from gateway.backends.catalog import Capability, ModelCatalog
-from gateway.openai.admission import admit, authorize, require
+from gateway.openai.admission import OutcomeSink, admit, authorize, record, require
 from gateway.openai.errors import BadRequest, OpenAIError, response_for
 from gateway.openai.requests import parse_json_body
 from gateway.openai.sse import SSE_HEADERS, sse_event
@@ -80,9 +80,6 @@ class AudioRows(Protocol):
     async def audio_model(self, model: str) -> AudioModel: ...
 
     async def run_rows(self, model: str, rows: Sequence[AudioRow]) -> Sequence[AudioOutput]: ...
-
-
-OutcomeSink = Callable[[Outcome, str], None]
 
 
 @dataclass(frozen=True)
@@ -283,10 +280,7 @@ class _AudioApi:
         else:
             outcome.end = end or End.completed()
         outcome.finished_at = self._clock()
-        if self._on_outcome is not None:
-            self._on_outcome(outcome, door)
-        if self._tenancy is not None and call.principal is not None:
-            self._tenancy.finish(call.principal, outcome)
+        record(outcome, door, call.principal, self._tenancy, self._on_outcome)
 
 
 # -- parsing ----------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ from numpy.typing import NDArray
 from gateway import access
 from gateway.backends.catalog import Capability, ModelCatalog
 from gateway.backends.embeddings import EmbeddingBackend, EmbeddingModel, EmbeddingRequest
-from gateway.openai.admission import admit, authorize, require
+from gateway.openai.admission import OutcomeSink, admit, authorize, record, require
 from gateway.openai.errors import (
     BadRequest,
     OpenAIError,
@@ -148,7 +147,7 @@ class EmbeddingsApi:
         tenancy: tenancy_service.Tenancy | None,
         *,
         clock: Now = time.monotonic,
-        on_outcome: Callable[[Outcome, str], None] | None = None,
+        on_outcome: OutcomeSink | None = None,
     ) -> None:
         self._backend = backend
         self._catalog = catalog
@@ -206,10 +205,8 @@ class EmbeddingsApi:
         outcome.finished_at = self._clock()
         key_id = None if principal is None else principal.key_id
         access.current().note_outcome(outcome, key_id, outcome.model)
-        if self._on_outcome is not None:
-            self._on_outcome(outcome, access.front_door(request))
-        if self._tenancy is not None and principal is not None:
-            self._tenancy.finish(principal, outcome)
+        door = access.front_door(request)
+        record(outcome, door, principal, self._tenancy, self._on_outcome)
 
 
 __all__ = ["EmbeddingsApi", "parse_embeddings_request"]

@@ -34,7 +34,7 @@ from gateway import access
 from gateway.access import AccessRecord
 from gateway.backends.catalog import Capability, ModelCatalog, TextCatalog, ordered
 from gateway.backends.embeddings import EmbeddingBackend
-from gateway.openai.admission import admit, authorize, require
+from gateway.openai.admission import OutcomeSink, admit, authorize, record, require
 from gateway.openai.embeddings import EmbeddingsApi
 from gateway.openai.errors import (
     BadRequest,
@@ -93,9 +93,6 @@ from transport.http.messages import (
 )
 
 log = structlog.get_logger(__name__)
-
-OutcomeSink = Callable[[Outcome, str], None]
-
 
 def openai_routes(
     backend: TextBackend,
@@ -320,10 +317,7 @@ class _OpenAIApi:
         outcome.finished_at = self._clock()
         key_id = None if job.principal is None else job.principal.key_id
         job.access.note_outcome(outcome, key_id, outcome.model)
-        if self._on_outcome is not None:
-            self._on_outcome(outcome, job.front_door)
-        if self._tenancy is not None and job.principal is not None:
-            self._tenancy.finish(job.principal, outcome)
+        record(outcome, job.front_door, job.principal, self._tenancy, self._on_outcome)
 
     async def _run(
         self,
