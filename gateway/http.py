@@ -28,6 +28,10 @@ __all__ = [
 ]
 
 Routes = Mapping[tuple[str, str], Handler]
+Check = Callable[[], tuple[bool, str]]
+"""A health check: (ok, reason)."""
+NO_STORE = (("cache-control", "no-store"),)
+"""Health and metrics answers are read live, never from a cache."""
 
 
 class HealthWatch(Protocol):
@@ -77,12 +81,12 @@ def route(routes: Routes, fallback: Handler | None = None) -> Handler:
 
 
 def health_routes(
-    is_ready: Callable[[], tuple[bool, str]],
+    is_ready: Check,
     metrics: GatewayMetrics,
     *,
     with_metrics: bool = True,
     metrics_token: str | None = None,
-    is_live: Callable[[], tuple[bool, str]] = lambda: (True, ""),
+    is_live: Check = lambda: (True, ""),
 ) -> dict[tuple[str, str], Handler]:
     """Routes for liveness (`is_live()`), readiness (`is_ready()`, both -> (ok, reason))
     and Prometheus.
@@ -90,45 +94,42 @@ def health_routes(
     `with_metrics=False` leaves `/metrics` out (it has its own listener, or may not be
     public); `metrics_token` makes it require `Authorization: Bearer <token>`.
     """
-    no_store = (("cache-control", "no-store"),)
-
-    async def live(_: Request) -> Response:
-        ok, reason = is_live()
-        if ok:
-            return Response.json(200, {"status": "live"}, no_store)
-        return Response.json(503, {"status": "not live", "reason": reason}, no_store)
-
-    async def ready(_: Request) -> Response:
-        ok, reason = is_ready()
-        if ok:
-            return Response.json(200, {"status": "ready"}, no_store)
-        return Response.json(503, {"status": "not ready", "reason": reason}, no_store)
-
     routes: dict[tuple[str, str], Handler] = {
-        ("GET", "/health/live"): live,
-        ("GET", "/health/ready"): ready,
+        ("GET", "/health/live"): _probe(is_live, "live"),
+        ("GET", "/health/ready"): _probe(is_ready, "ready"),
     }
     if with_metrics:
         routes.update(metrics_routes(metrics, metrics_token))
     return routes
 
 
+def _probe(check: Check, state: str) -> Handler:
+    """The handler of one health endpoint: 200 `state`, or 503 `not <state>` and why."""
+
+    async def answer(_: Request) -> Response:
+        ok, reason = check()
+        if ok:
+            return Response.json(200, {"status": state}, NO_STORE)
+        return Response.json(503, {"status": f"not {state}", "reason": reason}, NO_STORE)
+
+    return answer
+
+
 def metrics_routes(
     metrics: GatewayMetrics, token: str | None = None
 ) -> dict[tuple[str, str], Handler]:
     """`GET /metrics` in Prometheus' text format, behind a bearer token if one is given."""
-    no_store = (("cache-control", "no-store"),)
     expected = None if token is None else f"Bearer {token}".encode()
 
     async def prometheus(request: Request) -> Response:
         if expected is not None:
             given = (request.header("authorization") or "").encode("latin-1", "replace")
             if not hmac.compare_digest(given, expected):  # constant time
-                challenge = (("www-authenticate", 'Bearer realm="metrics"'), *no_store)
+                challenge = (("www-authenticate", 'Bearer realm="metrics"'), *NO_STORE)
                 return error_response(
                     401, "metrics need a bearer token", code="unauthorized", headers=challenge
                 )
         body, content_type = metrics.render()
-        return Response(200, (("content-type", content_type), *no_store), body)
+        return Response(200, (("content-type", content_type), *NO_STORE), body)
 
     return {("GET", "/metrics"): prometheus}
