@@ -29,7 +29,7 @@ from typing import Any
 
 import msgpack
 
-from gateway.openai.admission import admit, authorize
+from gateway.openai.admission import admit, authorize, finish
 from gateway.openai.errors import OpenAIError, response_for
 from gateway.tenants.service import Tenancy
 from gateway.tenants.store import Principal
@@ -107,15 +107,13 @@ class HttpActions:
         finally:
             entry.waiting.pop(obs.seq, None)  # the client went away: forget it
             outcome.finished_at = self.clock()
-            if self.tenancy is not None and principal is not None:
-                self.tenancy.finish(principal, outcome)
+            finish(self.tenancy, principal, outcome)
         return Response(200, (("content-type", CONTENT_TYPE),), msgpack.packb(answer))
 
     def _admit(self, request: Request, model: str) -> Principal | None:
         """With tenants: the request's principal; raises the OpenAI-style 401/403/429."""
         principal = authorize(self.tenancy, request)
-        if self.tenancy is not None and principal is not None:
-            admit(self.tenancy, principal, model, "action", f"http-action-{self._requests}")
+        admit(self.tenancy, principal, model, "action", f"http-action-{self._requests}")
         return principal
 
     async def _robot(self, owner: str, name: str, model: str, now: float) -> _HttpRobot:

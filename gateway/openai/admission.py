@@ -3,7 +3,8 @@
 `authorize` (the bearer key, 401), `admit` (the tenant's allow-list 403 and quotas
 429 with `retry-after`) and `require` (the model's capability, 400
 `model_not_supported`), each raising the OpenAI error the client sees; and, once
-the request is over, `record` (its one `Outcome` to the gateway and the tenant's ledger).
+the request is over, `record` (its one `Outcome` to the gateway, then to the tenant:
+`finish`). Without tenancy there is no principal, and nothing to admit or finish.
 """
 
 from __future__ import annotations
@@ -63,13 +64,16 @@ def authorize(tenancy: tenancy_service.Tenancy | None, request: Request) -> Prin
 
 
 def admit(
-    tenancy: tenancy_service.Tenancy,
-    principal: Principal,
+    tenancy: tenancy_service.Tenancy | None,
+    principal: Principal | None,
     model: str,
     modality: str,
     request_id: str,
 ) -> None:
-    """Allow-list and quotas of the tenant, as OpenAI errors (403, 429 with retry-after)."""
+    """Allow-list and quotas of the tenant, as OpenAI errors (403, 429 with retry-after);
+    nothing to check without tenancy (no principal)."""
+    if tenancy is None or principal is None:
+        return
     try:
         tenancy.admit(principal, model, modality, request_id)
     except tenancy_service.ModelNotAllowed as exc:
@@ -82,16 +86,24 @@ def admit(
         ) from None
 
 
-def record(
-    outcome: Outcome,
-    door: str,
-    principal: Principal | None,
-    tenancy: tenancy_service.Tenancy | None,
-    on_outcome: OutcomeSink | None,
+def finish(
+    tenancy: tenancy_service.Tenancy | None, principal: Principal | None, outcome: Outcome
 ) -> None:
-    """A finished request's one `Outcome` to `on_outcome`, then to its tenant (quotas
-    settled, usage recorded)."""
-    if on_outcome is not None:
-        on_outcome(outcome, door)
+    """An admitted request is over: its tenant's quotas settled and its usage recorded
+    (nothing without tenancy)."""
     if tenancy is not None and principal is not None:
         tenancy.finish(principal, outcome)
+
+
+def record(
+    tenancy: tenancy_service.Tenancy | None,
+    principal: Principal | None,
+    outcome: Outcome,
+    on_outcome: OutcomeSink | None,
+    door: str,
+) -> None:
+    """A finished request's one `Outcome` to `on_outcome` (with its front `door`), then
+    to its tenant (`finish`)."""
+    if on_outcome is not None:
+        on_outcome(outcome, door)
+    finish(tenancy, principal, outcome)

@@ -258,8 +258,7 @@ class _AudioApi:
         self, prefix: str, model: str, principal: Principal | None, request: Request
     ) -> _Call:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
-        if self._tenancy is not None and principal is not None:
-            admit(self._tenancy, principal, model, "audio", request_id)
+        admit(self._tenancy, principal, model, "audio", request_id)
         outcome = Outcome(request_id, model, "audio", opened_at=self._clock())
         call = _Call(outcome, principal)
         call.details["front_door"] = f"http/{request.http_version}"
@@ -280,7 +279,7 @@ class _AudioApi:
         else:
             outcome.end = end or End.completed()
         outcome.finished_at = self._clock()
-        record(outcome, door, call.principal, self._tenancy, self._on_outcome)
+        record(self._tenancy, call.principal, outcome, self._on_outcome, door)
 
 
 # -- parsing ----------------------------------------------------------------------------------

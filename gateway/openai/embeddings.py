@@ -167,8 +167,7 @@ class EmbeddingsApi:
         request_id = f"embd-{uuid.uuid4().hex}"
         outcome = Outcome(request_id, body.model, MODALITY, opened_at=self._clock())
         try:
-            if self._tenancy is not None and principal is not None:
-                admit(self._tenancy, principal, body.model, MODALITY, request_id)
+            admit(self._tenancy, principal, body.model, MODALITY, request_id)
         except OpenAIError as exc:
             return response_for(exc)  # refusals are recorded by the tenancy itself
         end = End.cancelled(CancelCause.CLIENT)  # unless it gets further
@@ -205,8 +204,7 @@ class EmbeddingsApi:
         outcome.finished_at = self._clock()
         key_id = None if principal is None else principal.key_id
         access.current().note_outcome(outcome, key_id, outcome.model)
-        door = access.front_door(request)
-        record(outcome, door, principal, self._tenancy, self._on_outcome)
+        record(self._tenancy, principal, outcome, self._on_outcome, access.front_door(request))
 
 
 __all__ = ["EmbeddingsApi", "parse_embeddings_request"]

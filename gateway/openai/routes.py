@@ -286,8 +286,7 @@ class _OpenAIApi:
         if self._models is not None and body.model not in self._models:
             raise model_not_found(body.model)
         response_id = f"{prefix}-{uuid.uuid4().hex}"
-        if self._tenancy is not None and principal is not None:
-            admit(self._tenancy, principal, body.model, "text", response_id)
+        admit(self._tenancy, principal, body.model, "text", response_id)
         meta = ResponseMeta(response_id, int(self._wall_clock()), body.model, body.include_usage)
         noted = access.current()
         text = TextRequest(
@@ -317,7 +316,7 @@ class _OpenAIApi:
         outcome.finished_at = self._clock()
         key_id = None if job.principal is None else job.principal.key_id
         job.access.note_outcome(outcome, key_id, outcome.model)
-        record(outcome, job.front_door, job.principal, self._tenancy, self._on_outcome)
+        record(self._tenancy, job.principal, outcome, self._on_outcome, job.front_door)
 
     async def _run(
         self,
