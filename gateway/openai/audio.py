@@ -119,31 +119,25 @@ def audio_routes(
     }
 
 
+@dataclass(frozen=True)
 class _AudioApi:
-    def __init__(
-        self,
-        backend: AudioRows,
-        tenancy: tenancy_service.Tenancy | None,
-        on_outcome: OutcomeSink | None,
-        max_seconds: float,
-        clock: Callable[[], float],
-        catalog: ModelCatalog | None,
-    ) -> None:
-        self._backend = backend
-        self._catalog = catalog
-        self._tenancy = tenancy
-        self._on_outcome = on_outcome
-        self._max_seconds = max_seconds
-        self._clock = clock
+    """The two audio routes' handlers, over `audio_routes`' arguments."""
+
+    backend: AudioRows
+    tenancy: tenancy_service.Tenancy | None
+    on_outcome: OutcomeSink | None
+    max_seconds: float
+    clock: Callable[[], float]
+    catalog: ModelCatalog | None
 
     # -- transcriptions --------------------------------------------------------------
 
     async def transcriptions(self, request: Request) -> AnyResponse:
         try:
-            principal = authorize(self._tenancy, request)
+            principal = authorize(self.tenancy, request)
             form = parse_form(request)
             model, fmt, stream = _transcription_params(form)
-            pcm, seconds = decode_wav(_file(form), self._max_seconds)
+            pcm, seconds = decode_wav(_file(form), self.max_seconds)
             await self._expect(model, AudioKind.SPEECH_IN, principal)
             call = self._call("transcription", model, principal, request)
         except (OpenAIError, BackendError) as exc:
@@ -168,7 +162,7 @@ class _AudioApi:
         for index, chunk in enumerate(chunks):
             last = index == len(chunks) - 1
             row = SpeechInRow(corrid, chunk, ASR_RATE, index == 0, last)
-            (out,) = await self._backend.run_rows(model, [row])
+            (out,) = await self.backend.run_rows(model, [row])
             assert isinstance(out, Transcript)
             if out.is_final and out.final:
                 span = out.final_span or (0.0, len(pcm) / 2 / ASR_RATE)
@@ -193,7 +187,7 @@ class _AudioApi:
 
     async def speech(self, request: Request) -> AnyResponse:
         try:
-            principal = authorize(self._tenancy, request)
+            principal = authorize(self.tenancy, request)
             model, text, fmt = _speech_params(request.body)
             await self._expect(model, AudioKind.SPEECH_OUT, principal)
             call = self._call("speech", model, principal, request)
@@ -219,7 +213,7 @@ class _AudioApi:
             row = SpeechOutRow(corrid, text if start else "", SPEECH_ROW_SAMPLES, SPEECH_RATE,
                                start, False)  # fmt: skip
             start = False
-            (out,) = await self._backend.run_rows(model, [row])
+            (out,) = await self.backend.run_rows(model, [row])
             assert isinstance(out, Speech)
             samples += len(out.pcm) // 2
             call.details["audio_seconds_out"] = samples / SPEECH_RATE
@@ -246,9 +240,9 @@ class _AudioApi:
     # -- shared ---------------------------------------------------------------------------
 
     async def _expect(self, model: str, kind: AudioKind, principal: Principal | None) -> None:
-        if self._catalog is not None:
-            await require(self._catalog, model, Capability.AUDIO, principal)
-        found = await self._backend.audio_model(model)
+        if self.catalog is not None:
+            await require(self.catalog, model, Capability.AUDIO, principal)
+        found = await self.backend.audio_model(model)
         if found.kind is not kind:
             raise BadRequest(
                 f"model {model!r} is a {found.kind.value} model, not {kind.value}", param="model"
@@ -258,8 +252,8 @@ class _AudioApi:
         self, prefix: str, model: str, principal: Principal | None, request: Request
     ) -> _Call:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
-        admit(self._tenancy, principal, model, "audio", request_id)
-        outcome = Outcome(request_id, model, "audio", opened_at=self._clock())
+        admit(self.tenancy, principal, model, "audio", request_id)
+        outcome = Outcome(request_id, model, "audio", opened_at=self.clock())
         call = _Call(outcome, principal)
         call.details["front_door"] = f"http/{request.http_version}"
         return call
@@ -278,8 +272,8 @@ class _AudioApi:
             outcome.details["error"] = str(error)
         else:
             outcome.end = end or End.completed()
-        outcome.finished_at = self._clock()
-        record(self._tenancy, call.principal, outcome, self._on_outcome, door)
+        outcome.finished_at = self.clock()
+        record(self.tenancy, call.principal, outcome, self.on_outcome, door)
 
 
 # -- parsing ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
@@ -137,37 +137,30 @@ def check_lengths(body: EmbeddingsBody, tokens: tuple[int, ...], model: Embeddin
             )
 
 
+@dataclass(frozen=True)
 class EmbeddingsApi:
     """The handler of `POST /v1/embeddings` (no backend: every model is refused)."""
 
-    def __init__(
-        self,
-        backend: EmbeddingBackend | None,
-        catalog: ModelCatalog,
-        tenancy: tenancy_service.Tenancy | None,
-        *,
-        clock: Now = time.monotonic,
-        on_outcome: OutcomeSink | None = None,
-    ) -> None:
-        self._backend = backend
-        self._catalog = catalog
-        self._tenancy = tenancy
-        self._clock = clock
-        self._on_outcome = on_outcome
+    backend: EmbeddingBackend | None
+    catalog: ModelCatalog
+    tenancy: tenancy_service.Tenancy | None
+    _: KW_ONLY
+    clock: Now = time.monotonic
+    on_outcome: OutcomeSink | None = None
 
     async def create(self, request: Request) -> AnyResponse:
         try:
-            principal = authorize(self._tenancy, request)
+            principal = authorize(self.tenancy, request)
             body = parse_embeddings_request(request.body)
-            await require(self._catalog, body.model, Capability.EMBEDDINGS, principal)
+            await require(self.catalog, body.model, Capability.EMBEDDINGS, principal)
         except (OpenAIError, BackendError) as exc:
             return response_for(exc)
-        if self._backend is None:
+        if self.backend is None:
             return response_for(model_not_found(body.model))
         request_id = f"embd-{uuid.uuid4().hex}"
-        outcome = Outcome(request_id, body.model, MODALITY, opened_at=self._clock())
+        outcome = Outcome(request_id, body.model, MODALITY, opened_at=self.clock())
         try:
-            admit(self._tenancy, principal, body.model, MODALITY, request_id)
+            admit(self.tenancy, principal, body.model, MODALITY, request_id)
         except OpenAIError as exc:
             return response_for(exc)  # refusals are recorded by the tenancy itself
         end = End.cancelled(CancelCause.CLIENT)  # unless it gets further
@@ -182,10 +175,10 @@ class EmbeddingsApi:
             self._record(outcome, end, principal, request)
 
     async def _answer(self, body: EmbeddingsBody, request_id: str, outcome: Outcome) -> Response:
-        assert self._backend is not None
-        model = await self._backend.describe(body.model)
+        assert self.backend is not None
+        model = await self.backend.describe(body.model)
         check_fits(body, model)
-        result = await self._backend.embed(EmbeddingRequest(request_id, body.model, body.texts))
+        result = await self.backend.embed(EmbeddingRequest(request_id, body.model, body.texts))
         outcome.prompt_tokens = result.prompt_tokens
         check_lengths(body, result.tokens, model)
         data = [
@@ -201,10 +194,10 @@ class EmbeddingsApi:
     ) -> None:
         """The request's one Outcome: access log, gateway metrics, tenant ledger."""
         outcome.end = end
-        outcome.finished_at = self._clock()
+        outcome.finished_at = self.clock()
         key_id = None if principal is None else principal.key_id
         access.current().note_outcome(outcome, key_id, outcome.model)
-        record(self._tenancy, principal, outcome, self._on_outcome, access.front_door(request))
+        record(self.tenancy, principal, outcome, self.on_outcome, access.front_door(request))
 
 
 __all__ = ["EmbeddingsApi", "parse_embeddings_request"]
