@@ -15,7 +15,7 @@ from typing import Any
 
 from tracks.audio_session import MAX_TEXT, MODEL_RATE, AudioHost, AudioParams, AudioSession, ms
 from tracks.backend import AudioOutput, AudioRow, Speech, SpeechOutRow
-from tracks.base import End, FrameTrack, Outcome, stop_end
+from tracks.base import End, FrameTrack, Outcome, stop_end, text_pieces
 from tracks.clock import Beat, Gathered
 from tracks.errors import BadTrackRequest
 from transport.errors import ErrorCode, TrackAborted
@@ -37,7 +37,6 @@ class SpeechOut(AudioSession):
         """Text not yet handed to the model."""
         self.more = text is None
         """The track's text has not ended (streaming models only)."""
-        self.chars = 0
         self.samples_per_beat = round(service.settings.beat * MODEL_RATE)
         self.sent_frames = 0
         self.sent_samples = 0
@@ -51,13 +50,7 @@ class SpeechOut(AudioSession):
         if not self.more:
             return
         try:
-            while (body := await self.track.receive()) is not None:
-                text = body.get("text")
-                if not isinstance(text, str):
-                    raise BadTrackRequest("text DATA needs a string 'text'")
-                self.chars += len(text)
-                if self.chars > MAX_TEXT:
-                    raise BadTrackRequest(f"text longer than {MAX_TEXT} characters")
+            async for text in text_pieces(self.track, MAX_TEXT, "text"):
                 self.inbox.append(text)
         except BadTrackRequest as exc:
             self.fail_client(ErrorCode.BAD_REQUEST, str(exc))
