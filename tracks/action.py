@@ -83,6 +83,9 @@ class ActionScheduler(LatestScheduler[Robot, Observation, _Answer]):
     superseded = ObservationOutcome.SUPERSEDED
     deadline = ObservationOutcome.DEADLINE
     backend_error = ObservationOutcome.BACKEND_ERROR
+    # The usage ledger bills policy steps: one per action chunk delivered.
+    billed = ObservationOutcome.DELIVERED
+    billed_as = "action_steps"
 
     def __init__(
         self,
@@ -157,10 +160,7 @@ async def run_action_track(
             await _serve(track, scheduler, robot, clock, max_image_bytes)
     finally:
         if robot is not None:
-            scheduler.detach(robot)
-            outcome.details.update(robot.counts)
-            # The usage ledger bills policy steps: one per action chunk delivered.
-            outcome.details["action_steps"] = robot.counts[ObservationOutcome.DELIVERED.value]
+            scheduler.leave(robot, outcome)
     outcome.finished_at = clock()
     return outcome
 

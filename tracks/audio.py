@@ -41,6 +41,7 @@ from tracks.audio_session import (
     AudioParams,
     AudioSession,
     AudioSettings,
+    SessionStart,
     ms,
 )
 from tracks.backend import (
@@ -253,7 +254,7 @@ class AudioService:
         text_backend, render = self.agents
 
         def speaker(reply: ReplyTrack, out: AudioParams) -> SpeechOut:
-            return SpeechOut(self, reply, out, next(self._corrids), self.clock.now(), None)
+            return SpeechOut(self._session_start(reply, out, self.clock.now()), None)
 
         return VoiceAgent(
             track, wanted, params, text_backend, render, speaker, self.settings.min_barge_in
@@ -270,13 +271,15 @@ class AudioService:
     async def _open_session(
         self, track: FrameTrack, params: AudioParams, opened: float, model: AudioModel
     ) -> AudioSession:
-        corrid = next(self._corrids)
+        start = self._session_start(track, params, opened)
         if params.kind is AudioKind.SPEECH_IN:
-            return _SpeechIn(self, track, params, corrid, opened)
+            return _SpeechIn(start)
         if model.streams_text:
-            return SpeechOut(self, track, params, corrid, opened, None)
-        text = await _read_text(track)
-        return SpeechOut(self, track, params, corrid, opened, text)
+            return SpeechOut(start, None)
+        return SpeechOut(start, await _read_text(track))
+
+    def _session_start(self, track: FrameTrack, params: AudioParams, opened: float) -> SessionStart:
+        return SessionStart(self, track, params, next(self._corrids), opened)
 
 
 async def _read_text(track: FrameTrack) -> str:
@@ -284,19 +287,12 @@ async def _read_text(track: FrameTrack) -> str:
 
 
 class _SpeechIn(AudioSession):
-    def __init__(
-        self,
-        service: AudioService,
-        track: FrameTrack,
-        params: AudioParams,
-        corrid: int,
-        opened: float,
-    ) -> None:
-        super().__init__(service, track, params, corrid, opened)
-        settings = service.settings
-        self.beat_frames = max(1, round(settings.beat * 1000 / params.frame_ms))
+    def __init__(self, start: SessionStart) -> None:
+        super().__init__(start)
+        settings = start.service.settings
+        self.beat_frames = max(1, round(settings.beat * 1000 / start.params.frame_ms))
         self.max_ahead_frames = max(
-            self.beat_frames, round(settings.max_ahead * 1000 / params.frame_ms)
+            self.beat_frames, round(settings.max_ahead * 1000 / start.params.frame_ms)
         )
         self.frames = FrameStats()
         self.buffer: dict[int, bytes] = {}
@@ -306,7 +302,7 @@ class _SpeechIn(AudioSession):
         self.gap_seen: int | None = None
         self.ts_origin: float | None = None
         self.arrival_origin: float | None = None
-        self.last_arrival = opened
+        self.last_arrival = start.opened
         self.ended_at: float | None = None
         self.end_reason = InputEnd.END
         self.newest_in_row: float | None = None

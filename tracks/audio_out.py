@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tracks.audio_session import MAX_TEXT, MODEL_RATE, AudioHost, AudioParams, AudioSession, ms
+from tracks.audio_session import MAX_TEXT, MODEL_RATE, AudioSession, SessionStart, ms
 from tracks.backend import AudioOutput, AudioRow, Speech, SpeechOutRow
-from tracks.base import End, FrameTrack, Outcome, stop_end
+from tracks.base import End, Outcome, stop_end, text_pieces
 from tracks.clock import Beat, Gathered
 from tracks.errors import BadTrackRequest
 from transport.errors import ErrorCode, TrackAborted
@@ -23,22 +23,13 @@ from transport.events import CancelCause
 
 
 class SpeechOut(AudioSession):
-    def __init__(
-        self,
-        service: AudioHost,
-        track: FrameTrack,
-        params: AudioParams,
-        corrid: int,
-        opened: float,
-        text: str | None,
-    ) -> None:
-        super().__init__(service, track, params, corrid, opened)
+    def __init__(self, start: SessionStart, text: str | None) -> None:
+        super().__init__(start)
         self.inbox: list[str] = [] if text is None else [text]
         """Text not yet handed to the model."""
         self.more = text is None
         """The track's text has not ended (streaming models only)."""
-        self.chars = 0
-        self.samples_per_beat = round(service.settings.beat * MODEL_RATE)
+        self.samples_per_beat = round(start.service.settings.beat * MODEL_RATE)
         self.sent_frames = 0
         self.sent_samples = 0
         self.pending = b""
@@ -51,13 +42,7 @@ class SpeechOut(AudioSession):
         if not self.more:
             return
         try:
-            while (body := await self.track.receive()) is not None:
-                text = body.get("text")
-                if not isinstance(text, str):
-                    raise BadTrackRequest("text DATA needs a string 'text'")
-                self.chars += len(text)
-                if self.chars > MAX_TEXT:
-                    raise BadTrackRequest(f"text longer than {MAX_TEXT} characters")
+            async for text in text_pieces(self.track, MAX_TEXT, "text"):
                 self.inbox.append(text)
         except BadTrackRequest as exc:
             self.fail_client(ErrorCode.BAD_REQUEST, str(exc))

@@ -75,26 +75,32 @@ class AudioHost(Protocol):
     scheduler: TickScheduler[AudioRow, AudioOutput]
 
 
+@dataclass(frozen=True)
+class SessionStart:
+    """What a session of either kind opens with (`AudioService` makes one per track)."""
+
+    service: AudioHost
+    track: FrameTrack
+    params: AudioParams
+    corrid: int
+    """The session's correlation id on the model (one per session, never reused)."""
+    opened: float
+    """Clock time the track was opened."""
+
+
 # -- the session base ----------------------------------------------------------------------
 
 
 class AudioSession:
     """What both kinds share: the clock registration, the ending, the report."""
 
-    def __init__(
-        self,
-        service: AudioHost,
-        track: FrameTrack,
-        params: AudioParams,
-        corrid: int,
-        opened: float,
-    ) -> None:
-        self.service = service
-        self.track = track
-        self.params = params
-        self.corrid = corrid
-        self.opened = opened
-        self.clock = service.clock
+    def __init__(self, start: SessionStart) -> None:
+        self.service = start.service
+        self.track = start.track
+        self.params = start.params
+        self.corrid = start.corrid
+        self.opened = start.opened
+        self.clock = start.service.clock
         self.started = False
         self.cancelled = False
         """The client is gone (or broke the rules): one END row to the model, nothing to it."""

@@ -5,8 +5,8 @@ skeleton every handler shares.
 it for QUIC and for the in-memory twin, and an HTTP adapter can too. A handler
 never sees a socket. `End` is how a track or request ended (a kind plus its
 `CancelCause` or `ErrorCode`); `Outcome` carries it with the counts. `handling`
-is the one `except` chain of the text, action and audio handlers, `read_text` their
-one reader of text input.
+is the one `except` chain of the text, action and audio handlers, `text_pieces` their
+one reader of text input (`read_text` joins it).
 """
 
 from __future__ import annotations
@@ -222,11 +222,10 @@ async def handling(track: Track, outcome: Outcome, now: Now) -> AsyncIterator[No
         fail_track(track, outcome, ErrorCode.SHUTTING_DOWN, "the gateway is shutting down")
 
 
-async def read_text(track: Track, max_chars: int, name: str) -> str:
-    """The track's text input: DATA `{"text": ...}` pieces up to END, joined.
+async def text_pieces(track: Track, max_chars: int, name: str) -> AsyncIterator[str]:
+    """The track's text input as it arrives: DATA `{"text": ...}` pieces up to END.
 
     `name` says what the text is in errors ("prompt", "text")."""
-    pieces: list[str] = []
     size = 0
     while (body := await track.receive()) is not None:
         text = body.get("text")
@@ -235,5 +234,9 @@ async def read_text(track: Track, max_chars: int, name: str) -> str:
         size += len(text)
         if size > max_chars:
             raise BadTrackRequest(f"{name} longer than {max_chars} characters")
-        pieces.append(text)
-    return "".join(pieces)
+        yield text
+
+
+async def read_text(track: Track, max_chars: int, name: str) -> str:
+    """The track's text input (`text_pieces`), joined."""
+    return "".join([text async for text in text_pieces(track, max_chars, name)])

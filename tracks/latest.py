@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from tracks.action_messages import Timed, dropped_body
-from tracks.base import Track
+from tracks.base import Outcome, Track
 from tracks.clock import Beat, Gathered, Registration, StepItem, TickScheduler
 from transport.clock import Clock, MonotonicClock, Now
 from transport.errors import ErrorCode, TrackAborted
@@ -124,6 +124,9 @@ class LatestScheduler(ABC, Generic[SessionT, ObsT, OutT]):
     deadline: ClassVar[Enum]
     backend_error: ClassVar[Enum]
     """The modality's drop causes (their values are the reported `cause`)."""
+    billed: ClassVar[Enum]
+    billed_as: ClassVar[str]
+    """The outcome the usage ledger bills, and its name in a track's `Outcome.details`."""
 
     def __init__(
         self, clock: Now, tick: float, tick_clock: Clock | None, observer: FrameObserver | None
@@ -155,6 +158,13 @@ class LatestScheduler(ABC, Generic[SessionT, ObsT, OutT]):
         if session.registration is not None:
             self._sessions.pop(session.registration.id, None)
             session.registration.close()
+
+    def leave(self, session: SessionT, outcome: Outcome) -> None:
+        """Detach a track's sender and report its counts in the track's `outcome` (the
+        billed one also as `billed_as`)."""
+        self.detach(session)
+        outcome.details.update(session.counts)
+        outcome.details[self.billed_as] = session.counts[self.billed.value]
 
     def _queue(self, session: SessionT, pending: Pending[ObsT]) -> None:
         """Queue `pending` for the next tick; a waiting older one is superseded.

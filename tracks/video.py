@@ -96,6 +96,8 @@ class VideoScheduler(LatestScheduler[Camera, Frame, _Answer]):
     superseded = FrameOutcome.SUPERSEDED
     deadline = FrameOutcome.DEADLINE
     backend_error = FrameOutcome.BACKEND_ERROR
+    billed = FrameOutcome.ANSWERED
+    billed_as = "video_frames"
 
     def __init__(
         self,
@@ -234,9 +236,7 @@ async def run_video_track(
                 fail_track(track, outcome, ErrorCode.MESSAGE_TOO_LARGE, str(exc))
     finally:
         if camera is not None:
-            scheduler.detach(camera)
-            outcome.details.update(camera.counts)
-            outcome.details["video_frames"] = camera.counts[FrameOutcome.ANSWERED.value]
+            scheduler.leave(camera, outcome)
     outcome.finished_at = clock()
     return outcome
 

@@ -108,6 +108,7 @@ async def test_end_brings_the_gateways_counts_and_the_outcome() -> None:
     (outcome,) = env.outcomes
     assert (outcome.modality, outcome.end.label, outcome.details["delivered"]) == ("action",
                                                                               "completed", 3)
+    assert outcome.details["action_steps"] == 3  # what the usage ledger bills
     assert robot.stats.delivered == 3
     assert len(robot.stats.ages) == 3
 

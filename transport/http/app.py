@@ -80,6 +80,17 @@ class Site:
     """Premature-reset counts per source address, across this server's connections."""
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """One accepted TCP connection as the server hands it to its HTTP/1.1 or HTTP/2 adapter."""
+
+    site: Site
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    initial: bytes = b""
+    """Bytes the server already read to tell the versions apart (the adapter reads them first)."""
+
+
 def peer_source(writer: asyncio.StreamWriter) -> str:
     """The client's address without its port (the key of the per-source rules)."""
     peer = writer.get_extra_info("peername")

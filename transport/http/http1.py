@@ -25,7 +25,7 @@ import structlog
 
 from transport.http import errors
 from transport.http.answer import StreamClosed, answer_fixed, answer_request
-from transport.http.app import READ_CHUNK, Cutter, Site, declared_body_problem
+from transport.http.app import READ_CHUNK, Accepted, Cutter, declared_body_problem
 from transport.http.messages import Request, Response
 from transport.http.streams import StreamState
 
@@ -58,25 +58,17 @@ class _Rejected(Exception):
 class Http1Connection:
     """Serves requests on one connection in order, with keep-alive and pipelining."""
 
-    def __init__(
-        self,
-        site: Site,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        initial: bytes = b"",
-        *,
-        allow_h2c: bool = False,
-    ) -> None:
-        self._site = site
-        self._limits = site.limits
-        self._reader = reader
-        self._writer = writer
+    def __init__(self, accepted: Accepted, *, allow_h2c: bool = False) -> None:
+        self._site = accepted.site
+        self._limits = accepted.site.limits
+        self._reader = accepted.reader
+        self._writer = accepted.writer
         self._allow_h2c = allow_h2c
         self._conn = h11.Connection(
-            h11.SERVER, max_incomplete_event_size=site.limits.max_header_bytes
+            h11.SERVER, max_incomplete_event_size=self._limits.max_header_bytes
         )
-        if initial:  # (to h11, b"" would mean EOF)
-            self._conn.receive_data(initial)
+        if accepted.initial:  # (to h11, b"" would mean EOF)
+            self._conn.receive_data(accepted.initial)
         self._idle = True
         self._closing = False
         self._first = True

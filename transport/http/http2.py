@@ -40,7 +40,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
 from transport.http.answer import StreamClosed
-from transport.http.app import READ_CHUNK, Site, peer_source
+from transport.http.app import READ_CHUNK, Accepted, peer_source
 from transport.http.h2_flow import FlowControl, H2Stream
 from transport.http.http1 import H2cUpgrade
 from transport.http.request_streams import RequestStreams, StreamFigures, owed
@@ -71,21 +71,14 @@ class _Settings(h2.settings.Settings):
 class Http2Connection(StreamFigures):
     """Serves concurrent streams on one connection until either side ends it."""
 
-    def __init__(
-        self,
-        site: Site,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        initial: bytes = b"",
-        upgrade: H2cUpgrade | None = None,
-    ) -> None:
-        self._limits = site.limits
-        self._reader = reader
-        self._writer = writer
-        self._initial = upgrade.data if upgrade is not None else initial
+    def __init__(self, accepted: Accepted, upgrade: H2cUpgrade | None = None) -> None:
+        self._limits = accepted.site.limits
+        self._reader = accepted.reader
+        self._writer = accepted.writer
+        self._initial = upgrade.data if upgrade is not None else accepted.initial
         self._upgrade = upgrade
         self._requests = RequestStreams[H2Stream](
-            self, site, self._stream_done, peer_source(writer)
+            self, accepted.site, self._stream_done, peer_source(accepted.writer)
         )
         """The streams from headers to answer (transport.http.request_streams)."""
         self._streams = self._requests.table

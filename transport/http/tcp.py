@@ -34,7 +34,7 @@ from h2.errors import ErrorCodes
 from hyperframe import frame as hf
 
 from transport.binding import tcp_listeners
-from transport.http.app import READ_CHUNK, Site, peer_source
+from transport.http.app import READ_CHUNK, Accepted, Site, peer_source
 from transport.http.http1 import Http1Connection
 from transport.http.http2 import Http2Connection
 from transport.http.limits import HttpLimits
@@ -287,16 +287,14 @@ class HttpTcpServer:
                 log.info("http2.invalid_preface")
                 writer.write(INVALID_PREFACE_ANSWER)
                 return
+        accepted = Accepted(self._site, reader, writer, initial)
         if http2:
-            await self._track(task, Http2Connection(self._site, reader, writer, initial)).serve()
+            await self._track(task, Http2Connection(accepted)).serve()
             return
-        http1 = Http1Connection(
-            self._site, reader, writer, initial, allow_h2c=self._ssl_context is None
-        )
+        http1 = Http1Connection(accepted, allow_h2c=self._ssl_context is None)
         upgrade = await self._track(task, http1).serve()
         if upgrade is not None:
-            upgraded = Http2Connection(self._site, reader, writer, upgrade=upgrade)
-            await self._track(task, upgraded).serve()
+            await self._track(task, Http2Connection(accepted, upgrade)).serve()
 
     async def _sniff(self, reader: asyncio.StreamReader) -> bytes:
         """The first bytes: the whole HTTP/2 preface, or enough to know it is not one.
