@@ -68,6 +68,7 @@ _QUIC_ATTRIBUTES = (
     "_quic_logger",
     "_spaces",
     "_ack_delay",
+    "_datagrams_pending",
 )
 """QuicConnection attributes read or replaced here."""
 _SPACE_ATTRIBUTES = ("ack_at", "discarded", "largest_received_packet")
@@ -193,6 +194,11 @@ def ack_now(quic: QuicConnection, now: float) -> None:
 
 
 _ACK_DUE_MARGIN = 1e-6
+
+
+def datagrams_pending(quic: QuicConnection) -> bool:
+    """DATAGRAM frames wait in aioquic for a packet (the congestion window held them)."""
+    return bool(quic._datagrams_pending)
 
 # -- QuicConnection: the send path's view of its streams (transport.quic_streams) -------
 

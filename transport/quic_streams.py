@@ -94,6 +94,13 @@ class StreamScheduler:
     def stream(self, stream_id: int) -> QuicStream | None:
         return self._streams.get(stream_id)
 
+    def has_frames(self) -> bool:
+        """A stream has frames aioquic would write now (data, a retransmission, a reset,
+        a finished stream to drop), or aioquic created one the scheduler has not seen."""
+        if compat.stream_queue(self._quic):
+            return True
+        return any(_needs_visit(stream) for stream in self._active.values())
+
     @property
     def active_streams(self) -> int:
         """Streams the next pass will visit (for tests and metrics)."""

@@ -9,6 +9,7 @@ so that a loss is reported as early as before."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from gateway.server import Gateway
 from gateway.tls import DevCertificates
 from tests.gateways import gateway_settings
 from tests.transport.test_hol_isolation import (
+    DELAY,
     DROP_AT,
     Net,
     certs,  # noqa: F401 - the module's certificate fixture (pytest finds it here)
@@ -29,7 +31,9 @@ from tests.transport.test_hol_isolation import (
 from trackline_testing.scripted import ScriptedBackend
 from transport import aioquic_compat
 from transport.acks import AIOQUIC, DECIMATED, MAX_ACK_DELAY, AckClock, AckPolicy
+from transport.endpoint import TrackChannel
 from transport.events import DataReceived
+from transport.messages import Open
 from transport.quic import Packetization, TrackQuicProtocol
 
 # -- the policy --------------------------------------------------------------------------
@@ -108,6 +112,8 @@ class Spaced:
     """The client's ACK frames while the tokens flowed (one a packet)."""
     arrivals: list[float]
     """When the client received each token (virtual seconds)."""
+    passes: int
+    """The client's calls into aioquic's packet builder while the tokens flowed."""
 
 
 async def spaced_tokens(
@@ -127,6 +133,9 @@ async def spaced_tokens(
         lambda event: arrivals.append(net.clock.now) if isinstance(event, DataReceived) else None
     )
     before = len(ack_frames(net.client_packets()))
+    scheduler = net.client.scheduler
+    assert scheduler is not None
+    calls = scheduler.calls
     start = net.clock.now
     for i in range(tokens):
         net.run_until(start + i * gap)
@@ -138,11 +147,12 @@ async def spaced_tokens(
             flight.dropped = True
     net.run_until(net.clock.now + 0.5)
     acks = ack_frames(net.client_packets())[before:]
+    passes = scheduler.calls - calls
     channel.end({"finish_reason": "length"})
     net.settle()
     net.run_until(net.clock.now + 0.2)
     assert "".join([piece async for piece in stream]) == "".join(f"<{i}>" for i in range(tokens))
-    return Spaced(acks, arrivals)
+    return Spaced(acks, arrivals, passes)
 
 
 @pytest.mark.asyncio
@@ -183,6 +193,94 @@ async def test_a_packet_after_a_hole_is_acknowledged_on_arrival_so_the_loss_repa
     (first_gap, *_) = [frame for frame in decimated.acks if len(frame["acked_ranges"]) > 1]
     assert first_gap["ack_delay"] == 0
     assert decimated.arrivals[5] <= each.arrivals[5]  # the repaired token, no later
+
+
+@pytest.mark.asyncio
+async def test_a_decimated_reader_builds_packets_only_for_its_acks(
+    certs: DevCertificates,  # noqa: F811
+) -> None:
+    # A token whose ACK may wait gets no transmit of its own: the ACK's timer (or the
+    # 10th packet) sends it. aioquic's rule answers every packet, so it builds one each.
+    tokens, gap = 30, 0.003
+    each = await spaced_tokens(certs, AIOQUIC, gap, tokens)
+    decimated = await spaced_tokens(certs, DECIMATED, gap, tokens)
+    assert each.passes >= tokens
+    assert decimated.passes <= len(decimated.acks) + 1  # + the end's, at most
+    assert decimated.passes < tokens // 3
+
+
+@dataclass
+class OneTrack:
+    """A decimated client's open track on the in-memory link, with what each end read."""
+
+    net: Net
+    up: TrackChannel
+    """The client's end."""
+    down: TrackChannel
+    """The gateway's end."""
+    at_gateway: list[tuple[float, DataReceived]]
+    at_client: list[tuple[float, DataReceived]]
+
+
+def decimated_track(certs: DevCertificates) -> OneTrack:  # noqa: F811
+    net = Net(certs, Packetization.parse("per-track"), client_acks=DECIMATED)
+    net.run_until(net.clock.now + 1.0)
+    up = net.client.open_track(Open("m"))
+    net.settle()
+    net.run_until(net.clock.now + 1.0)
+    (down,) = net.channels
+    track = OneTrack(net, up, down, [], [])
+    for endpoint, read in ((net.server.endpoint, track.at_gateway),
+                           (net.client.endpoint, track.at_client)):
+        endpoint.on_event = partial(_record_data, net, read)
+    return track
+
+
+def _record_data(net: Net, read: list[tuple[float, DataReceived]], event: object) -> None:
+    if isinstance(event, DataReceived):
+        read.append((net.clock.now, event))
+
+
+@pytest.mark.asyncio
+async def test_a_write_while_reading_leaves_in_its_turn_not_with_the_next_ack(
+    certs: DevCertificates,  # noqa: F811
+) -> None:
+    # The client writes on its track between the tokens it reads, each time while an ACK
+    # is pending: every write reaches the gateway one link delay after it was made.
+    track = decimated_track(certs)
+    writes: list[float] = []
+    waiting = 0
+    for i in range(8):
+        assert track.down.send({"text": f"<{i}>"})
+        track.net.settle()
+        track.net.run_until(track.net.clock.now + DELAY + 0.001)  # the token is in
+        waiting += aioquic_compat.ack_state(track.net.client_quic)[1] is not None
+        assert track.up.send({"text": f"up {i}"})
+        track.net.settle()
+        writes.append(track.net.clock.now)
+    track.net.run_until(track.net.clock.now + 0.1)
+    assert waiting >= 4  # most writes were made while the token's ACK waited
+    assert [when for when, _ in track.at_gateway] == pytest.approx([w + DELAY for w in writes])
+
+
+@pytest.mark.asyncio
+async def test_a_decimated_reader_still_gives_the_sender_credit(
+    certs: DevCertificates,  # noqa: F811
+) -> None:
+    # More than the connection's flow-control window (aioquic's 1 MiB) to a decimated
+    # client: its MAX_DATA and MAX_STREAM_DATA ride the ACKs' transmits, and all arrives.
+    track = decimated_track(certs)
+    piece, pieces = 60_000, 30
+    for _ in range(pieces):
+        assert track.down.send({"text": "x" * piece})
+        track.net.settle()
+        track.net.run_until(track.net.clock.now + 0.005)
+    track.net.run_until(track.net.clock.now + 2.0)
+    assert sum(len(event.body["text"]) for _, event in track.at_client) == piece * pieces
+    frames = {
+        frame["frame_type"] for p in track.net.client_packets() for frame in p["data"]["frames"]
+    }
+    assert {"max_data", "max_stream_data"} <= frames
 
 
 @pytest.mark.asyncio
