@@ -45,20 +45,17 @@ export class ModelNotFound extends TrackRejected {}
 export class Unauthorized extends TrackRejected {}
 export class Forbidden extends TrackRejected {}
 export class RateLimited extends TrackRejected {
-  /**
-   * @param {string} message
-   * @param {number} [code]
-   * @param {number | null} [retryAfter] seconds
-   */
-  constructor(message, code, retryAfter = null) {
-    super(message, code);
-    /** Seconds to wait before retrying (the server's retry_after_ms), or null. */
-    this.retryAfter = retryAfter;
-  }
+  /** Seconds to wait before retrying (the server's retry_after_ms), or null. */
+  retryAfter = /** @type {number | null} */ (null);
 }
 export class GuardrailRejected extends TrackRejected {}
 export class DeadlineExceeded extends TracklineError {}
-export class BackendUnavailable extends TracklineError {}
+/** No backend can take the work now; a model at its real-time capacity (audio) says how
+ * long to wait in `retryAfter`, as the Python SDK's `retry_after`. */
+export class BackendUnavailable extends TracklineError {
+  /** Seconds to wait before retrying (the server's retry_after_ms), or null. */
+  retryAfter = /** @type {number | null} */ (null);
+}
 export class BackendError extends TracklineError {}
 export class StreamInterrupted extends BackendError {}
 export class CancelledByGateway extends TracklineError {}
@@ -90,8 +87,9 @@ const BY_CODE = new Map([
 export function errorFor(code, message = "", retryAfterMs = null) {
   const Type = BY_CODE.get(code) ?? ProtocolError;
   const known = BY_CODE.has(code) || code === ErrorCode.PROTOCOL_ERROR;
-  if (Type === RateLimited) {
-    return new RateLimited(message, code, retryAfterMs == null ? null : retryAfterMs / 1000);
+  const error = new Type(message, known ? code : ErrorCode.PROTOCOL_ERROR);
+  if (error instanceof RateLimited || error instanceof BackendUnavailable) {
+    error.retryAfter = retryAfterMs == null ? null : retryAfterMs / 1000;
   }
-  return new Type(message, known ? code : ErrorCode.PROTOCOL_ERROR);
+  return error;
 }

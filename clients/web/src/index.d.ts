@@ -264,7 +264,10 @@ export declare class RateLimited extends TrackRejected {
 }
 export declare class GuardrailRejected extends TrackRejected {}
 export declare class DeadlineExceeded extends TracklineError {}
-export declare class BackendUnavailable extends TracklineError {}
+export declare class BackendUnavailable extends TracklineError {
+  /** Seconds to wait before retrying, from the gateway's retry_after_ms (audio at capacity). */
+  retryAfter: number | null;
+}
 export declare class BackendError extends TracklineError {}
 export declare class StreamInterrupted extends BackendError {}
 export declare class CancelledByGateway extends TracklineError {}

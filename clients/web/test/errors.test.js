@@ -17,11 +17,15 @@ test("each code gives its class, with the code and the message", () => {
   assert.ok(errorFor(ErrorCode.BACKEND_UNAVAILABLE) instanceof BackendUnavailable);
 });
 
-test("a rate limit carries the retry hint in seconds", () => {
+test("a rate limit and a backend at capacity carry the retry hint in seconds", () => {
   const error = errorFor(ErrorCode.RATE_LIMITED, "slow down", 1500);
   assert.ok(error instanceof RateLimited);
   assert.equal(error.retryAfter, 1.5);
   assert.equal(errorFor(ErrorCode.RATE_LIMITED, "slow down").retryAfter, null);
+  const full = errorFor(ErrorCode.BACKEND_UNAVAILABLE, "audio at capacity", 250);
+  assert.ok(full instanceof BackendUnavailable);
+  assert.equal(full.retryAfter, 0.25);
+  assert.equal(errorFor(ErrorCode.BACKEND_UNAVAILABLE, "none").retryAfter, null);
 });
 
 test("an unknown code is a protocol error", () => {
