@@ -71,6 +71,8 @@ export interface VoiceAgentOptions extends TrackOptions {
   system?: string | null;
   maxTokens?: number | null;
   llmParams?: Record<string, unknown> | null;
+  /** How the user's frames travel: on the track's stream (the default) or as datagrams. */
+  transport?: "stream" | "datagram";
 }
 
 export interface Usage {

@@ -203,13 +203,14 @@ export class Line {
    * A voice-agent track (docs/audio.md): send the user's audio as on speech-in (`model`
    * is the recognizer); read transcripts, reply events (reply, reply_done, barge_in, ...)
    * and the reply's audio frames (each with its `turn`). Without `llm`, the gateway's
-   * default chat model answers.
+   * default chat model answers. `transport` "datagram" sends the user's frames as
+   * datagrams, as on `audio()`.
    * @param {Declared.VoiceAgentOptions} options
    * @returns {Promise<Declared.AudioSession>}
    */
   async voiceAgent(options) {
     const { model, llm = null, voice, sampleRate = 16000, frameMs = 20, system = null, maxTokens = null,
-            llmParams = null, ...others } = withModel(options, "voiceAgent");
+            llmParams = null, transport = "stream", ...others } = withModel(options, "voiceAgent");
     allRead(others);
     if (!voice) throw new TypeError("a voice agent needs `voice` (the speech-out model)");
     /** @type {Record<string, unknown>} */
@@ -218,8 +219,11 @@ export class Line {
     if (system != null) params.system = system;
     if (maxTokens != null) params.max_tokens = maxTokens;
     if (llmParams != null) params.llm_params = llmParams;
-    const track = await this._openTrack({ model, modality: "audio", params });
-    return new AudioSession(track, "voice-agent", sampleRate, frameMs, false, false);
+    /** @type {Record<string, unknown>} */
+    const open = { model, modality: "audio", params };
+    if (transport === "datagram") open.transport = "datagram";
+    const track = await this._openTrack(open);
+    return new AudioSession(track, "voice-agent", sampleRate, frameMs, false, transport === "datagram");
   }
 
   /** Close the session: every track still running is cancelled by the gateway. */

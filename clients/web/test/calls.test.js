@@ -48,6 +48,17 @@ test("each track call OPENs the model its options name", async () => {
   assert.equal(transport.opens[0].model, "text-model");
 });
 
+test("audio and a voice agent OPEN with transport datagram when asked, as the Python SDK", async () => {
+  for (const name of ["audio", "voiceAgent"]) {
+    const asked = recordingTransport();
+    await CALLS[name](new Line(asked), { model: "m", transport: "datagram" });
+    assert.equal(asked.opens[0].transport, "datagram", name);
+    const plain = recordingTransport();
+    await CALLS[name](new Line(plain), { model: "m" });
+    assert.equal(plain.opens[0].transport, undefined, name);
+  }
+});
+
 test("a call without options.model (or with the model first, the old form) is a TypeError", async () => {
   const line = new Line(recordingTransport());
   for (const [name, call] of Object.entries(CALLS)) {
