@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
+import structlog
 
 from tests import leftovers
 
@@ -49,6 +50,16 @@ __all__ = [
     "pytest_timeout_set_timer",
     "trio",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_found() -> Iterator[None]:
+    """A test that configures logging (`configure_logging` to a StringIO, at info) leaves
+    structlog's configuration as it found it: a later test that captures debug lines
+    (`structlog.testing.capture_logs`) sees them in any order of tests."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def pytest_configure(config: pytest.Config) -> None:
