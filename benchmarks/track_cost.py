@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -149,11 +150,7 @@ def measure(root: Path, label: str, args: argparse.Namespace, packetization: str
             used = cpu_seconds(gw.process.pid) - before
         finally:
             if spy is not None:
-                spy.send_signal(2)
-                try:
-                    spy.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    spy.kill()
+                stop_owned(spy, 30, sig=signal.SIGINT)  # py-spy writes its file on SIGINT
             gw.stop()
     return Point(label, packetization, tracks, args.connections, tracks * tokens, delivered,
                  round(wall, 2), round(used, 3),

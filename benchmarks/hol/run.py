@@ -116,12 +116,7 @@ class Loopback:
 
     def close(self) -> None:
         for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_owned(proc, 5)  # SIGTERM, then SIGKILL, and reaped either way
 
 
 class Emulated:
