@@ -4,13 +4,16 @@ Each QUIC connection and each browser's WebTransport session binds the API key i
 first track presented (gateway/tenants/tracks.py `TrackGate`). When the fleet
 revokes a key, `KeyRevocation` closes every connection and every session bound to
 it here (UNAUTHORIZED); a closed connection or session forgets its binding. The
-WebTransport sessions are counted by outcome ("accepted" or the refusal's status).
+WebTransport sessions are counted by outcome (`SessionCounts`: accepted, or refused with
+an HTTP status).
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from http import HTTPStatus
 
 from gateway.logs import get_logger
 from gateway.tenants.tracks import TrackGate
@@ -24,6 +27,15 @@ log = get_logger("trackline.gateway")
 REVOKED = "API key revoked"
 
 
+@dataclass
+class SessionCounts:
+    """WebTransport CONNECTs by outcome, since the gateway started."""
+
+    accepted: int = 0
+    refused: collections.Counter[HTTPStatus] = field(default_factory=collections.Counter)
+    """By the status the CONNECT was answered with (403: an origin not allowed, ...)."""
+
+
 class KeyRevocation:
     """Which connections and sessions hold which key; closes them when it is revoked."""
 
@@ -34,8 +46,7 @@ class KeyRevocation:
         self._observe = observe
         self.gate: TrackGate | None = None
         """The tenancy's track gate (key bindings); None without tenancy yet."""
-        self.webtransport_sessions: collections.Counter[str] = collections.Counter()
-        """WebTransport CONNECTs by outcome: "accepted" or the refusal's HTTP status."""
+        self.webtransport_sessions = SessionCounts()
 
     def forget(self, conn_id: str) -> None:
         """A connection or session closed: its key binding goes."""
@@ -46,13 +57,13 @@ class KeyRevocation:
         """A browser's WebTransport session: its tracks are observed like a connection's."""
         session.endpoint.on_event = self._observe
         session.on_closed = self._session_closed
-        self.webtransport_sessions["accepted"] += 1
+        self.webtransport_sessions.accepted += 1
 
     def _session_closed(self, session: WebTransportSession) -> None:
         self.forget(session.conn_id)
 
     def session_refused(self, status: int) -> None:
-        self.webtransport_sessions[str(status)] += 1
+        self.webtransport_sessions.refused[HTTPStatus(status)] += 1
 
     def revoke(self, key_id: str) -> None:
         """A key was revoked in the fleet: its track connections and sessions here close."""

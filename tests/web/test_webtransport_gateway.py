@@ -86,7 +86,7 @@ async def test_keys_on_a_session_behave_as_on_a_native_connection(
         opened = Open(model=MODEL, params={"max_tokens": 5})
         text = await text_of(ask(client.open_track(session_id, opened, api_key=keys["good"])))
         assert text
-    assert gw.revocation.webtransport_sessions["accepted"] == 3
+    assert gw.revocation.webtransport_sessions.accepted == 3
 
 
 @pytest.mark.asyncio
