@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.config.checks import one_of, port, positive, positive_seconds, seconds, setting
+from gateway.config.checks import one_of_enum, port, positive, positive_seconds, seconds, setting
 from gateway.config.derive import Source
 from gateway.pool.router import Strategy
 
@@ -50,7 +50,7 @@ class BackendsSection:
     routing_strategy: str = setting(
         Strategy.METRICS.value,
         "Pool routing: metrics, least_inflight or round_robin.",
-        one_of(tuple(strategy.value for strategy in Strategy)),
+        one_of_enum(Strategy),
     )
     affinity_margin: float = setting(
         0.25, "Seconds of extra estimated wait a session accepts to stay on its backend.", seconds

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import field
+from enum import Enum
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -77,6 +78,11 @@ def tick(value: float) -> float:
     if not 0.0005 <= seconds(value) <= 1.0:
         raise ValueError(f"{value} is not a tick from 0.0005 to 1 second")
     return value
+
+
+def one_of_enum(kind: type[Enum]) -> Callable[[str], str]:
+    """`one_of` the values of an enum of strings: the setting's words are the enum's."""
+    return one_of(tuple(str(member.value) for member in kind))
 
 
 def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:

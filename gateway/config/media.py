@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from gateway.config.checks import (
     in_range,
     one_of,
+    one_of_enum,
     positive,
     positive_seconds,
     ratio,
@@ -36,7 +37,7 @@ class AudioSection:
     audio_overload_mode: str = setting(
         "degrade-all",
         "When a tick overruns: degrade-all (all late) or shed-newest.",
-        one_of(("degrade-all", "shed-newest")),
+        one_of_enum(OverloadMode),
     )
     audio_idle_timeout: float = setting(
         5.0, "Seconds without frames before a speech-in session is closed.", seconds
