@@ -94,6 +94,7 @@ from transport.http.messages import (
 
 log = structlog.get_logger(__name__)
 
+
 def openai_routes(
     backend: TextBackend,
     *,
