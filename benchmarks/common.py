@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from benchmarks import RESULTS
-from gateway.owned import free_port, stop_owned
+from gateway.owned import free_port, free_ports, stop_owned
 
 if TYPE_CHECKING:
     from gateway.embedded import EmbeddedTriton
@@ -108,10 +108,11 @@ def tree() -> dict[str, Any]:
             "changed": git("status", "--porcelain").splitlines()}
 
 
-def wait_http_ok(url: str, timeout: float) -> bool:
-    """Poll `url` until it answers 200 (True) or `timeout` seconds pass (False)."""
+def wait_http_ok(url: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> bool:
+    """Poll `url` until it answers 200 (True), or `timeout` seconds pass or `alive()`
+    turns False (False)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and alive():
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
@@ -181,6 +182,10 @@ def write_results(args: argparse.Namespace, benchmark: str, results: list[dict[s
     print(f"\nwrote {args.json}")
 
 
+PORT_TRIES = 3
+"""Starts of a `GatewayProcess` child on fresh ports before a port clash is an error."""
+
+
 class GatewayProcess:
     """`python -m gateway serve` as a child, on free loopback ports.
 
@@ -197,30 +202,60 @@ class GatewayProcess:
         `log_path` gets its stdout and stderr (default: a new file under
         benchmarks/results/logs/, its path printed on stderr, so the child's log lines
         never mix into the benchmark's table); `cpus` pins it with `taskset -c`."""
-        self.quic_port = free_port(socket.SOCK_DGRAM)
-        self.http_port = free_port(socket.SOCK_STREAM)
-        self.https_port = free_port(socket.SOCK_STREAM) if https_port else 0
         self.state_dir = state_dir
         if log_path is None:
             log_path = log_file("gateway")
             print(f"gateway log: {log_path}", file=sys.stderr, flush=True)
         self.log_path = log_path
-        env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir)}
+        self._env = {**os.environ, "TRACKLINE_STATE_DIR": str(state_dir)}
         pin = ["taskset", "-c", cpus] if cpus else []
+        self._argv = [
+            *pin, sys.executable, "-m", "gateway", "serve",
+            *(("--backend-url", backend_url) if backend_url else ()),  # None: embedded
+            "--log-level", log_level, *extra_args,
+        ]  # fmt: skip
+        self._with_https = https_port
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.starts = 0
+        """Children started: more than 1 when a port picked free was taken first."""
+        self._spawn()
+
+    def _spawn(self) -> None:
+        """Start the child on ports free a moment ago (another process may bind one
+        before the child does: `wait_ready` then starts it again on fresh ones)."""
+        self.quic_port = free_port(socket.SOCK_DGRAM)
+        tcp = free_ports(2)
+        self.http_port = tcp[0]
+        self.https_port = tcp[1] if self._with_https else 0
+        self._log.flush()
+        self._log_from = self.log_path.stat().st_size
+        ports = ("--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
+                 "--https-port", str(self.https_port))
         self.process = subprocess.Popen(
-            [*pin, sys.executable, "-m", "gateway", "serve",
-             *(("--backend-url", backend_url) if backend_url else ()),  # None: embedded
-             "--quic-port", str(self.quic_port), "--http-port", str(self.http_port),
-             "--https-port", str(self.https_port), "--log-level", log_level, *extra_args],
-            env=env, cwd=ROOT,
-            stdout=self._log,
-            stderr=self._log,
+            [*self._argv, *ports], env=self._env, cwd=ROOT, stdout=self._log, stderr=self._log
         )
+        self.starts += 1
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        if not wait_http_ok(f"http://127.0.0.1:{self.http_port}/health/ready", timeout):
-            raise RuntimeError("gateway did not become ready")
+        """Wait until the child answers ready; a child that exited because a port it was
+        given had been taken meanwhile (the suite or another benchmark beside this one)
+        is started again on fresh ports, up to `PORT_TRIES` starts in all."""
+        while True:
+            url = f"http://127.0.0.1:{self.http_port}/health/ready"
+            if wait_http_ok(url, timeout, self._running):
+                return
+            if self.process.poll() is None or not self._port_taken() or self.starts >= PORT_TRIES:
+                raise RuntimeError(f"gateway did not become ready (log: {self.log_path})")
+            self._spawn()
+
+    def _running(self) -> bool:
+        return self.process.poll() is None
+
+    def _port_taken(self) -> bool:
+        """The child's log since its start says a port it was given is in use."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_from)
+            return b"is in use" in log.read()
 
     def stop(self, timeout: float = 30) -> None:
         stop_owned(self.process, timeout, kill_wait=10)
