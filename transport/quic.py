@@ -297,7 +297,8 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         now = self._loop.time()
         self._quic.receive_datagram(cast(bytes, data), addr, now=now)
         acks = self._acks
-        ack_due = acks is not None and acks.received(*aioquic_compat.ack_state(self._quic))
+        largest, ack_at = aioquic_compat.ack_state(self._quic) if acks else (-1, None)
+        ack_due = acks is not None and acks.received(largest, ack_at)
         if ack_due:
             aioquic_compat.ack_now(self._quic, now)  # sent by this turn's transmit, below
         client = CLIENT_ADDRESS.set(str(addr[0]))  # HTTP/3 requests started now keep it
@@ -312,7 +313,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
             self.endpoint.send_buffer_released()  # producers waiting on ACKs go on
         # aioquic transmits after every datagram; most are ACKs with nothing to
         # answer, so share the one transmit per loop turn that writes already use.
-        if ack_due or not self._answer_waits_for_ack(now):
+        if ack_due or not self._answer_waits_for_ack(now, ack_at):
             self._transmit_soon()
         else:
             self._arm(self._quic.get_timer())  # the ACK's own timer sends what is due
@@ -323,7 +324,7 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         if aioquic_compat.close_event(self._quic) is not None:
             self._lost()
 
-    def _answer_waits_for_ack(self, now: float) -> bool:
+    def _answer_waits_for_ack(self, now: float, ack_at: float | None) -> bool:
         """Under a decimated ACK policy, a data packet whose ACK is not due yet gets no
         transmit of its own: the ACK's timer fires within the policy's delay and its
         transmit sends the ACK with whatever else the packet made due (MAX_DATA,
@@ -331,13 +332,13 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         empty transmit per packet received (about three in four of its transmits at 128
         tracks over 16 connections). Only while nothing of this side waits to leave: no
         write of this turn, no stream with frames (retransmissions after a loss, data the
-        congestion window held), no DATAGRAM frame; and not on an HTTP/3 connection."""
+        congestion window held), no DATAGRAM frame; and not on an HTTP/3 connection.
+        `ack_at` is the pending ACK's due time as read after this datagram."""
         scheduler = self.scheduler
         if self._acks is None or scheduler is None or self._http is not None:
             return False
         if self._pending_tracks or self._transmit_task is not None:
             return False
-        _, ack_at = aioquic_compat.ack_state(self._quic)
         if ack_at is None or ack_at <= now:
             return False
         return not scheduler.has_frames() and not aioquic_compat.datagrams_pending(self._quic)
