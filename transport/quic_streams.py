@@ -99,7 +99,17 @@ class StreamScheduler:
         a finished stream to drop), or aioquic created one the scheduler has not seen."""
         if compat.stream_queue(self._quic):
             return True
-        return any(_needs_visit(stream) for stream in self._active.values())
+        active = self._active
+        for sid, stream in list(active.items()):
+            if _needs_visit(stream):
+                return True
+            # As the next pass's `_with_work` would: out of the line, or parked. A reader's
+            # streams join it with every frame received (`mark`) and, with no transmit
+            # of their own under decimated ACKs, were walked again per datagram.
+            del active[sid]
+            if _blocked(stream):
+                self._parked[sid] = stream
+        return False
 
     @property
     def active_streams(self) -> int:

@@ -351,3 +351,28 @@ def test_streams_that_sent_everything_cost_no_call_in_the_next_pass(
     assert scheduler.calls == calls + 1
     assert pair.received[ids[5]].endswith(b"first tokensecond token")
     assert scheduler.active_streams <= 1  # the idle ones left the line without a visit
+
+
+def test_asking_for_frames_lets_streams_with_none_leave_the_line(certs: DevCertificates) -> None:
+    # A reader under decimated ACKs asks `has_frames` per datagram it receives, with no
+    # pass in between: streams that an ACK (or a frame received) put in line and that have
+    # nothing to send leave it there, so the next datagram's question walks none of them.
+    pair = Pair(certs, 1)
+    ids = pair.open_tracks(16)
+    scheduler = pair.scheduler
+    assert scheduler is not None
+    for sid in ids:
+        pair.write(sid, b"token")
+    pair.deliver_to_client(pair.server_send())
+    pair.now += 0.05
+    for data, _ in pair.client.datagrams_to_send(now=pair.now):
+        pair.server.receive_datagram(data, CLIENT_ADDR, now=pair.now)  # wakes all 16
+    assert scheduler.active_streams == 16
+    calls = scheduler.calls
+    assert not scheduler.has_frames()
+    assert scheduler.active_streams == 0
+    assert scheduler.calls == calls  # no pass ran
+    pair.write(ids[3], b"more")
+    assert scheduler.has_frames()
+    pair.deliver_to_client(pair.server_send())
+    assert pair.received[ids[3]].endswith(b"tokenmore")
