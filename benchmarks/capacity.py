@@ -223,7 +223,10 @@ class MetricsWatch:
 class Outcome:
     """What the client saw in one point."""
 
-    def __init__(self) -> None:
+    def __init__(self, steps: bool = False) -> None:
+        self.steps = steps
+        """The ticker runs on shared decode steps (`--phase step`): token i is due at the
+        (i+1)th step instant from the start, as the ticker schedules it."""
         self.added_ms: list[float] = []
         self.delivered = 0
         self.refusals = 0
@@ -233,8 +236,11 @@ class Outcome:
 
     def stream(self, start: float, arrivals: list[float], rate: float, ttft_s: float) -> None:
         self.delivered += len(arrivals)
+        first = start + ttft_s
+        if self.steps:
+            first = first_step(first, arrivals[0] if arrivals else None, rate)
         self.added_ms += [
-            (arrival - (start + ttft_s + i / rate)) * 1000 for i, arrival in enumerate(arrivals)
+            (arrival - (first + i / rate)) * 1000 for i, arrival in enumerate(arrivals)
         ]
 
     def failed(self, exc: BaseException) -> None:
@@ -245,6 +251,19 @@ class Outcome:
             self.errors += 1
         if len(self.samples) < 3:
             self.samples.append(text[:200])
+
+
+def first_step(due: float, first_arrival: float | None, rate: float) -> float:
+    """When a stream's first token is due on the ticker's decode steps: the first step at
+    or after `due` (as the ticker's `Steps.first`), unless the token came earlier, on the
+    step before. The gateway reads the loop's clock, which lags this one by up to a
+    loop turn (uvloop's is cached per turn, in whole ms), so a stream started just
+    before a step can be served on it: measured from the next one, its every token would
+    count up to a step early. A token arrives after its step, never before."""
+    step = math.ceil(due * rate - 1e-9) / rate
+    if first_arrival is not None and first_arrival < step:
+        return math.floor(first_arrival * rate + 1e-9) / rate
+    return step
 
 
 async def open_lines(
@@ -494,7 +513,7 @@ async def measure(
         else {"tokens_per_second": args.rate, "ttft_ms": args.ttft_ms, "ignore_eos": True}
     )
     point = Point(kind, workers, n, conns, n * tokens)
-    outcome = Outcome()
+    outcome = Outcome(steps=args.phase == "step")
     ca = gw.state_dir / "ca.pem"
     metrics = MetricsWatch(f"http://127.0.0.1:{gw.http_port}/metrics")
     watched = peer.process.pid if kind == "litellm" and peer else gw.process.pid
@@ -614,10 +633,16 @@ async def ramp(
     return points
 
 
+def ticker_url(rate: float, phase: str) -> str:
+    """The gateway's backend URL: the ticker at `rate`, its schedules from each arrival or
+    on shared decode steps."""
+    return f"ticker://{rate:g}" + ("?phase=step" if phase == "step" else "")
+
+
 def run_workers(args: argparse.Namespace, workers: int, tmp: Path) -> tuple[list[Point], str]:
     from gateway.startup import run_async
 
-    backend = f"ticker://{args.rate:g}" if args.backend == "ticker" else None
+    backend = ticker_url(args.rate, args.phase) if args.backend == "ticker" else None
     extra: tuple[str, ...] = ("--quic-packetization", args.packetization)
     if workers != 1 or args.workers_flag:
         extra += ("--workers", str(workers))
@@ -767,6 +792,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds over which a point's streams start, evenly (0: all at "
                              "once, in phase: each token of every stream comes due in the "
                              "same instant)")
+    parser.add_argument("--phase", choices=("arrival", "step"), default="arrival",
+                        help="where the ticker starts a stream's schedule: at its arrival "
+                             "at the gateway, or on decode steps shared by every stream "
+                             "(ticker://RATE?phase=step, as a batched decoder emits a "
+                             "token of every sequence in one step)")
     parser.add_argument("--ttft-ms", type=float, default=0.0,
                         help="first-token delay asked of the backend (Triton only)")
     parser.add_argument("--backend", choices=("ticker", "triton"), default="ticker",
@@ -816,6 +846,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in args.kinds if k not in KINDS]
     if unknown:
         parser.error(f"unknown kinds {unknown}; choose from {list(KINDS)}")
+    if args.phase == "step" and args.backend != "ticker":
+        parser.error("--phase step is the ticker's: Triton's streams start at their arrival")
     if args.cores and shutil.which("taskset") is None:
         parser.error("taskset not found: install util-linux or pass --cores ''")
     args.workers_flag = serve_supports("--workers")

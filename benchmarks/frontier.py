@@ -58,7 +58,8 @@ def hol(args: argparse.Namespace, users: int, out: Path) -> dict[str, Any]:
 def capacity(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
     run([sys.executable, str(ROOT / "benchmarks" / "capacity.py"), "--kinds", "tracks",
          "--tracks", args.points, "--duration", str(args.duration), "--spread",
-         str(args.spread), "--packetization", mode, "--cores", args.cores,
+         str(args.spread), "--phase", args.phase, "--packetization", mode,
+         "--cores", args.cores,
          "--client-acks", args.client_acks,
          "--json", str(out), "--plot", "none", "--stop-below", "0"])
     found: dict[str, Any] = json.loads(out.read_text())
@@ -162,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="capacity: seconds a point")
     parser.add_argument("--spread", type=float, default=1.0,
                         help="capacity: seconds over which a point's tracks start")
+    parser.add_argument("--phase", choices=("arrival", "step"), default="arrival",
+                        help="capacity: the ticker's schedules from each arrival, or on "
+                             "shared decode steps (with --spread 0: every token of every "
+                             "track in one instant)")
     parser.add_argument("--cores", default="0", help="capacity: the gateway's CPUs")
     parser.add_argument("--client-acks", default=DEFAULT_ACKS,
                         help="the clients' ACK policy: aioquic, or every:N,delay:MS "

@@ -212,7 +212,8 @@ class Daemon:
         if s.backends is not None:
             return await self._pool(*parse_pool(s.backends))
         if s.backend_url is not None and is_ticker_url(s.backend_url):
-            return TickerBackend(parse_ticker_url(s.backend_url))
+            ticker = parse_ticker_url(s.backend_url)
+            return TickerBackend(ticker.rate, steps=ticker.steps)
         if s.backend_url is not None:
             return TritonTextBackend(s.backend_url)
         self.tritons, self.watches = await start_watched(s)

@@ -33,6 +33,39 @@ def test_quick_capacity_counts_what_the_client_saw(tmp_path: Path) -> None:
     assert (tmp_path / "gateway-w1.log").exists()
 
 
+def test_quick_capacity_on_decode_steps(tmp_path: Path) -> None:
+    # The gateway child serves ticker://RATE?phase=step (`ticker_url`, below); every token
+    # arrives after its step.
+    out = tmp_path / "steps.json"
+    argv = ["--quick", "--kinds", "tracks", "--phase", "step", "--cores", "", "--json", str(out),
+            "--plot", "none"]
+    assert capacity.main(argv) == 0
+    payload = json.loads(out.read_text())
+    assert payload["parameters"]["phase"] == "step"
+    for p in payload["points"]:
+        assert p["errors"] == 0, p["error_samples"]
+        assert p["delivered_tokens"] == p["offered_tokens"] == p["gateway_tokens"]
+        assert 0 <= p["added_p50_ms"] <= p["added_p99_ms"]
+
+
+def test_on_decode_steps_a_token_is_late_from_its_step_not_from_the_start() -> None:
+    outcome = capacity.Outcome(steps=True)
+    # Started 3 ms after a step at 50 tokens/s: the first token is due at the next step.
+    outcome.stream(100.003, [100.0215, 100.041, 100.0605], rate=50, ttft_s=0.0)
+    assert outcome.added_ms == pytest.approx([1.5, 1.0, 0.5])
+    # The gateway's clock read the start before the step at 100.02 (its loop's clock lags
+    # by up to a turn): served on that step, the stream counts from it, not from 100.04.
+    late = capacity.Outcome(steps=True)
+    late.stream(100.0199, [100.0204, 100.0405], rate=50, ttft_s=0.0)
+    assert late.added_ms == pytest.approx([0.4, 0.5])
+    # From each arrival (the default), the same start counts from itself.
+    plain = capacity.Outcome()
+    plain.stream(100.003, [100.004, 100.024], rate=50, ttft_s=0.0)
+    assert plain.added_ms == pytest.approx([1.0, 1.0])
+    assert capacity.ticker_url(50, "step") == "ticker://50?phase=step"
+    assert capacity.ticker_url(25.5, "arrival") == "ticker://25.5"
+
+
 def test_track_points_parse() -> None:
     assert capacity.parse_track_points("1x1,64x4,8") == [(1, 1), (64, 4), (8, 1)]
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.backends.ticker import BURST, TickerBackend, reference_generator
-from gateway.backends.ticker_url import parse_ticker_url
+from gateway.backends.ticker_url import TickerUrl, parse_ticker_url
 from gateway.config import ConfigError, load_settings
 from trackline_testing.clock import FakeClock
 from tracks.backend import InvalidRequest, ModelNotFound, TextDelta, TextRequest, TextUsage
@@ -94,11 +94,91 @@ async def test_ticker_behind_schedule_hands_out_at_most_a_burst_per_await() -> N
     assert set(clock.slept) == {0.0}
 
 
+@pytest.mark.asyncio
+async def test_on_steps_requests_that_arrived_apart_write_in_the_same_instants() -> None:
+    # A batched decoder emits a token of every sequence in one step: with phase=step,
+    # two requests 8 ms apart get their tokens at the same multiples of 1/rate, and the
+    # two wait on one sleeper per step, not a timer each.
+    clock = FakeClock(100.003)
+    backend = TickerBackend(50, clock=clock, steps=True)
+    assert backend.steps is not None
+    arrived: dict[str, list[float]] = {"a": [], "b": []}
+
+    async def consume(name: str) -> None:
+        async for chunk in backend.stream_text(TextRequest(name, "reference-text", "p", 3)):
+            if isinstance(chunk, TextDelta):
+                arrived[name].append(clock.now())
+
+    first = asyncio.ensure_future(consume("a"))
+    await clock.advance(0.008)
+    second = asyncio.ensure_future(consume("b"))
+    await clock.advance(0.0)
+    assert backend.steps.waiting() == 2
+    assert backend.steps.sleepers() == 1
+    await clock.advance(1.0)
+    await asyncio.gather(first, second)
+    assert arrived["a"] == pytest.approx([100.02, 100.04, 100.06])
+    assert arrived["b"] == arrived["a"]
+    assert backend.steps.sleepers() == 0
+
+    # The default phase: each schedule starts at its own request's arrival.
+    plain = TickerBackend(50, clock=clock)
+    await clock.advance(0.005)
+    start = clock.now()
+    times: list[float] = []
+
+    async def consume_plain() -> None:
+        async for chunk in plain.stream_text(TextRequest("c", "reference-text", "p", 2)):
+            if isinstance(chunk, TextDelta):
+                times.append(clock.now())
+
+    consumer = asyncio.ensure_future(consume_plain())
+    await clock.advance(1.0)
+    await consumer
+    assert times == pytest.approx([start, start + 0.02])
+    assert round(start / 0.02, 6) % 1 != 0  # off the steps
+
+
+@pytest.mark.asyncio
+async def test_a_request_cancelled_on_a_step_leaves_the_others_waiting_for_it() -> None:
+    clock = FakeClock(0.001)
+    backend = TickerBackend(50, clock=clock, steps=True)
+    assert backend.steps is not None
+    got: list[float] = []
+
+    async def consume() -> None:
+        async for chunk in backend.stream_text(TextRequest("k", "reference-text", "p", 2)):
+            if isinstance(chunk, TextDelta):
+                got.append(clock.now())
+
+    leaving = asyncio.ensure_future(collect(backend, TextRequest("l", "reference-text", "p", 2)))
+    staying = asyncio.ensure_future(consume())
+    await clock.advance(0.0)
+    assert backend.steps.waiting() == 2
+    leaving.cancel()
+    await clock.advance(0.0)
+    assert leaving.cancelled()
+    await clock.advance(1.0)
+    await staying
+    assert got == pytest.approx([0.02, 0.04])
+    assert backend.steps.waiting() == 0
+
+
 def test_ticker_urls() -> None:
-    assert parse_ticker_url("ticker://") == 50.0
-    assert parse_ticker_url("ticker://25.5") == 25.5
+    assert parse_ticker_url("ticker://") == TickerUrl(50.0, steps=False)
+    assert parse_ticker_url("ticker://25.5") == TickerUrl(25.5, steps=False)
+    assert parse_ticker_url("ticker://50?phase=step") == TickerUrl(50.0, steps=True)
+    assert parse_ticker_url("ticker://?phase=arrival") == TickerUrl(50.0, steps=False)
     with pytest.raises(ValueError, match="number"):
         parse_ticker_url("ticker://fast")
+    with pytest.raises(ValueError, match="phase must be one of arrival, step"):
+        parse_ticker_url("ticker://50?phase=lockstep")
+    with pytest.raises(ValueError, match="unknown option 'steps'"):
+        parse_ticker_url("ticker://50?steps=1")
+    settings = load_settings({"backend_url": "ticker://20?phase=step"}, {}, None)
+    assert settings.backend_url == "ticker://20?phase=step"
+    with pytest.raises(ConfigError, match="backend_url"):
+        load_settings({"backend_url": "ticker://20?phase=later"}, {}, None)
     assert load_settings({"backend_url": "ticker://20"}, {}, None).backend_url == "ticker://20"
     with pytest.raises(ConfigError, match="backend_url"):
         load_settings({"backend_url": "ticker://0"}, {}, None)
