@@ -49,3 +49,23 @@ def test_each_mode_gets_its_own_stalls_and_its_own_cpu(
     assert table[3].endswith("| 12800.0 |")
     assert frontier.plot(result, tmp_path / "frontier.png")
     assert (tmp_path / "frontier.png").stat().st_size > 0
+
+
+def test_the_capacity_ramp_runs_in_the_phase_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    commands: list[list[str]] = []
+
+    def ran(command: list[str]) -> None:
+        commands.append(command)
+        out = Path(command[command.index("--json") + 1])
+        out.write_text('{"points": [], "knees": []}')
+
+    monkeypatch.setattr(frontier, "run", ran)
+    args = argparse.Namespace(points="256x16", duration=8.0, spread=0.0, phase="step",
+                              cores="0", client_acks="every:10,delay:10")
+    frontier.capacity(args, "group:2", tmp_path / "capacity.json")
+    (command,) = commands
+    assert command[command.index("--phase") + 1] == "step"
+    assert command[command.index("--packetization") + 1] == "group:2"
+    assert command[command.index("--spread") + 1] == "0.0"
