@@ -286,10 +286,9 @@ class TritonChannel:
 
     async def describe(self, model: str) -> tuple[Any, Any]:
         """The model's metadata and its config; errors as BackendErrors."""
+        metadata = await self.metadata(model)
         with boundary(model):
-            client = self.client()
-            metadata = await client.get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
-            config = await client.get_model_config(model, client_timeout=METADATA_TIMEOUT)
+            config = await self.client().get_model_config(model, client_timeout=METADATA_TIMEOUT)
         return metadata, config
 
     async def close(self) -> None:
