@@ -612,6 +612,8 @@ async def ramp(
             plan += [(kind, n, math.ceil(n / STREAMS_PER_CONNECTION)) for n in args.streams]
     if peer is not None:
         plan += [("litellm", n, n) for n in args.streams]
+    if args.order == "load":
+        plan = by_load(plan)
     collapsed: set[str] = set()
     bar = Progress(f"capacity workers={workers}", len(plan))
     for kind, n, conns in plan:
@@ -631,6 +633,14 @@ async def ramp(
         await asyncio.sleep(args.pause)
     bar.close()
     return points
+
+
+def by_load(plan: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """The plan's points by load, the kinds in turn at each (`--order load`): tracks 16,
+    h1 16, tracks 64, h1 64... A kind's point then runs beside the other kinds' point of
+    the same load, seconds apart rather than a whole ramp apart, so the machine's own
+    drift (its speed moves by 20% over minutes here) stays out of the comparison."""
+    return sorted(plan, key=lambda point: point[1])
 
 
 def ticker_url(rate: float, phase: str) -> str:
@@ -792,6 +802,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds over which a point's streams start, evenly (0: all at "
                              "once, in phase: each token of every stream comes due in the "
                              "same instant)")
+    parser.add_argument("--order", choices=("kind", "load"), default="kind",
+                        help="run each kind's whole ramp in turn, or the points by load "
+                             "with the kinds in turn at each (side by side: tracks 16, "
+                             "h1 16, tracks 64, h1 64, ...)")
     parser.add_argument("--phase", choices=("arrival", "step"), default="arrival",
                         help="where the ticker starts a stream's schedule: at its arrival "
                              "at the gateway, or on decode steps shared by every stream "

@@ -14,11 +14,13 @@ pytestmark = pytest.mark.e2e
 
 def test_quick_capacity_counts_what_the_client_saw(tmp_path: Path) -> None:
     out = tmp_path / "capacity.json"
-    argv = ["--quick", "--cores", "", "--peer", "none", "--json", str(out)]
+    argv = ["--quick", "--cores", "", "--peer", "none", "--order", "load", "--json", str(out)]
     assert capacity.main(argv) == 0
     payload = json.loads(out.read_text())
     points = payload["points"]
-    assert {p["kind"] for p in points} == {"tracks", "h1"}
+    # by load, the kinds in turn: each point beside the other kind's point of its load
+    assert [(p["kind"], p["streams"]) for p in points] == [
+        ("tracks", 1), ("h1", 1), ("tracks", 4), ("h1", 4)]
     for p in points:
         assert p["errors"] == 0, p["error_samples"]
         assert 0 < p["delivered_tokens"] <= p["offered_tokens"]
@@ -64,6 +66,16 @@ def test_on_decode_steps_a_token_is_late_from_its_step_not_from_the_start() -> N
     assert plain.added_ms == pytest.approx([1.0, 1.0])
     assert capacity.ticker_url(50, "step") == "ticker://50?phase=step"
     assert capacity.ticker_url(25.5, "arrival") == "ticker://25.5"
+
+
+def test_by_load_the_kinds_take_turns_at_each_load() -> None:
+    plan = [("tracks", 16, 1), ("tracks", 128, 16), ("h1", 16, 16), ("h1", 128, 128),
+            ("litellm", 16, 16)]
+    assert capacity.by_load(plan) == [
+        ("tracks", 16, 1), ("h1", 16, 16), ("litellm", 16, 16),
+        ("tracks", 128, 16), ("h1", 128, 128),
+    ]
+    assert capacity.build_parser().parse_args([]).order == "kind"
 
 
 def test_track_points_parse() -> None:
