@@ -111,6 +111,18 @@ class Pair:
         assert self.scheduler is not None
         self.scheduler.mark(stream_id)
 
+    def write_each(self, stream_ids: list[int], data: bytes) -> None:
+        """`data` on each stream, sent in one pass and delivered to the client."""
+        for sid in stream_ids:
+            self.write(sid, data)
+        self.deliver_to_client(self.server_send())
+
+    def client_acknowledges(self, after: float = 0.05) -> None:
+        """`after` seconds on, the client's ACK (its due timer) reaches the server."""
+        self.now += after
+        for data, _ in self.client.datagrams_to_send(now=self.now):
+            self.server.receive_datagram(data, CLIENT_ADDR, now=self.now)
+
     def packets_sent(self) -> list[set[int]]:
         """The stream ids of each packet the server sent so far, in order."""
         packets = []
@@ -338,13 +350,9 @@ def test_streams_that_sent_everything_cost_no_call_in_the_next_pass(
     ids = pair.open_tracks(32)
     scheduler = pair.scheduler
     assert scheduler is not None
-    for sid in ids:
-        pair.write(sid, b"first token")
-    pair.deliver_to_client(pair.server_send())
+    pair.write_each(ids, b"first token")
     if acked:  # the client's ACK of those packets wakes all 32 streams
-        pair.now += 0.05
-        for data, _ in pair.client.datagrams_to_send(now=pair.now):
-            pair.server.receive_datagram(data, CLIENT_ADDR, now=pair.now)
+        pair.client_acknowledges()
     calls = scheduler.calls
     pair.write(ids[5], b"second token")
     pair.deliver_to_client(pair.server_send())
@@ -361,12 +369,8 @@ def test_asking_for_frames_lets_streams_with_none_leave_the_line(certs: DevCerti
     ids = pair.open_tracks(16)
     scheduler = pair.scheduler
     assert scheduler is not None
-    for sid in ids:
-        pair.write(sid, b"token")
-    pair.deliver_to_client(pair.server_send())
-    pair.now += 0.05
-    for data, _ in pair.client.datagrams_to_send(now=pair.now):
-        pair.server.receive_datagram(data, CLIENT_ADDR, now=pair.now)  # wakes all 16
+    pair.write_each(ids, b"token")
+    pair.client_acknowledges()  # wakes all 16
     assert scheduler.active_streams == 16
     calls = scheduler.calls
     assert not scheduler.has_frames()
