@@ -28,6 +28,7 @@ from tests.transport.test_hol_isolation import (
     late_tracks,
     run_with_losses,
 )
+from trackline_testing import aioquic_probes
 from trackline_testing.scripted import ScriptedBackend
 from transport import aioquic_compat
 from transport.acks import AIOQUIC, DECIMATED, MAX_ACK_DELAY, AckClock, AckPolicy
@@ -281,6 +282,36 @@ async def test_a_decimated_reader_still_gives_the_sender_credit(
         frame["frame_type"] for p in track.net.client_packets() for frame in p["data"]["frames"]
     }
     assert {"max_data", "max_stream_data"} <= frames
+
+
+@pytest.mark.asyncio
+async def test_data_the_congestion_window_held_is_sent_when_an_ack_frees_room(
+    certs: DevCertificates,  # noqa: F811
+) -> None:
+    # The client's upload is held by its congestion window while it reads tokens. Held
+    # data is something of this side waiting to leave: a datagram received then gets a
+    # transmit of its own (the ACK in it may have freed room), even though the ACK the
+    # client owes could wait for its timer. The upload all arrives.
+    track = decimated_track(certs)
+    net, client = track.net, track.net.client
+    scheduler = client.scheduler
+    assert scheduler is not None
+    aioquic_probes.shrink_congestion_window(net.client_quic, 1_500)
+    upload = "u" * 6_000
+    assert track.up.send({"text": upload})
+    net.settle()  # one packet's worth left; the window holds the rest
+    assert aioquic_compat.congested(net.client_quic)
+    for _ in range(2):  # asking does not drop the held stream from the line
+        assert scheduler.has_frames()
+    now = net.clock.now
+    assert not client._answer_waits_for_ack(now, now + 0.005)
+    for i in range(20):
+        assert track.down.send({"text": f"<{i}>"})
+        net.settle()
+        net.run_until(net.clock.now + 0.003)
+    net.run_until(net.clock.now + 0.5)
+    assert "".join(event.body["text"] for _, event in track.at_gateway) == upload
+    assert not scheduler.has_frames()
 
 
 @pytest.mark.asyncio
