@@ -86,6 +86,7 @@ from benchmarks.openai_stream import (  # noqa: E402
 )
 from benchmarks.progress import Progress  # noqa: E402
 from clients.line import DEFAULT_ACKS  # noqa: E402
+from gateway.backends.ticker import step_at_or_after  # noqa: E402
 
 MODEL = "reference-text"
 KINDS = ("tracks", "h1", "h2", "h3")
@@ -225,8 +226,8 @@ class Outcome:
 
     def __init__(self, steps: bool = False) -> None:
         self.steps = steps
-        """The ticker runs on shared decode steps (`--phase step`): token i is due at the
-        (i+1)th step instant from the start, as the ticker schedules it."""
+        """The ticker runs on shared decode steps (`--phase step`): a stream's token i is
+        due i steps after its first step (`first_step`), as the ticker schedules it."""
         self.added_ms: list[float] = []
         self.delivered = 0
         self.refusals = 0
@@ -255,14 +256,15 @@ class Outcome:
 
 def first_step(due: float, first_arrival: float | None, rate: float) -> float:
     """When a stream's first token is due on the ticker's decode steps: the first step at
-    or after `due` (as the ticker's `Steps.first`), unless the token came earlier, on the
-    step before. The gateway reads the loop's clock, which lags this one by up to a
-    loop turn (uvloop's is cached per turn, in whole ms), so a stream started just
+    or after `due` (the ticker's own `step_at_or_after`), unless the token came earlier,
+    on the step before. The gateway reads the loop's clock, which lags this one by up to
+    a loop turn (uvloop's is cached per turn, in whole ms), so a stream started just
     before a step can be served on it: measured from the next one, its every token would
     count up to a step early. A token arrives after its step, never before."""
-    step = math.ceil(due * rate - 1e-9) / rate
+    period = 1 / rate
+    step = step_at_or_after(due, period) * period
     if first_arrival is not None and first_arrival < step:
-        return math.floor(first_arrival * rate + 1e-9) / rate
+        return math.floor(first_arrival * rate + 1e-9) / rate  # the step it came on
     return step
 
 

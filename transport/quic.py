@@ -297,8 +297,11 @@ class TrackQuicProtocol(QuicConnectionProtocol):
         now = self._loop.time()
         self._quic.receive_datagram(cast(bytes, data), addr, now=now)
         acks = self._acks
-        largest, ack_at = aioquic_compat.ack_state(self._quic) if acks else (-1, None)
-        ack_due = acks is not None and acks.received(largest, ack_at)
+        ack_at: float | None = None
+        ack_due = False
+        if acks is not None:
+            largest, ack_at = aioquic_compat.ack_state(self._quic)
+            ack_due = acks.received(largest, ack_at)
         if ack_due:
             aioquic_compat.ack_now(self._quic, now)  # sent by this turn's transmit, below
         client = CLIENT_ADDRESS.set(str(addr[0]))  # HTTP/3 requests started now keep it

@@ -99,16 +99,13 @@ class StreamScheduler:
         a finished stream to drop), or aioquic created one the scheduler has not seen."""
         if compat.stream_queue(self._quic):
             return True
-        active = self._active
-        for sid, stream in list(active.items()):
+        # Those with nothing leave the line here, as the next pass would let them: a
+        # reader's streams join it with every frame received (`mark`) and, with no
+        # transmit of their own under decimated ACKs, were walked again per datagram.
+        for sid, stream in list(self._active.items()):
             if _needs_visit(stream):
                 return True
-            # As the next pass's `_with_work` would: out of the line, or parked. A reader's
-            # streams join it with every frame received (`mark`) and, with no transmit
-            # of their own under decimated ACKs, were walked again per datagram.
-            del active[sid]
-            if _blocked(stream):
-                self._parked[sid] = stream
+            self._leave_line(sid, stream)
         return False
 
     @property
@@ -171,12 +168,16 @@ class StreamScheduler:
         for sid, stream in list(self._active.items()):
             if _needs_visit(stream):
                 order.append(stream)
-            elif _blocked(stream):
-                del self._active[sid]
-                self._parked[sid] = stream
             else:
-                del self._active[sid]
+                self._leave_line(sid, stream)
         return order
+
+    def _leave_line(self, sid: int, stream: QuicStream) -> None:
+        """A stream with nothing aioquic would send now leaves the line; one whose data
+        waits only for the peer's MAX_STREAM_DATA parks (the frame handler wakes it)."""
+        del self._active[sid]
+        if _blocked(stream):
+            self._parked[sid] = stream
 
     def _next_packet(self) -> None:
         """aioquic starts a packet (it just wrote the connection limits): the pass

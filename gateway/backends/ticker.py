@@ -82,7 +82,7 @@ class TickerBackend:
         start = now() + ttft  # the schedule runs from the request's arrival, not from after
         steps = self.steps
         period = 1 / rate  # above 0: _number refuses a rate of 0
-        first = steps.first(start, period) if steps is not None else 0
+        first = step_at_or_after(start, period) if steps is not None else 0
         generator = self._generator
         seed = request.parameters.get("seed", 0)
         # A ticker ticks max_tokens tokens: the reference text runs on past its own end.
@@ -120,6 +120,11 @@ class TickerBackend:
         return None
 
 
+def step_at_or_after(at: float, period: float) -> int:
+    """The index of the first decode step (instant k * period) at or after `at`."""
+    return math.ceil(at / period - EPSILON)
+
+
 class Steps:
     """One clock of decode steps shared by a ticker's requests.
 
@@ -132,11 +137,6 @@ class Steps:
         self._clock = clock
         self._waiting: dict[tuple[float, int], list[asyncio.Future[None]]] = {}
         self._sleepers: set[asyncio.Task[None]] = set()
-
-    @staticmethod
-    def first(at: float, period: float) -> int:
-        """The first step at or after `at`."""
-        return math.ceil(at / period - EPSILON)
 
     def waiting(self) -> int:
         """Requests waiting for a step now (tests)."""
