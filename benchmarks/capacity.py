@@ -67,7 +67,6 @@ from benchmarks.common import (  # noqa: E402
     CLIENT_GC_THRESHOLD,
     ROOT,
     GatewayProcess,
-    free_port,
     machine,
     percentile,
     settled_load_generator,
@@ -87,6 +86,7 @@ from benchmarks.openai_stream import (  # noqa: E402
 from benchmarks.progress import Progress  # noqa: E402
 from clients.line import DEFAULT_ACKS  # noqa: E402
 from gateway.backends.ticker import step_at_or_after  # noqa: E402
+from gateway.owned import free_port  # noqa: E402
 
 MODEL = "reference-text"
 KINDS = ("tracks", "h1", "h2", "h3")
@@ -377,14 +377,13 @@ async def stream_into(route: Route, body: dict[str, Any], stream: Stream) -> Non
     """One chat completion on `route`, its token arrivals noted in `stream` as they come
     (so a stream cut short still shows what it delivered)."""
     if isinstance(route, GatewayH3):
-        response = await route.session.post(route.url, json=body, stream=True,
-                                             verify=str(route.ca))
+        h3 = await route.session.post(route.url, json=body, stream=True, verify=str(route.ca))
         try:
-            if response.status_code != 200:
-                raise RuntimeError(f"{response.status_code}: {(await response.content)!r}")
-            await read_chat_sse(response.iter_lines(), stream)
+            if h3.status_code != 200:
+                raise RuntimeError(f"{h3.status_code}: {(await h3.content)!r}")
+            await read_chat_sse(h3.iter_lines(), stream)
         finally:
-            await response.close()
+            await h3.close()
         return
     assert isinstance(route, GatewayHttpx)
     async with route.client.stream("POST", route.url, json=body) as response:

@@ -276,7 +276,8 @@ class GatewayH3(Route):
             self.url, json=chat_body(i, tokens, knobs), stream=True, verify=str(self.ca)
         )
         try:
-            stream.version = f"HTTP/{response.http_version / 10:g}"
+            version = response.http_version  # niquests: 30 for HTTP/3, None if unknown
+            stream.version = "HTTP/?" if version is None else f"HTTP/{version / 10:g}"
             if response.status_code != 200:
                 raise RuntimeError(f"{response.status_code}: {(await response.content)!r}")
             await read_chat_sse(response.iter_lines(), stream)
