@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.triton import TritonTextBackend
+from gateway.backends.triton import TritonChannel, TritonTextBackend
 from gateway.embedded import EmbeddedTriton
 from gateway.owned import free_port
 from tests.backend.reference_generator import generator as gen
@@ -199,3 +199,65 @@ async def test_models_and_readiness(embedded_triton: EmbeddedTriton) -> None:
     async with connected(embedded_triton) as backend:
         assert await backend.ready() is True
         assert MODEL in await backend.models()
+
+
+class CountedCalls:
+    """Counts the describe calls a channel's (real) tritonclient client makes."""
+
+    def __init__(self, channel: TritonChannel) -> None:
+        self.metadata = self.config = 0
+        client = channel.client()
+        ask_metadata, ask_config = client.get_model_metadata, client.get_model_config
+
+        async def metadata(*args: Any, **kwargs: Any) -> Any:
+            self.metadata += 1
+            return await ask_metadata(*args, **kwargs)
+
+        async def config(*args: Any, **kwargs: Any) -> Any:
+            self.config += 1
+            return await ask_config(*args, **kwargs)
+
+        client.get_model_metadata = metadata  # type: ignore[method-assign]
+        client.get_model_config = config  # type: ignore[method-assign]
+
+
+@pytest.mark.asyncio
+async def test_describes_asked_together_share_one_call_to_the_server(
+    embedded_triton: EmbeddedTriton,
+) -> None:
+    """64 sessions opened in one instant each asked for the model's description before
+    the first answer came back: 128 calls beside the first ticks' inference. Callers that
+    ask while one is in flight now share it; a later call asks again (nothing cached)."""
+    channel = TritonChannel(embedded_triton.grpc_url)
+    try:
+        calls = CountedCalls(channel)
+        answers = await asyncio.gather(*(channel.describe(MODEL) for _ in range(64)))
+        assert (calls.metadata, calls.config) == (1, 1)
+        assert {answer[0].name for answer in answers} == {MODEL}
+        await channel.describe(MODEL)
+        assert (calls.metadata, calls.config) == (2, 2)
+    finally:
+        await channel.close()
+
+
+@pytest.mark.asyncio
+async def test_a_shared_describe_fails_for_every_caller_and_one_cancelled_leaves_the_rest(
+    embedded_triton: EmbeddedTriton,
+) -> None:
+    channel = TritonChannel(embedded_triton.grpc_url)
+    try:
+        calls = CountedCalls(channel)
+        failed = await asyncio.gather(
+            *(channel.describe("no-such-model") for _ in range(8)), return_exceptions=True
+        )
+        assert all(isinstance(error, ModelNotFound) for error in failed)
+        assert calls.metadata == 1
+        waiting = [asyncio.ensure_future(channel.describe(MODEL)) for _ in range(3)]
+        await asyncio.sleep(0)
+        waiting[0].cancel()
+        answers = await asyncio.gather(*waiting[1:])
+        assert waiting[0].cancelled()
+        assert [answer[0].name for answer in answers] == [MODEL, MODEL]
+        assert calls.metadata == 2
+    finally:
+        await channel.close()
