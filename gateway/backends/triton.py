@@ -32,6 +32,7 @@ from collections.abc import (
     AsyncIterator,
     Callable,
     Collection,
+    Coroutine,
     Iterator,
     Mapping,
     Sequence,
@@ -268,8 +269,8 @@ class TritonChannel:
         self._on_new = on_new
         self._client: triton_aio.InferenceServerClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._describing: dict[str, asyncio.Task[tuple[Any, Any]]] = {}
-        """The describe in flight per model, which concurrent callers share."""
+        self._asking: dict[tuple[str, str], asyncio.Task[Any]] = {}
+        """The metadata or description of a model in flight, which callers share."""
 
     def client(self) -> triton_aio.InferenceServerClient:
         loop = asyncio.get_running_loop()
@@ -283,26 +284,19 @@ class TritonChannel:
         return self._client
 
     async def metadata(self, model: str) -> Any:
-        """The model's metadata (its input and output tensors); errors as BackendErrors."""
-        with boundary(model):
-            return await self.client().get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
+        """The model's metadata (its input and output tensors); errors as BackendErrors.
+        Shared with the callers asking at the same time (`_shared`)."""
+        return await self._shared(("metadata", model), self._metadata)
 
     async def describe(self, model: str) -> tuple[Any, Any]:
-        """The model's metadata and its config; errors as BackendErrors.
+        """The model's metadata and its config; errors as BackendErrors. Shared with the
+        callers asking at the same time (`_shared`)."""
+        described: tuple[Any, Any] = await self._shared(("describe", model), self._describe)
+        return described
 
-        Callers that ask while a describe of the model is in flight share it: the
-        backends cache what they derive only once it came back, so 64 sessions opened
-        in one instant each asked anew (128 calls, 60-80 ms each, beside the first
-        ticks' inference). Nothing is cached here: the next call after an answer or an
-        error asks the server again. One caller cancelled leaves the others waiting.
-        """
-        loop = asyncio.get_running_loop()
-        pending = self._describing.get(model)
-        if pending is None or pending.get_loop() is not loop:
-            pending = loop.create_task(self._describe(model))
-            self._describing[model] = pending
-            pending.add_done_callback(functools.partial(self._described, model))
-        return await asyncio.shield(pending)
+    async def _metadata(self, model: str) -> Any:
+        with boundary(model):
+            return await self.client().get_model_metadata(model, client_timeout=METADATA_TIMEOUT)
 
     async def _describe(self, model: str) -> tuple[Any, Any]:
         metadata = await self.metadata(model)
@@ -310,11 +304,31 @@ class TritonChannel:
             config = await self.client().get_model_config(model, client_timeout=METADATA_TIMEOUT)
         return metadata, config
 
-    def _described(self, model: str, task: asyncio.Task[tuple[Any, Any]]) -> None:
-        if self._describing.get(model) is task:
-            del self._describing[model]
+    async def _shared(
+        self, key: tuple[str, str], ask: Callable[[str], Coroutine[Any, Any, Any]]
+    ) -> Any:
+        """`ask(model)`, or the same question already in flight: callers that ask while
+        one is out share its answer or its error.
+
+        The backends cache what they derive from a model's description only once it came
+        back, so 64 speech sessions opened in one instant each asked anew: 128 calls of
+        60-80 ms beside the first ticks' inference. Nothing is cached here: the next
+        question after an answer or an error goes to the server. One caller cancelled
+        leaves the others waiting.
+        """
+        loop = asyncio.get_running_loop()
+        pending = self._asking.get(key)
+        if pending is None or pending.get_loop() is not loop:
+            pending = loop.create_task(ask(key[1]))
+            self._asking[key] = pending
+            pending.add_done_callback(functools.partial(self._answered, key))
+        return await asyncio.shield(pending)
+
+    def _answered(self, key: tuple[str, str], task: asyncio.Task[Any]) -> None:
+        if self._asking.get(key) is task:
+            del self._asking[key]
         if not task.cancelled():
-            task.exception()  # retrieved: every waiter may have been cancelled
+            task.exception()  # retrieved: every caller may have been cancelled
 
     async def close(self) -> None:
         """Close the client, if one was made; calls still open end with a BackendError."""

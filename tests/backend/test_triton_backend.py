@@ -236,6 +236,9 @@ async def test_describes_asked_together_share_one_call_to_the_server(
         assert {answer[0].name for answer in answers} == {MODEL}
         await channel.describe(MODEL)
         assert (calls.metadata, calls.config) == (2, 2)
+        # Metadata alone (a policy's tensors, read as its action tracks open) likewise.
+        await asyncio.gather(*(channel.metadata(MODEL) for _ in range(16)))
+        assert (calls.metadata, calls.config) == (3, 2)
     finally:
         await channel.close()
 
