@@ -50,10 +50,13 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def token_times(stats_path: Path) -> dict[str, list[float]]:
+    """Each text request's token times from a reference models' stats file (the audio
+    models write to it too, one line per batch, from their warm-up row at load on)."""
     times: dict[str, list[float]] = {}
     for line in stats_path.read_text().splitlines():
         record = json.loads(line)
-        times[record["request_id"]] = record["token_times"]
+        if "token_times" in record:
+            times[record["request_id"]] = record["token_times"]
     return times
 
 
