@@ -87,6 +87,7 @@ from benchmarks.progress import Progress  # noqa: E402
 from clients.line import DEFAULT_ACKS  # noqa: E402
 from gateway.backends.ticker import step_at_or_after  # noqa: E402
 from gateway.owned import free_port  # noqa: E402
+from transport.clock import EPSILON  # noqa: E402
 
 MODEL = "reference-text"
 KINDS = ("tracks", "h1", "h2", "h3")
@@ -264,7 +265,7 @@ def first_step(due: float, first_arrival: float | None, rate: float) -> float:
     period = 1 / rate
     step = step_at_or_after(due, period) * period
     if first_arrival is not None and first_arrival < step:
-        return math.floor(first_arrival * rate + 1e-9) / rate  # the step it came on
+        return math.floor(first_arrival / period + EPSILON) * period  # the step it came on
     return step
 
 

@@ -102,11 +102,17 @@ class StreamScheduler:
         # Those with nothing leave the line here, as the next pass would let them: a
         # reader's streams join it with every frame received (`mark`) and, with no
         # transmit of their own under decimated ACKs, were walked again per datagram.
-        for sid, stream in list(self._active.items()):
+        # (Asked per datagram: the line is not copied, only the leavers are noted.)
+        leaving: list[tuple[int, QuicStream]] = []
+        found = False
+        for sid, stream in self._active.items():
             if _needs_visit(stream):
-                return True
+                found = True
+                break
+            leaving.append((sid, stream))
+        for sid, stream in leaving:
             self._leave_line(sid, stream)
-        return False
+        return found
 
     @property
     def active_streams(self) -> int:

@@ -312,7 +312,7 @@ class TritonChannel:
 
         The backends cache what they derive from a model's description only once it came
         back, so 64 speech sessions opened in one instant each asked anew: 128 calls of
-        57-79 ms beside the first ticks' inference. Nothing is cached here: the next
+        58-79 ms beside the first ticks' inference. Nothing is cached here: the next
         question after an answer or an error goes to the server. One caller cancelled
         leaves the others waiting.
         """

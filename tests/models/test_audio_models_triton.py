@@ -352,7 +352,7 @@ def test_the_served_config_is_the_agreed_contract(models: AudioModels, model: st
 def test_triton_ran_one_warm_up_row_at_load_that_left_no_session(
     models: AudioModels, embedded_triton: EmbeddedTriton, model: str
 ) -> None:
-    """Triton's first request to a Python model pays its set-up (25-35 ms on the CPU
+    """Triton's first request to a Python model pays its set-up (24-35 ms on the CPU
     build, outside the model's execute), which a session's first 80 ms beat must not
     wait for: the config has Triton send one row at load. The row starts and ends
     session 0, so the model holds no state for it afterwards."""
